@@ -1,0 +1,321 @@
+"""Typed, frozen run configuration, parsed once at the edge.
+
+Every experiment is described by one :class:`RunConfig`. It is built from a flat mapping of
+``key = value`` pairs (Flower's ``context.run_config``, a ``--config FILE.toml`` file, or
+``--set key=value`` overrides). Nested TOML tables are flattened with ``.``; ``_`` and ``-``
+are interchangeable in keys. Unknown keys and bad values raise :class:`ConfigError` with the
+list of valid choices. Nothing deeper in the code base indexes raw dicts.
+
+Strategy hyperparameters live under the strategy's name (``fedprox.mu = 0.01``); each
+registered strategy declares them as a frozen dataclass (see :mod:`graphfl.common.registry`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, get_type_hints
+
+Scalar = bool | int | float | str
+
+
+class ConfigError(ValueError):
+    """A configuration value or key is invalid; the message names it and the valid choices."""
+
+
+def normalize_key(key: str) -> str:
+    """Canonical flat key: lower case, ``-`` inside names (``train.local_steps`` -> ``train.local-steps``)."""
+    return key.strip().lower().replace("_", "-")
+
+
+def _field_key(name: str) -> str:
+    return name.replace("_", "-")
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Flatten nested TOML tables into ``a.b`` keys (Flower flattens its run config the same way)."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        full = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(flatten(value, prefix=f"{full}."))
+        else:
+            out[normalize_key(full)] = value
+    return out
+
+
+def _coerce(value: Any, typ: Any, where: str) -> Any:
+    """Coerce a TOML/CLI scalar to the declared type, or raise a ConfigError naming ``where``."""
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+            return value.lower() in ("true", "1", "yes")
+        if isinstance(value, int) and value in (0, 1):
+            return bool(value)
+        raise ConfigError(f"{where}: expected true/false, got {value!r}")
+    if typ is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                return int(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{where}: expected an integer, got {value!r}")
+    if typ is float:
+        if isinstance(value, bool):
+            raise ConfigError(f"{where}: expected a number, got {value!r}")
+        try:
+            out = float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where}: expected a number, got {value!r}") from None
+        if not math.isfinite(out):
+            raise ConfigError(f"{where}: expected a finite number, got {value!r}")
+        return out
+    if typ is str:
+        if isinstance(value, (dict, list)):
+            raise ConfigError(f"{where}: expected a string, got {value!r}")
+        return str(value)
+    raise TypeError(f"unsupported config field type {typ!r} at {where}")
+
+
+def build_dataclass(
+    cls: type, values: Mapping[str, Any], section: str, **given: Any
+) -> Any:
+    """Build a frozen dataclass from flat ``{field-key: value}``; unknown keys are errors.
+
+    ``values`` uses canonical keys (``local-steps``). Choices declared in a field's
+    ``metadata["choices"]`` are enforced, as are ``metadata["min"]``/``["max"]`` bounds.
+    Fields passed in ``given`` (already-built sub-objects) are not read from ``values``.
+    """
+    hints = get_type_hints(cls)
+    known = {_field_key(f.name): f for f in fields(cls) if f.init and f.name not in given}
+    unknown = sorted(set(values) - set(known))
+    if unknown:
+        where = f"[{section}]" if section else "top level"
+        raise ConfigError(
+            f"unknown key(s) {unknown} in {where}; valid keys: {sorted(known)}"
+        )
+    kwargs: dict[str, Any] = {}
+    for key, value in values.items():
+        f = known[key]
+        label = f"{section}.{key}" if section else key
+        coerced = _coerce(value, hints[f.name], label)
+        choices = f.metadata.get("choices")
+        if choices is not None and coerced not in choices:
+            raise ConfigError(f"{label} = {coerced!r} is not valid; choose one of {sorted(choices)}")
+        lo, hi = f.metadata.get("min"), f.metadata.get("max")
+        if lo is not None and coerced < lo:
+            raise ConfigError(f"{label} = {coerced!r} must be >= {lo}")
+        if hi is not None and coerced > hi:
+            raise ConfigError(f"{label} = {coerced!r} must be <= {hi}")
+        kwargs[f.name] = coerced
+    return cls(**kwargs, **given)
+
+
+def dataclass_to_flat(obj: Any, section: str = "") -> dict[str, Scalar]:
+    """Inverse of :func:`build_dataclass` for scalar dataclasses (nested ones are recursed)."""
+    out: dict[str, Scalar] = {}
+    for f in fields(obj):
+        value = getattr(obj, f.name)
+        key = f"{section}.{_field_key(f.name)}" if section else _field_key(f.name)
+        if dataclasses.is_dataclass(value):
+            out.update(dataclass_to_flat(value, key))
+        else:
+            out[key] = value
+    return out
+
+
+def positive(**extra: Any) -> dict[str, Any]:
+    return {"min": 1, **extra}
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Client-side local training (shared by every strategy unless it overrides it).
+
+    Each round a client runs ``local_steps`` minibatch SGD steps of size ``batch_size`` with
+    learning rate ``lr`` (and optional momentum / weight decay) from the model it received.
+    """
+
+    local_steps: int = field(default=10, metadata=positive())
+    batch_size: int = field(default=32, metadata=positive())
+    lr: float = field(default=0.05, metadata={"min": 0.0})
+    momentum: float = field(default=0.0, metadata={"min": 0.0, "max": 1.0})
+    weight_decay: float = field(default=0.0, metadata={"min": 0.0})
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """How a task's data is split among clients (ALGORITHMS.md §1.3)."""
+
+    dirichlet_alpha: float = field(default=0.5, metadata={"min": 1e-6})
+    min_partition_size: int = field(default=10, metadata=positive())
+    test_fraction: float = field(default=0.2, metadata={"min": 0.0, "max": 0.9})
+    max_samples: int = field(default=0, metadata={"min": 0})  # 0 = all; subsample big datasets
+
+
+ENGINES = ("local-deployment", "simulation", "inprocess")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """The whole description of one federated run; written next to every result."""
+
+    strategy: str = "fedavg"
+    task: str = "digits"
+    rounds: int = field(default=5, metadata=positive())
+    nodes: int = field(default=4, metadata=positive())
+    seed: int = 0
+    engine: str = field(default="local-deployment", metadata={"choices": ENGINES})
+    data_dir: str = ""
+    out_dir: str = ""
+    device: str = field(default="auto", metadata={"choices": DEVICES})
+    fraction_train: float = field(default=1.0, metadata={"min": 0.0, "max": 1.0})
+    round_timeout: float = field(default=300.0, metadata={"min": 1.0})
+    connect_timeout: float = field(default=60.0, metadata={"min": 1.0})
+    graph_file: str = ""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    # Hyperparameters of the chosen strategy (a frozen dataclass from the registry).
+    params: Any = None
+
+    def to_flat(self) -> dict[str, Scalar]:
+        """Flat ``key = value`` form (the keys of ``[tool.flwr.app.config]``)."""
+        out = dataclass_to_flat(dataclasses.replace(self, params=None))
+        out.pop("params", None)
+        if self.params is not None:
+            out.update(dataclass_to_flat(self.params, self.strategy))
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        """Nested, JSON-ready form for result files."""
+        out = dataclasses.asdict(dataclasses.replace(self, params=None))
+        out["params"] = dataclasses.asdict(self.params) if self.params is not None else {}
+        return out
+
+
+_SECTIONS = {"train": TrainConfig, "data": DataConfig}
+
+
+def parse_run_config(flat: Mapping[str, Any], *, ignore_other_strategies: bool = True) -> RunConfig:
+    """Build and validate a :class:`RunConfig` from flat keys.
+
+    Parameters
+    ----------
+    flat
+        ``{"strategy": "fedprox", "train.lr": 0.1, "fedprox.mu": 0.01, ...}``; nested
+        mappings are flattened first.
+    ignore_other_strategies
+        Flower's run config carries the defaults of *every* strategy's section; those of
+        strategies other than the selected one are ignored (but must still name a
+        registered strategy). From a user's file, keys of another strategy are errors.
+    """
+    from graphfl.common import registry
+
+    values = flatten(flat)
+    top_fields = {
+        _field_key(f.name) for f in fields(RunConfig) if f.name not in ("train", "data", "params")
+    }
+    top: dict[str, Any] = {}
+    sections: dict[str, dict[str, Any]] = {name: {} for name in _SECTIONS}
+    strategy_sections: dict[str, dict[str, Any]] = {}
+    for key, value in values.items():
+        head, _, rest = key.partition(".")
+        if not rest:
+            if key not in top_fields:
+                raise ConfigError(
+                    f"unknown key {key!r}; valid top-level keys: {sorted(top_fields)}, "
+                    f"sections: {sorted(_SECTIONS)} and one per strategy {registry.names()}"
+                )
+            top[key] = value
+        elif head in sections:
+            sections[head][rest] = value
+        else:
+            strategy_sections.setdefault(head, {})[rest] = value
+
+    strategy = str(top.get("strategy", RunConfig.strategy))
+    spec = registry.get(strategy)  # raises ConfigError listing valid names
+    for name in strategy_sections:
+        if name == strategy:
+            continue
+        if name not in registry.names():
+            raise ConfigError(
+                f"unknown section {name!r}; valid sections: {sorted(_SECTIONS)} and "
+                f"strategies {registry.names()}"
+            )
+        if not ignore_other_strategies:
+            raise ConfigError(
+                f"section [{name}] configures strategy {name!r} but strategy = {strategy!r}"
+            )
+    cfg = build_dataclass(
+        RunConfig,
+        top,
+        section="",
+        train=build_dataclass(TrainConfig, sections["train"], "train"),
+        data=build_dataclass(DataConfig, sections["data"], "data"),
+        params=build_dataclass(spec.params, strategy_sections.get(strategy, {}), section=strategy),
+    )
+    from graphfl.tasks import registry as task_registry
+
+    task_registry.get(cfg.task)  # raises ConfigError listing valid task names
+    return cfg
+
+
+def load_toml(path: str | Path) -> dict[str, Any]:
+    """Read a config TOML file; a missing or malformed file is a ConfigError naming the path."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}")
+    try:
+        with p.open("rb") as fh:
+            return tomllib.load(fh)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {p} is not valid TOML: {exc}") from None
+
+
+def parse_assignment(text: str) -> tuple[str, Any]:
+    """Parse one ``key=value`` override; the value is TOML (bare words are taken as strings)."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"override {text!r} must look like key=value")
+    raw = raw.strip()
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return normalize_key(key), value
+
+
+def all_defaults_flat() -> dict[str, Scalar]:
+    """Defaults of every key, including every registered strategy's section.
+
+    This is what ``[tool.flwr.app.config]`` must contain (Flower only accepts overrides of
+    keys that exist there).
+    """
+    from graphfl.common import registry
+
+    out = dataclass_to_flat(RunConfig())
+    out.pop("params", None)
+    for name in registry.names():
+        out.update(dataclass_to_flat(registry.get(name).params(), name))
+    return out
+
+
+def config_hash(cfg: RunConfig) -> str:
+    """Stable short hash of a resolved config (used in handshakes and result names)."""
+    import hashlib
+
+    blob = json.dumps(cfg.to_flat(), sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:12]

@@ -1,0 +1,1 @@
+"""graphfl.deploy"""

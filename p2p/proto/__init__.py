@@ -1,0 +1,1 @@
+"""Protobuf definitions of the peer-to-peer wire format."""
