@@ -1,0 +1,195 @@
+"""FeSEM: hand-computed E/M steps, core protocol, robustness (ALGORITHMS.md §4)."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+
+from graphfl.common.config import ConfigError, RunConfig
+from graphfl.strategies import fesem as fs
+from graphfl.strategies.base import ClientUpdate, ServerContext
+
+PTS = np.array([[0.0, 0.0], [1.0, 0.0], [10.0, 0.0], [11.0, 0.0]])
+
+
+def test_distances_and_e_step_by_hand():
+    centers = np.array([[0.5, 0.0], [10.0, 0.0]])
+    dist = fs.squared_distances(PTS, centers)
+    np.testing.assert_allclose(dist, [[0.25, 100.0], [0.25, 81.0], [90.25, 0.0], [110.25, 1.0]])
+    np.testing.assert_array_equal(fs.e_step(dist), [0, 0, 1, 1])
+    # exact tie (4.75² to both centers) goes to the smallest k
+    tie = fs.squared_distances(np.array([[5.25, 0.0]]), centers)
+    assert tie[0, 0] == tie[0, 1]
+    assert fs.e_step(tie)[0] == 0
+    assert fs.e_step(np.array([[3.0, 1.0, 1.0]]))[0] == 1
+
+
+def test_m_step_by_hand_plain_weighted_and_empty():
+    prev = np.array([[0.5, 0.0], [10.0, 0.0], [100.0, 100.0]])
+    assign = np.array([0, 0, 1, 1])
+    centers, sizes = fs.m_step(PTS, assign, prev)
+    np.testing.assert_allclose(centers, [[0.5, 0.0], [10.5, 0.0], [100.0, 100.0]])
+    np.testing.assert_array_equal(sizes, [2, 2, 0])  # empty cluster keeps its old center
+    centers_w, _ = fs.m_step(PTS, assign, prev, weights=np.array([1.0, 3.0, 1.0, 1.0]))
+    np.testing.assert_allclose(centers_w[0], [0.75, 0.0])
+    # unassigned rows (-1) are ignored
+    centers_u, sizes_u = fs.m_step(PTS, np.array([0, -1, 1, 1]), prev)
+    np.testing.assert_allclose(centers_u[0], [0.0, 0.0])
+    assert sizes_u.tolist() == [1, 2, 0]
+
+
+def test_reseed_empty_moves_farthest_member():
+    centers = np.array([[0.0, 0.0], [10.0, 0.0], [50.0, 50.0]])
+    pts = np.array([[0.0, 0.0], [1.0, 0.0], [4.0, 0.0], [10.0, 0.0]])
+    assign = np.array([0, 0, 0, 1])
+    dist = fs.squared_distances(pts, centers)
+    new_assign, new_centers, moved = fs.reseed_empty(pts, assign, dist, centers)
+    assert moved == [2]
+    assert new_assign.tolist() == [0, 0, 2, 1]
+    np.testing.assert_allclose(new_centers[2], [4.0, 0.0])
+
+
+def test_kmeanspp_picks_distinct_groups():
+    rng = np.random.default_rng(0)
+    groups = np.concatenate([rng.normal(m, 0.01, size=(5, 3)) for m in (0.0, 5.0, -5.0)])
+    seeds = fs.kmeanspp_seeds(groups, 3, np.random.default_rng(1))
+    assert sorted(s // 5 for s in seeds) == [0, 1, 2]
+    # fewer distinct points than K: still returns K indices
+    assert len(fs.kmeanspp_seeds(np.zeros((2, 3)), 3, np.random.default_rng(0))) == 3
+
+
+def test_select_keys():
+    keys = ("net.0.weight", "net.2.weight", "net.4.weight")
+    assert fs.select_keys(keys, "") == keys
+    assert fs.select_keys(keys, "net.4") == ("net.4.weight",)
+    assert fs.select_keys(keys, "net.4.weight, net.0") == ("net.0.weight", "net.4.weight")
+    with pytest.raises(ConfigError, match="net.0.weight"):
+        fs.select_keys(keys, "fc9")
+
+
+# ---------------------------------------------------------------------------------------
+# core
+# ---------------------------------------------------------------------------------------
+
+
+def _ctx(n=4, labels=None, template=None, **params):
+    template = template or {"a.weight": np.zeros(2, dtype=np.float32)}
+    return ServerContext(
+        config=RunConfig(), params=fs.FeSEMParams(**params), num_clients=n,
+        initial_arrays=template, param_keys=tuple(template), num_examples={i: 10 for i in range(n)},
+        cluster_labels=labels, seed=0,
+    )
+
+
+def _ups(points, key="a.weight"):
+    return {i: ClientUpdate(i, {key: np.asarray(p, dtype=np.float32)}, 10) for i, p in enumerate(points)}
+
+
+def test_core_warmup_then_centers_and_ari():
+    core = fs.FeSEMCore(_ctx(labels=np.array([1, 1, 0, 0]), k=2, init_iters=1))
+    first = core.configure_train(1, 0)
+    assert first.config[fs.WARMUP_KEY] is True
+    assert first.config[fs.STEPS_KEY] == RunConfig().train.local_steps
+    m = core.aggregate_train(1, _ups(PTS))
+    assert sorted(m["cluster_sizes"]) == [2, 2]
+    assert m["ari"] == pytest.approx(1.0)
+    a = m["assignment"]
+    assert a[0] == a[1] and a[2] == a[3] and a[0] != a[2]
+    p0, p1, p2 = (core.configure_train(2, i) for i in range(3))
+    assert fs.WARMUP_KEY not in p0.config
+    assert p0 is p1 and p0 is not p2  # one payload object per center
+    np.testing.assert_allclose(p0.arrays["a.weight"], [0.5, 0.0])
+    np.testing.assert_allclose(p2.arrays["a.weight"], [10.5, 0.0])
+    assert core.evaluation_payload(3) is p2
+    # client 1 moves next to the other group: the E-step follows it
+    moved = PTS.copy()
+    moved[1] = [10.2, 0.0]
+    m2 = core.aggregate_train(2, _ups(moved))
+    assert m2["assignment"][1] == m2["assignment"][2]
+    assert m2["num_changed"] == 1 and m2["reclustered"] == 1
+    assert m2["ari"] < 1.0
+
+
+def test_core_nan_upload_excluded_with_warning(caplog):
+    core = fs.FeSEMCore(_ctx(k=2, init_iters=1))
+    core.aggregate_train(1, _ups(PTS))
+    before = core.centers.copy()
+    bad = _ups(PTS)
+    bad[0] = ClientUpdate(0, {"a.weight": np.array([np.nan, 0.0], dtype=np.float32)}, 10)
+    bad[1] = ClientUpdate(1, {"a.weight": np.zeros(3, dtype=np.float32)}, 10)  # wrong shape
+    with caplog.at_level(logging.WARNING, logger="graphfl.strategies.fesem"):
+        m = core.aggregate_train(2, bad)
+    assert m["clients_excluded"] == 2 and m["clients_aggregated"] == 2
+    assert "client 0" in caplog.text and "NaN" in caplog.text
+    assert np.all(np.isfinite(core.centers))
+    np.testing.assert_allclose(core.centers, before)  # stale models of 0, 1 reused
+
+
+def test_core_empty_round_and_late_client():
+    core = fs.FeSEMCore(_ctx(k=2, init_iters=1))
+    m = core.aggregate_train(1, {})
+    assert m["clients_aggregated"] == 0 and core.centers is None
+    ups = _ups(PTS)
+    del ups[3]  # client 3 misses the warm-up
+    core.aggregate_train(2, ups)
+    assert core.assign[3] == -1
+    assert core.configure_train(3, 3).config.get(fs.WARMUP_KEY) is True
+    assert core.configure_train(3, 0).config.get(fs.WARMUP_KEY) is None
+    m = core.aggregate_train(3, {3: _ups(PTS)[3]})
+    assert m["assignment"][3] == m["assignment"][2]
+    assert core.aggregate_train(4, {})["cluster_sizes"] == m["cluster_sizes"]
+
+
+def test_recluster_every_freezes_assignment_between_e_steps():
+    core = fs.FeSEMCore(_ctx(k=2, init_iters=1, recluster_every=2))
+    core.aggregate_train(1, _ups(PTS))
+    moved = PTS.copy()
+    moved[1] = [10.2, 0.0]
+    m2 = core.aggregate_train(2, _ups(moved))  # M-step only
+    assert m2["reclustered"] == 0 and m2["assignment"][1] == m2["assignment"][0]
+    m3 = core.aggregate_train(3, _ups(moved))  # E-step again
+    assert m3["reclustered"] == 1 and m3["assignment"][1] == m3["assignment"][2]
+
+
+def test_dist_layers_subset_decides_clusters():
+    tmpl = {"l1.weight": np.zeros(1, dtype=np.float32), "l2.weight": np.zeros(1, dtype=np.float32)}
+    # l1 separates {0,1} vs {2,3}; l2 (large) separates {0,2} vs {1,3}
+    l1 = [0.0, 0.1, 1.0, 1.1]
+    l2 = [0.0, 100.0, 0.5, 100.5]
+
+    def ups():
+        return {i: ClientUpdate(i, {"l1.weight": np.float32([l1[i]]), "l2.weight": np.float32([l2[i]])}, 10)
+                for i in range(4)}
+
+    for spec, same in (("l1", (0, 1)), ("", (0, 2))):
+        core = fs.FeSEMCore(_ctx(template=tmpl, k=2, dist_layers=spec))
+        a = core.aggregate_train(1, ups())["assignment"]
+        assert a[same[0]] == a[same[1]], spec
+        assert len(set(a)) == 2
+    with pytest.raises(ConfigError, match="l1.weight"):
+        fs.FeSEMCore(_ctx(template=tmpl, dist_layers="conv"))
+
+
+def test_k_larger_than_n_and_reseed_policy(caplog):
+    with caplog.at_level(logging.WARNING, logger="graphfl.strategies.fesem"):
+        core = fs.FeSEMCore(_ctx(n=2, k=3))
+    assert "K=3" in caplog.text
+    m = core.aggregate_train(1, _ups(PTS[:2]))
+    assert sum(m["cluster_sizes"]) == 2 and 0 in m["cluster_sizes"]
+    # identical models: every tie goes to cluster 0; "keep" leaves cluster 1 empty,
+    # "reseed" moves one client into it
+    core = fs.FeSEMCore(_ctx(k=2, empty_cluster="keep", init_iters=1))
+    assert core.aggregate_train(1, _ups(np.zeros((4, 2))))["cluster_sizes"] == [4, 0]
+    core = fs.FeSEMCore(_ctx(k=2, empty_cluster="reseed", init_iters=1))
+    assert sorted(core.aggregate_train(1, _ups(np.zeros((4, 2))))["cluster_sizes"]) == [1, 3]
+
+
+def test_weighted_mstep_uses_num_examples():
+    core = fs.FeSEMCore(_ctx(k=1, weighted_mstep=True))
+    ups = _ups(PTS)
+    ups[0] = ClientUpdate(0, ups[0].arrays, 70)
+    core.aggregate_train(1, ups)
+    expected = (70 * PTS[0] + 10 * PTS[1] + 10 * PTS[2] + 10 * PTS[3]) / 100
+    np.testing.assert_allclose(core.centers[0], expected, atol=1e-6)
