@@ -1,0 +1,235 @@
+"""Tensors <-> protobuf frames: dtype + shape + raw little-endian bytes, never pickle.
+
+A *message* is (sender, round, channel, named arrays, scalars). On the wire it is a stream of
+:class:`Frame` s: one ``header`` frame (tensor specs and scalars) followed by ``data`` frames of
+at most ``chunk_bytes`` bytes each, so a message of any size passes gRPC's 4 MB limit. Every
+frame repeats sender, round and channel.
+
+Decoding checks everything it can before allocating: a known dtype, sane shapes, declared
+sizes that match ``prod(shape) * itemsize``, a total under ``max_bytes``, frames that agree
+on sender/round/channel, and exactly the declared number of bytes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from graphfl.p2p.proto import graphfl_p2p_pb2 as pb
+
+SUPPORTED_DTYPES = (
+    "bool",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "float16",
+    "float32",
+    "float64",
+)
+DEFAULT_CHUNK_BYTES = 1 << 20
+DEFAULT_MAX_BYTES = 1 << 34
+MAX_NDIM = 32
+
+
+class WireError(ValueError):
+    """A message is malformed; the text says what is wrong (and the peer keeps running)."""
+
+
+@dataclass
+class Message:
+    """A decoded message."""
+
+    sender: int
+    round: int
+    channel: str
+    arrays: dict[str, np.ndarray]
+    scalars: dict[str, float] = field(default_factory=dict)
+    wire_bytes: int = 0
+
+    @property
+    def payload_bytes(self) -> int:
+        return int(sum(a.nbytes for a in self.arrays.values()))
+
+
+def _le(arr: np.ndarray) -> np.ndarray:
+    a = np.asarray(arr)
+    if a.dtype.name not in SUPPORTED_DTYPES:
+        raise WireError(f"dtype {a.dtype} is not supported on the wire; supported: {list(SUPPORTED_DTYPES)}")
+    return a.astype(a.dtype.newbyteorder("<"), order="C", copy=False)  # keeps 0-d arrays 0-d
+
+
+def encode(
+    sender: int,
+    round_: int,
+    channel: str,
+    arrays: Mapping[str, np.ndarray],
+    scalars: Mapping[str, float] | None = None,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+) -> Iterator[pb.Frame]:
+    """Frames of one message: a header frame, then data frames of ``<= chunk_bytes`` bytes."""
+    if chunk_bytes < 1:
+        raise ValueError(f"chunk_bytes must be >= 1, got {chunk_bytes}")
+    prepared = [(name, _le(a)) for name, a in arrays.items()]
+    header = pb.Header(
+        tensors=[
+            pb.TensorSpec(name=name, dtype=a.dtype.name, shape=list(a.shape), nbytes=a.nbytes)
+            for name, a in prepared
+        ],
+        scalars={k: float(v) for k, v in (scalars or {}).items()},
+    )
+    yield pb.Frame(sender=sender, round=round_, channel=channel, header=header)
+    for _, a in prepared:
+        view = memoryview(a.reshape(-1).view(np.uint8))
+        for start in range(0, a.nbytes, chunk_bytes):
+            yield pb.Frame(sender=sender, round=round_, channel=channel, data=bytes(view[start : start + chunk_bytes]))
+
+
+class Assembler:
+    """Incremental decoder: feed frames in order, then :meth:`finish`.
+
+    Parameters
+    ----------
+    max_bytes
+        Largest total payload accepted (checked on the header, before allocating).
+    """
+
+    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self.sender: int | None = None
+        self.round: int | None = None
+        self.channel: str | None = None
+        self.scalars: dict[str, float] = {}
+        self._specs: list[tuple[str, np.dtype, tuple[int, ...], int]] = []
+        self._bufs: list[bytearray] = []
+        self._idx = 0
+        self._off = 0
+        self.wire_bytes = 0
+
+    def header(self, frame: pb.Frame) -> None:
+        if frame.WhichOneof("body") != "header":
+            raise WireError("the first frame of a message must be a header")
+        self.sender, self.round, self.channel = int(frame.sender), int(frame.round), str(frame.channel)
+        if self.round < 0:
+            raise WireError(f"round must be >= 0, got {self.round}")
+        if not self.channel:
+            raise WireError("message has an empty channel")
+        total = 0
+        names = set()
+        for spec in frame.header.tensors:
+            if spec.dtype not in SUPPORTED_DTYPES:
+                raise WireError(f"tensor {spec.name!r}: dtype {spec.dtype!r} not supported")
+            if spec.name in names:
+                raise WireError(f"tensor {spec.name!r} appears twice")
+            names.add(spec.name)
+            if len(spec.shape) > MAX_NDIM or any(d < 0 for d in spec.shape):
+                raise WireError(f"tensor {spec.name!r}: invalid shape {list(spec.shape)}")
+            dt = np.dtype(spec.dtype).newbyteorder("<")
+            expect = math.prod(spec.shape) * dt.itemsize
+            if spec.nbytes != expect:
+                raise WireError(
+                    f"tensor {spec.name!r}: declares {spec.nbytes} bytes but shape {list(spec.shape)} "
+                    f"of {spec.dtype} needs {expect}"
+                )
+            total += expect
+            if total > self.max_bytes:
+                raise WireError(f"message payload exceeds the limit of {self.max_bytes} bytes")
+            self._specs.append((spec.name, dt, tuple(int(d) for d in spec.shape), expect))
+        for k, v in frame.header.scalars.items():
+            self.scalars[str(k)] = float(v)
+        self._bufs = [bytearray(nb) for *_, nb in self._specs]
+        self._skip_empty()
+        self.wire_bytes += frame.ByteSize()
+
+    def _skip_empty(self) -> None:
+        while self._idx < len(self._specs) and self._off == self._specs[self._idx][3]:
+            self._idx += 1
+            self._off = 0
+
+    def data(self, frame: pb.Frame) -> None:
+        if self.sender is None:
+            self.header(frame)
+            return
+        if frame.WhichOneof("body") != "data":
+            raise WireError("a second header frame inside one message")
+        if (frame.sender, frame.round, frame.channel) != (self.sender, self.round, self.channel):
+            raise WireError(
+                f"frame of (sender {frame.sender}, round {frame.round}, channel {frame.channel!r}) inside a message "
+                f"of (sender {self.sender}, round {self.round}, channel {self.channel!r})"
+            )
+        chunk = memoryview(frame.data)
+        self.wire_bytes += frame.ByteSize()
+        while len(chunk):
+            if self._idx >= len(self._specs):
+                raise WireError("message carries more bytes than its header declares")
+            need = self._specs[self._idx][3] - self._off
+            take = min(need, len(chunk))
+            self._bufs[self._idx][self._off : self._off + take] = chunk[:take]
+            self._off += take
+            chunk = chunk[take:]
+            self._skip_empty()
+
+    feed = data
+
+    def finish(self) -> Message:
+        if self.sender is None:
+            raise WireError("empty message (no header frame)")
+        if self._idx < len(self._specs):
+            name, _, _, nb = self._specs[self._idx]
+            raise WireError(f"message ended early: tensor {name!r} has {self._off} of {nb} bytes")
+        arrays = {
+            name: np.frombuffer(buf, dtype=dt).reshape(shape).astype(dt.newbyteorder("="), copy=False)
+            for (name, dt, shape, _), buf in zip(self._specs, self._bufs)
+        }
+        return Message(self.sender, self.round, str(self.channel), arrays, dict(self.scalars), self.wire_bytes)
+
+
+def decode(frames: Iterable[pb.Frame], max_bytes: int = DEFAULT_MAX_BYTES) -> Message:
+    """Decode a whole frame stream (raises :class:`WireError` on anything malformed)."""
+    asm = Assembler(max_bytes)
+    for f in frames:
+        asm.feed(f)
+    return asm.finish()
+
+
+def wire_size(frames: Iterable[pb.Frame]) -> int:
+    """Serialized protobuf bytes of a frame stream (without HTTP/2 and TLS framing)."""
+    return int(sum(f.ByteSize() for f in frames))
+
+
+TensorSpecs = Mapping[str, tuple[str, tuple[int, ...]]]
+"""Expected ``{tensor name: (dtype name, shape)}`` of one channel."""
+
+
+def validate(msg: Message, expected: TensorSpecs | None, require_finite: bool = True) -> None:
+    """Check a decoded message against the expected tensors of its channel and for NaN/Inf.
+
+    Raises
+    ------
+    WireError
+        Naming the tensor and the problem (wrong names, dtype, shape; non-finite values).
+    """
+    if expected is not None:
+        if set(msg.arrays) != set(expected):
+            raise WireError(
+                f"channel {msg.channel!r} from peer {msg.sender}: tensors {sorted(msg.arrays)}, "
+                f"expected {sorted(expected)}"
+            )
+        for name, (dtype, shape) in expected.items():
+            a = msg.arrays[name]
+            if a.dtype.name != dtype or tuple(a.shape) != tuple(shape):
+                raise WireError(
+                    f"channel {msg.channel!r} from peer {msg.sender}: tensor {name!r} is {a.dtype.name}{list(a.shape)}, "
+                    f"expected {dtype}{list(shape)}"
+                )
+    if require_finite:
+        for name, a in msg.arrays.items():
+            if a.dtype.kind == "f" and not np.all(np.isfinite(a)):
+                raise WireError(f"channel {msg.channel!r} from peer {msg.sender}: tensor {name!r} has NaN/Inf values")

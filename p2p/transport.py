@@ -1,0 +1,267 @@
+"""The narrow transport interface between peers, its mailbox, and an in-process implementation.
+
+A :class:`Transport` does two things: ``send`` one message (round, channel, named arrays) to a
+neighbour, and ``receive`` a given round's channels from a set of neighbours with a timeout.
+Messages that arrive early (a faster neighbour already in round ``t+1``) wait in the
+:class:`Mailbox`; messages for rounds already finished are dropped. Every wait is bounded.
+
+Two implementations: :class:`InProcessTransport` (threads in one process, used by tests) and
+:class:`graphfl.p2p.grpc_transport.GrpcTransport` (one peer per process).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from graphfl.p2p import codec
+from graphfl.p2p.codec import Message, TensorSpecs, WireError
+
+logger = logging.getLogger(__name__)
+
+
+class TransportError(RuntimeError):
+    """A transport-level failure (unreachable peer, refused handshake, ...), with the peer named."""
+
+
+class HandshakeRefused(TransportError):
+    """A neighbour refused us (or we refused it): different algorithm, config or topology, or TLS."""
+
+
+@dataclass
+class SendResult:
+    """Outcome of one send: accepted or not, the reason, and bytes on the wire."""
+
+    to: int
+    ok: bool
+    reason: str = ""
+    wire_bytes: int = 0
+    payload_bytes: int = 0
+    unreachable: bool = False
+
+
+@dataclass
+class TransportStats:
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    payload_sent: int = 0
+    payload_received: int = 0
+    messages_rejected: int = 0
+    messages_dropped_late: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def snapshot(self) -> dict[str, int]:
+        with self.lock:
+            return {
+                "bytes_sent": self.bytes_sent,
+                "bytes_received": self.bytes_received,
+                "payload_sent": self.payload_sent,
+                "payload_received": self.payload_received,
+                "messages_rejected": self.messages_rejected,
+                "messages_dropped_late": self.messages_dropped_late,
+            }
+
+
+class Mailbox:
+    """Thread-safe buffer of validated inbound messages keyed by (round, channel, sender).
+
+    ``put`` never blocks (it is called from inbound RPC handlers). Messages older than the
+    current round floor are dropped; messages more than ``horizon`` rounds ahead are refused
+    (bounded memory); a second message for the same key is refused.
+    """
+
+    def __init__(self, own_id: int, neighbours: Iterable[int], horizon: int = 64) -> None:
+        self.own_id = own_id
+        self.neighbours = set(neighbours)
+        self.horizon = horizon
+        self.expected: dict[str, TensorSpecs | None] = {}
+        self.stats = TransportStats()
+        self._floor = 0
+        self._box: dict[tuple[int, str, int], Message] = {}
+        self._cond = threading.Condition()
+
+    def expect(self, channel: str, specs: TensorSpecs | None) -> None:
+        """Declare a channel and the tensors its messages must carry (``None`` = any)."""
+        with self._cond:
+            self.expected[channel] = specs
+
+    def put(self, msg: Message) -> tuple[bool, str]:
+        """Validate and store a message. Returns ``(accepted, reason)``; never raises, never blocks."""
+        try:
+            if msg.sender not in self.neighbours:
+                raise WireError(f"peer {msg.sender} is not a neighbour of peer {self.own_id}")
+            if msg.channel not in self.expected:
+                raise WireError(f"unknown channel {msg.channel!r}; expected one of {sorted(self.expected)}")
+            codec.validate(msg, self.expected[msg.channel])
+        except WireError as exc:
+            with self.stats.lock:
+                self.stats.messages_rejected += 1
+            logger.warning("peer %d rejected a message: %s", self.own_id, exc)
+            return False, str(exc)
+        key = (msg.round, msg.channel, msg.sender)
+        with self._cond:
+            if msg.round < self._floor:
+                with self.stats.lock:
+                    self.stats.messages_dropped_late += 1
+                logger.info(
+                    "peer %d dropped a late message from peer %d (round %d < current %d)",
+                    self.own_id, msg.sender, msg.round, self._floor,
+                )
+                return True, "late (round already finished); dropped"
+            if msg.round > self._floor + self.horizon:
+                with self.stats.lock:
+                    self.stats.messages_rejected += 1
+                return False, f"round {msg.round} is more than {self.horizon} rounds ahead of {self._floor}"
+            if key in self._box:
+                with self.stats.lock:
+                    self.stats.messages_rejected += 1
+                return False, f"duplicate message for round {msg.round}, channel {msg.channel!r}"
+            self._box[key] = msg
+            with self.stats.lock:
+                self.stats.bytes_received += msg.wire_bytes
+                self.stats.payload_received += msg.payload_bytes
+            self._cond.notify_all()
+        return True, ""
+
+    def wait(
+        self, round_: int, channels: Sequence[str], senders: Iterable[int], timeout: float
+    ) -> dict[int, dict[str, Message]]:
+        """Messages of ``round_`` on all ``channels`` from ``senders``, waiting at most ``timeout`` s.
+
+        Returns the senders that delivered *every* channel (a partial sender counts as missing).
+        """
+        want = set(senders)
+        deadline = time.monotonic() + max(0.0, timeout)
+
+        def complete() -> set[int]:
+            return {s for s in want if all((round_, c, s) in self._box for c in channels)}
+
+        with self._cond:
+            while True:
+                done = complete()
+                left = deadline - time.monotonic()
+                if done == want or left <= 0:
+                    break
+                self._cond.wait(min(left, 1.0))
+            return {s: {c: self._box[(round_, c, s)] for c in channels} for s in done}
+
+    def available(self, round_: int, channels: Sequence[str], senders: Iterable[int]) -> set[int]:
+        with self._cond:
+            return {s for s in senders if all((round_, c, s) in self._box for c in channels)}
+
+    def advance(self, round_: int) -> None:
+        """Rounds below ``round_`` are finished: drop their buffered messages."""
+        with self._cond:
+            self._floor = max(self._floor, round_)
+            for key in [k for k in self._box if k[0] < self._floor]:
+                del self._box[key]
+
+    def pending(self) -> int:
+        with self._cond:
+            return len(self._box)
+
+
+class Transport(ABC):
+    """Send to a neighbour; receive a round's channels from neighbours with a timeout."""
+
+    peer_id: int
+    neighbours: list[int]
+    mailbox: Mailbox
+
+    def start(self, timeout: float) -> set[int]:
+        """Connect (and handshake) with the neighbours within ``timeout`` s; return those reached."""
+        return set(self.neighbours)
+
+    @abstractmethod
+    def send(
+        self, to: int, round_: int, channel: str, arrays: Mapping[str, np.ndarray],
+        scalars: Mapping[str, float] | None = None, timeout: float = 30.0,
+    ) -> SendResult:
+        """Deliver one message to neighbour ``to`` (bounded by ``timeout``); never raises for a dead peer."""
+
+    def send_many(
+        self, targets: Sequence[int], round_: int, messages: Mapping[str, Mapping[str, np.ndarray]],
+        scalars: Mapping[str, float] | None = None, timeout: float = 30.0,
+    ) -> list[SendResult]:
+        """Send every channel of ``messages`` to every target, in parallel; bounded by ``timeout``."""
+        jobs = [(to, ch, arrs) for to in targets for ch, arrs in messages.items()]
+        if not jobs:
+            return []
+        pool = self._pool()
+        futs = [pool.submit(self.send, to, round_, ch, arrs, scalars, timeout) for to, ch, arrs in jobs]
+        out = []
+        for (to, ch, _), fut in zip(jobs, futs):
+            try:
+                out.append(fut.result(timeout=timeout + 5.0))
+            except Exception as exc:  # noqa: BLE001 - reported, never propagated
+                out.append(SendResult(to, False, f"send of {ch!r} failed: {exc}", unreachable=True))
+        return out
+
+    def receive(
+        self, round_: int, channels: Sequence[str], senders: Iterable[int], timeout: float
+    ) -> dict[int, dict[str, Message]]:
+        return self.mailbox.wait(round_, channels, senders, timeout)
+
+    def advance(self, round_: int) -> None:
+        self.mailbox.advance(round_)
+
+    def stats(self) -> dict[str, int]:
+        return self.mailbox.stats.snapshot()
+
+    def close(self) -> None:
+        pool = getattr(self, "_executor", None)
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    def _pool(self) -> ThreadPoolExecutor:
+        if getattr(self, "_executor", None) is None:
+            self._executor = ThreadPoolExecutor(
+                max_workers=max(2, 2 * len(self.neighbours)), thread_name_prefix=f"p2p-send-{self.peer_id}"
+            )
+        return self._executor
+
+
+class InProcessHub:
+    """Connects :class:`InProcessTransport` s living in one process (one per node)."""
+
+    def __init__(self) -> None:
+        self.mailboxes: dict[int, Mailbox] = {}
+        self.down: set[int] = set()
+
+    def transport(self, peer_id: int, neighbours: Sequence[int], horizon: int = 64) -> "InProcessTransport":
+        t = InProcessTransport(self, peer_id, list(neighbours), horizon)
+        self.mailboxes[peer_id] = t.mailbox
+        return t
+
+
+class InProcessTransport(Transport):
+    """Delivers messages by encoding and decoding them through :mod:`codec` into the target mailbox."""
+
+    def __init__(self, hub: InProcessHub, peer_id: int, neighbours: list[int], horizon: int = 64) -> None:
+        self.hub = hub
+        self.peer_id = peer_id
+        self.neighbours = sorted(neighbours)
+        self.mailbox = Mailbox(peer_id, neighbours, horizon)
+        self._executor = None
+
+    def send(self, to, round_, channel, arrays, scalars=None, timeout=30.0) -> SendResult:
+        box = self.hub.mailboxes.get(to)
+        if box is None or to in self.hub.down:
+            return SendResult(to, False, f"peer {to} is not running", unreachable=True)
+        asm = codec.Assembler()
+        for f in codec.encode(self.peer_id, round_, channel, arrays, scalars):
+            asm.feed(f)
+        msg = asm.finish()
+        ok, reason = box.put(msg)
+        if ok:
+            with self.mailbox.stats.lock:
+                self.mailbox.stats.bytes_sent += msg.wire_bytes
+                self.mailbox.stats.payload_sent += msg.payload_bytes
+        return SendResult(to, ok, reason, msg.wire_bytes, msg.payload_bytes)

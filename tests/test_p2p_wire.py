@@ -1,0 +1,126 @@
+"""Wire format: tensor round trips over every dtype, >4 MB messages, malformed input, generated code."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from graphfl.p2p import codec
+from graphfl.p2p.codec import SUPPORTED_DTYPES, WireError
+from graphfl.p2p.proto import graphfl_p2p_pb2 as pb
+from graphfl.p2p.transport import Mailbox
+
+
+def sample(dtype: str, shape=(3, 4)) -> np.ndarray:
+    rng = np.random.default_rng(0)
+    if dtype == "bool":
+        return rng.integers(0, 2, size=shape).astype(bool)
+    if dtype.startswith(("int", "uint")):
+        info = np.iinfo(dtype)
+        return rng.integers(info.min, info.max, size=shape, dtype=dtype, endpoint=True)
+    return rng.normal(size=shape).astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", SUPPORTED_DTYPES)
+def test_roundtrip_every_dtype(dtype):
+    arrays = {"a": sample(dtype), "scalar": sample(dtype, ()), "empty": sample(dtype, (0, 5))}
+    msg = codec.decode(codec.encode(3, 7, "params", arrays, {"loss": 0.5}, chunk_bytes=5))
+    assert (msg.sender, msg.round, msg.channel, msg.scalars) == (3, 7, "params", {"loss": 0.5})
+    for k, a in arrays.items():
+        assert msg.arrays[k].dtype == a.dtype and msg.arrays[k].shape == a.shape
+        np.testing.assert_array_equal(msg.arrays[k], a)
+
+
+def test_big_endian_and_noncontiguous_inputs():
+    a = np.arange(12, dtype=">f8").reshape(3, 4).T
+    msg = codec.decode(codec.encode(0, 0, "params", {"x": a}))
+    np.testing.assert_array_equal(msg.arrays["x"], a)
+    assert msg.arrays["x"].dtype.isnative
+
+
+def test_large_tensor_is_chunked_below_grpc_limit():
+    a = np.random.default_rng(1).normal(size=(1_500_000,)).astype(np.float32)  # 6 MB
+    frames = list(codec.encode(1, 2, "params", {"theta": a}))
+    assert max(f.ByteSize() for f in frames) < 4 * 1024 * 1024
+    assert len(frames) == 1 + 6
+    msg = codec.decode(frames)
+    np.testing.assert_array_equal(msg.arrays["theta"], a)
+    assert msg.wire_bytes == codec.wire_size(frames) > a.nbytes
+
+
+def test_unsupported_dtype_refused():
+    with pytest.raises(WireError, match="complex128"):
+        list(codec.encode(0, 0, "params", {"z": np.zeros(2, complex)}))
+    with pytest.raises(WireError, match="not supported"):
+        list(codec.encode(0, 0, "params", {"o": np.array([object()])}))
+
+
+def header(**spec) -> pb.Frame:
+    return pb.Frame(sender=1, round=0, channel="params", header=pb.Header(tensors=[pb.TensorSpec(**spec)]))
+
+
+@pytest.mark.parametrize(
+    "frames,match",
+    [
+        ([], "empty message"),
+        ([pb.Frame(sender=1, round=0, channel="params", data=b"xx")], "first frame"),
+        ([header(name="t", dtype="object", shape=[1], nbytes=8)], "not supported"),
+        ([header(name="t", dtype="float32", shape=[4], nbytes=8)], "needs 16"),
+        ([header(name="t", dtype="float32", shape=[-1], nbytes=0)], "invalid shape"),
+        ([header(name="t", dtype="float32", shape=[2], nbytes=8)], "ended early"),
+        (
+            [header(name="t", dtype="float32", shape=[1], nbytes=4), pb.Frame(sender=1, round=0, channel="params", data=b"12345")],
+            "more bytes",
+        ),
+        (
+            [header(name="t", dtype="float32", shape=[1], nbytes=4), pb.Frame(sender=2, round=0, channel="params", data=b"1234")],
+            "inside a message",
+        ),
+        ([pb.Frame(sender=1, round=0, channel="", header=pb.Header())], "empty channel"),
+    ],
+)
+def test_malformed_frames(frames, match):
+    with pytest.raises(WireError, match=match):
+        codec.decode(frames)
+
+
+def test_size_limit_checked_before_allocation():
+    with pytest.raises(WireError, match="limit"):
+        codec.decode([header(name="t", dtype="float64", shape=[1 << 40], nbytes=8 << 40)])
+
+
+def msg(sender=1, round_=0, channel="params", arr=None):
+    arr = np.zeros(3, np.float32) if arr is None else arr
+    return codec.decode(codec.encode(sender, round_, channel, {"theta": arr}))
+
+
+def test_mailbox_validates_and_buffers_early_messages():
+    box = Mailbox(0, [1, 3], horizon=4)
+    box.expect("params", {"theta": ("float32", (3,))})
+    assert box.put(msg(sender=2)) == (False, "peer 2 is not a neighbour of peer 0")
+    ok, reason = box.put(msg(arr=np.zeros(4, np.float32)))
+    assert not ok and "expected float32[3]" in reason
+    ok, reason = box.put(msg(arr=np.array([0, np.nan, 0], np.float32)))
+    assert not ok and "NaN" in reason
+    ok, reason = box.put(msg(channel="admm"))
+    assert not ok and "unknown channel" in reason
+    assert box.put(msg(round_=2))[0]  # early: buffered
+    assert not box.put(msg(round_=2))[0]  # duplicate
+    assert not box.put(msg(round_=9))[0]  # beyond the horizon
+    assert box.wait(0, ["params"], [1], timeout=0.05) == {}
+    box.advance(2)
+    got = box.wait(2, ["params"], [1, 3], timeout=0.05)
+    assert list(got) == [1]
+    assert box.put(msg(round_=1)) == (True, "late (round already finished); dropped")
+    assert box.stats.snapshot()["messages_rejected"] == 6
+
+
+def test_generated_code_is_up_to_date(tmp_path):
+    pytest.importorskip("grpc_tools")
+    from graphfl.p2p.proto.generate import HERE, generate
+
+    for f in generate(Path(tmp_path)):
+        committed = (HERE / f.name).read_text()
+        assert committed == f.read_text(), f"{f.name} is stale: run python -m graphfl.p2p.proto.generate"
