@@ -1,0 +1,86 @@
+"""``graphfl peer`` and ``graphfl p2p`` commands (wired into the main CLI with :func:`register`).
+
+Also runnable without the main CLI: ``python -m graphfl.p2p peer ...`` / ``python -m graphfl.p2p p2p ...``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from graphfl.common.config import ConfigError, parse_assignment
+
+TOPOLOGY_HELP = "ring | grid | complete | erdos-renyi | knn | a network .toml | an edge-list file"
+
+
+def _overrides(items: list[str] | None) -> dict:
+    out = {}
+    for item in items or []:
+        key, value = parse_assignment(item)
+        out[key] = value
+    return out
+
+
+def peer_command(
+    topology: Path = typer.Option(..., "--topology", help="network file (.toml) with peers, edges, \\[run] and \\[tls]"),
+    peer_id: int = typer.Option(..., "--id", help="this peer's id in the network file"),
+    out: Path = typer.Option(Path("runs/p2p"), "--out", help="directory for peer-<id>.json/.npz"),
+    insecure: bool = typer.Option(False, "--insecure", help="plaintext gRPC (no TLS); must be explicit"),
+    set_: Optional[list[str]] = typer.Option(None, "--set", help="override a \\[run] key, e.g. --set rounds=50"),
+) -> None:
+    """Run one p2p peer process (one per device)."""
+    from graphfl.p2p.peer import main
+
+    try:
+        overrides = _overrides(set_)
+    except ConfigError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    raise typer.Exit(main(str(topology), peer_id, str(out), overrides, insecure))
+
+
+def p2p_command(
+    algorithm: str = typer.Option("dfl-gt", "--algorithm", help="dfl-gt | dfl-sgd | gossip"),
+    topology: str = typer.Option("ring", "--topology", help=TOPOLOGY_HELP),
+    peers: Optional[int] = typer.Option(None, "--peers", help="number of peers (generators); default 5"),
+    rounds: int = typer.Option(100, "--rounds", help="communication rounds"),
+    out: Optional[Path] = typer.Option(None, "--out", help="output directory (default runs/p2p-<timestamp>)"),
+    tau: int = typer.Option(1, "--tau", help="gossip every tau local steps"),
+    problem: str = typer.Option("synthetic-dfl", "--problem", help="a task name, or linreg | vector"),
+    mixing: str = typer.Option("metropolis", "--mixing", help="metropolis | max-degree | laplacian"),
+    seed: int = typer.Option(0, "--seed"),
+    insecure: bool = typer.Option(False, "--insecure", help="plaintext (default: a fresh CA and mutual TLS)"),
+    timeout: float = typer.Option(0.0, "--timeout", help="overall bound in seconds (0 = derived from rounds)"),
+    set_: Optional[list[str]] = typer.Option(None, "--set", help="override a \\[run] key, e.g. --set round-timeout=5"),
+    quiet: bool = typer.Option(False, "--quiet", help="no progress display"),
+) -> None:
+    """Launch N local peer processes on 127.0.0.1, collect results into <out>/p2p.{json,md,png}."""
+    from graphfl.p2p.launcher import LaunchError, launch
+
+    try:
+        overrides = {"algorithm": algorithm, "rounds": rounds, "tau": tau, "problem": problem, "seed": seed}
+        overrides.update(_overrides(set_))
+        summary = launch(topology, peers, overrides, out=out, insecure=insecure, mixing=mixing,
+                         timeout=timeout or None, progress=not quiet)
+    except (ConfigError, LaunchError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    except KeyboardInterrupt:
+        typer.echo("interrupted; all peers stopped", err=True)
+        raise typer.Exit(130) from None
+    typer.echo(summary["text"])
+    raise typer.Exit(0 if summary["ok"] else 1)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``peer`` and ``p2p`` to the graphfl typer app."""
+    app.command("peer")(peer_command)
+    app.command("p2p")(p2p_command)
+
+
+def make_app() -> typer.Typer:
+    app = typer.Typer(add_completion=False, no_args_is_help=True, help="graphfl peer-to-peer layer")
+    register(app)
+    return app

@@ -1,0 +1,310 @@
+"""gRPC implementation of :class:`~graphfl.p2p.transport.Transport` (one peer per process).
+
+Each peer runs a gRPC server (service ``graphfl.p2p.Peer``) on its address and a client
+channel to each neighbour.
+
+* ``Handshake`` — the caller sends (peer id, algorithm, config hash, topology version); the
+  callee refuses with a reason if any differs, or if the caller is not its neighbour, or (with
+  TLS) if the caller's certificate is not ``peer-<id>``. The reply carries the callee's own
+  values (the caller checks them too) and its current round (a restarted peer rejoins there).
+* ``Push`` — a client stream of frames (:mod:`graphfl.p2p.codec`). The handler only decodes,
+  validates and puts the message into the :class:`~graphfl.p2p.transport.Mailbox`: it never
+  makes outbound calls and never waits on other peers.
+
+Every outbound call has a deadline; reconnect back-off is capped at 2 s so a neighbour that
+comes back is reached again quickly.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from concurrent import futures
+from dataclasses import dataclass
+
+import grpc
+import numpy as np
+
+from graphfl.p2p import codec
+from graphfl.p2p.codec import WireError
+from graphfl.p2p.proto import graphfl_p2p_pb2 as pb
+from graphfl.p2p.proto import graphfl_p2p_pb2_grpc as pb_grpc
+from graphfl.p2p.tls import TlsFiles, peer_name
+from graphfl.p2p.topology import Topology
+from graphfl.p2p.transport import HandshakeRefused, Mailbox, SendResult, Transport, TransportError
+
+logger = logging.getLogger(__name__)
+
+UNKNOWN_PEER = "unknown-peer"
+_UNREACHABLE = {
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.CANCELLED,
+    grpc.StatusCode.UNKNOWN,
+}
+_CHANNEL_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+    ("grpc.enable_retries", 0),
+]
+
+
+@dataclass(frozen=True)
+class Identity:
+    """What two peers must agree on to talk."""
+
+    peer_id: int
+    algorithm: str
+    config_hash: str
+    topology_version: str
+    network: str = ""
+
+
+class _Servicer(pb_grpc.PeerServicer):
+    def __init__(self, transport: "GrpcTransport") -> None:
+        self.t = transport
+
+    def _tls_name_ok(self, context: grpc.ServicerContext, claimed: int) -> str:
+        if self.t.tls is None:
+            return ""
+        names = context.auth_context().get("x509_common_name", [])
+        want = peer_name(claimed).encode()
+        if want not in names:
+            got = [n.decode(errors="replace") for n in names]
+            return f"certificate common name {got} does not match the claimed peer id {claimed} ({want.decode()})"
+        return ""
+
+    def Handshake(self, request: pb.Hello, context: grpc.ServicerContext) -> pb.HelloReply:  # noqa: N802
+        t = self.t
+        me = t.identity
+        reason = ""
+        if request.peer_id not in t.neighbours:
+            reason = f"peer {request.peer_id} is not a neighbour of peer {me.peer_id} in topology {me.topology_version}"
+        else:
+            reason = self._tls_name_ok(context, request.peer_id) or _mismatch(me, request)
+        reply = pb.HelloReply(
+            accepted=not reason, reason=reason, peer_id=me.peer_id, round=t.current_round,
+            algorithm=me.algorithm, config_hash=me.config_hash, topology_version=me.topology_version,
+        )
+        if reason:
+            logger.warning("peer %d refused a handshake from peer %d: %s", me.peer_id, request.peer_id, reason)
+        else:
+            with t._lock:
+                new = request.peer_id not in t.verified
+                t.verified.add(request.peer_id)
+            if new:
+                logger.info("peer %d: handshake from peer %d accepted", me.peer_id, request.peer_id)
+        return reply
+
+    def Push(self, request_iterator: Iterator[pb.Frame], context: grpc.ServicerContext) -> pb.Ack:  # noqa: N802
+        t = self.t
+        asm = codec.Assembler(t.max_message_bytes)
+        try:
+            first = next(request_iterator, None)
+            if first is None:
+                raise WireError("empty message stream")
+            asm.header(first)
+            sender = int(asm.sender)  # type: ignore[arg-type]
+            if sender not in t.verified:
+                return pb.Ack(accepted=False, reason=f"{UNKNOWN_PEER}: peer {sender} has no accepted handshake with peer {t.peer_id}")
+            bad_name = self._tls_name_ok(context, sender)
+            if bad_name:
+                raise WireError(bad_name)
+            for frame in request_iterator:
+                asm.data(frame)
+            msg = asm.finish()
+        except WireError as exc:
+            with t.mailbox.stats.lock:
+                t.mailbox.stats.messages_rejected += 1
+            logger.warning("peer %d rejected a malformed message: %s", t.peer_id, exc)
+            return pb.Ack(accepted=False, reason=str(exc))
+        ok, reason = t.mailbox.put(msg)
+        return pb.Ack(accepted=ok, reason=reason, bytes_received=msg.wire_bytes)
+
+
+def _mismatch(me: Identity, other: pb.Hello | pb.HelloReply) -> str:
+    for what, mine, theirs in (
+        ("algorithm", me.algorithm, other.algorithm),
+        ("config hash", me.config_hash, other.config_hash),
+        ("topology version", me.topology_version, other.topology_version),
+    ):
+        if mine != theirs:
+            return f"{what} differs: peer {other.peer_id} has {theirs!r}, peer {me.peer_id} has {mine!r}"
+    return ""
+
+
+class GrpcTransport(Transport):
+    """Transport over gRPC; see the module docstring.
+
+    Parameters
+    ----------
+    identity
+        This peer's id, algorithm, config hash and topology version.
+    topology
+        Addresses of this peer (listen) and its neighbours (dial).
+    tls
+        PEM files for mutual TLS, or ``None`` for plaintext (explicit).
+    """
+
+    def __init__(
+        self,
+        identity: Identity,
+        topology: Topology,
+        tls: TlsFiles | None,
+        *,
+        horizon: int = 64,
+        chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES,
+        max_message_bytes: int = codec.DEFAULT_MAX_BYTES,
+    ) -> None:
+        self.identity = identity
+        self.peer_id = identity.peer_id
+        self.topology = topology
+        self.neighbours = topology.neighbours(self.peer_id)
+        self.tls = tls
+        self.chunk_bytes = chunk_bytes
+        self.max_message_bytes = max_message_bytes
+        self.mailbox = Mailbox(self.peer_id, self.neighbours, horizon)
+        self.current_round = 0
+        self.verified: set[int] = set()
+        self.neighbour_rounds: dict[int, int] = {}
+        self._lock = threading.Lock()
+        self._server: grpc.Server | None = None
+        self._channels: dict[int, grpc.Channel] = {}
+        self._stubs: dict[int, pb_grpc.PeerStub] = {}
+        self._executor = None
+        self._creds = None
+        if tls is not None:
+            ca, cert, key = tls.read()
+            self._server_creds = grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=True)
+            self._creds = grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
+
+    # -- server -------------------------------------------------------------------------
+    def serve(self) -> int:
+        """Start listening on this peer's address; returns the bound port."""
+        addr = self.topology.peer(self.peer_id).address
+        server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=2 * len(self.neighbours) + 4, thread_name_prefix=f"p2p-rx-{self.peer_id}"),
+            options=[("grpc.so_reuseport", 0)],
+        )
+        pb_grpc.add_PeerServicer_to_server(_Servicer(self), server)
+        try:
+            port = server.add_secure_port(addr, self._server_creds) if self.tls else server.add_insecure_port(addr)
+        except RuntimeError as exc:
+            raise TransportError(f"peer {self.peer_id} cannot listen on {addr}: {exc}") from None
+        if port == 0:
+            raise TransportError(f"peer {self.peer_id} cannot listen on {addr} (address in use?)")
+        server.start()
+        self._server = server
+        logger.info("peer %d listening on %s (%s)", self.peer_id, addr, "mutual TLS" if self.tls else "plaintext")
+        return port
+
+    # -- client -------------------------------------------------------------------------
+    def _stub(self, j: int) -> pb_grpc.PeerStub:
+        stub = self._stubs.get(j)
+        if stub is None:
+            addr = self.topology.peer(j).address
+            if self._creds is not None:
+                ch = grpc.secure_channel(addr, self._creds, options=_CHANNEL_OPTIONS + [("grpc.ssl_target_name_override", peer_name(j))])
+            else:
+                ch = grpc.insecure_channel(addr, options=_CHANNEL_OPTIONS)
+            self._channels[j] = ch
+            stub = self._stubs[j] = pb_grpc.PeerStub(ch)
+        return stub
+
+    def handshake(self, j: int, timeout: float) -> pb.HelloReply:
+        """One handshake with neighbour ``j`` (raises ``grpc.RpcError`` if unreachable)."""
+        me = self.identity
+        reply = self._stub(j).Handshake(
+            pb.Hello(peer_id=me.peer_id, algorithm=me.algorithm, config_hash=me.config_hash,
+                     topology_version=me.topology_version, network=me.network),
+            timeout=timeout,
+        )
+        if not reply.accepted:
+            raise HandshakeRefused(f"peer {j} refused peer {self.peer_id}: {reply.reason}")
+        reason = _mismatch(me, reply)
+        if reason:
+            raise HandshakeRefused(f"peer {self.peer_id} refuses peer {j}: {reason}")
+        with self._lock:
+            self.verified.add(j)
+            self.neighbour_rounds[j] = int(reply.round)
+        return reply
+
+    def start(self, timeout: float) -> set[int]:
+        """Handshake with every neighbour, retrying until ``timeout`` s; returns those reached.
+
+        Raises
+        ------
+        HandshakeRefused
+            At once, if a neighbour refuses (different algorithm/config/topology, not a neighbour,
+            wrong certificate name).
+        """
+        deadline = time.monotonic() + timeout
+        pending = set(self.neighbours)
+        last_error: dict[int, str] = {}
+        while pending and time.monotonic() < deadline:
+            for j in sorted(pending):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                try:
+                    self.handshake(j, timeout=min(2.0, left))
+                    pending.discard(j)
+                except grpc.RpcError as exc:
+                    last_error[j] = f"{exc.code().name}: {exc.details()}"
+            if pending:
+                time.sleep(0.1)
+        for j in sorted(pending):
+            logger.warning(
+                "peer %d: no handshake with neighbour %d within %.1f s (last error: %s)",
+                self.peer_id, j, timeout, last_error.get(j, "none"),
+            )
+        self.last_errors = last_error
+        return set(self.neighbours) - pending
+
+    def send(self, to: int, round_: int, channel: str, arrays: Mapping[str, np.ndarray],
+             scalars: Mapping[str, float] | None = None, timeout: float = 30.0) -> SendResult:
+        for attempt in range(2):
+            counted = [0]
+
+            def frames() -> Iterator[pb.Frame]:
+                for f in codec.encode(self.peer_id, round_, channel, arrays, scalars, self.chunk_bytes):
+                    counted[0] += f.ByteSize()
+                    yield f
+
+            try:
+                if to not in self.verified:
+                    self.handshake(to, timeout=min(2.0, timeout))
+                ack = self._stub(to).Push(frames(), timeout=timeout)
+            except HandshakeRefused as exc:
+                return SendResult(to, False, str(exc))
+            except grpc.RpcError as exc:
+                with self._lock:
+                    self.verified.discard(to)
+                return SendResult(to, False, f"peer {to}: {exc.code().name}: {exc.details()}",
+                                  unreachable=exc.code() in _UNREACHABLE)
+            if not ack.accepted and ack.reason.startswith(UNKNOWN_PEER) and attempt == 0:
+                with self._lock:
+                    self.verified.discard(to)  # the neighbour restarted: handshake again, resend once
+                continue
+            payload = int(sum(np.asarray(a).nbytes for a in arrays.values()))
+            if ack.accepted:
+                with self.mailbox.stats.lock:
+                    self.mailbox.stats.bytes_sent += counted[0]
+                    self.mailbox.stats.payload_sent += payload
+            return SendResult(to, ack.accepted, ack.reason, counted[0], payload)
+        return SendResult(to, False, "neighbour does not accept our handshake")
+
+    def advance(self, round_: int) -> None:
+        self.current_round = round_
+        self.mailbox.advance(round_)
+
+    def close(self) -> None:
+        super().close()
+        for ch in self._channels.values():
+            ch.close()
+        if self._server is not None:
+            self._server.stop(grace=0.5).wait(2.0)
+            self._server = None

@@ -1,0 +1,168 @@
+"""One peer process: ``graphfl peer --topology net.toml --id I [--out DIR]``.
+
+Reads the network file, builds the node's oracle (its data partition and model) and the
+algorithm, listens, handshakes with its neighbours (bounded by ``connect-timeout``), runs
+:func:`graphfl.p2p.driver.run_node` over gRPC, and writes
+
+* ``<out>/peer-<id>.json`` — config, per-round records (loss, test loss, local disagreement,
+  compute/communication seconds, bytes sent/received, skipped neighbours) and the outcome;
+* ``<out>/peer-<id>.npz`` — the final ``theta`` (and ``tracker`` for DFL-GT);
+* ``<out>/peer-<id>.status.json`` — progress, rewritten every round (the launcher reads it).
+
+Exit codes: 0 done, 2 configuration error, 3 refused handshake / TLS, 4 round failed
+(``on-missing = "fail"``), 5 unreachable neighbours under ``on-missing = "fail"``, 130 stopped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from graphfl.common.config import ConfigError
+from graphfl.p2p.algorithms import make_algorithm
+from graphfl.p2p.config import NetworkFile, load_network_file
+from graphfl.p2p.driver import run_node
+from graphfl.p2p.exchange import Exchange, FailurePolicy, RoundFailed
+from graphfl.p2p.grpc_transport import GrpcTransport, Identity
+from graphfl.p2p.mixing import mixing_row
+from graphfl.p2p.oracles import BUILTIN_PROBLEMS, ProblemSpec, make_oracle
+from graphfl.p2p.transport import HandshakeRefused, TransportError
+
+logger = logging.getLogger(__name__)
+
+EXIT_OK, EXIT_CONFIG, EXIT_REFUSED, EXIT_ROUND_FAILED, EXIT_UNREACHABLE, EXIT_STOPPED = 0, 2, 3, 4, 5, 130
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1, default=str))
+    os.replace(tmp, path)
+
+
+def problem_spec(net: NetworkFile, peer_id: int) -> ProblemSpec:
+    run = net.run
+    return ProblemSpec(
+        problem=run.problem, num_nodes=net.topology.n, seed=run.seed, batch_size=run.batch_size,
+        dim=run.dim, samples=run.samples, standardize=run.standardize, device=net.topology.peer(peer_id).device,
+    )
+
+
+def run_peer(network_file: str | Path, peer_id: int, out_dir: str | Path, overrides: dict[str, Any] | None = None,
+             insecure: bool = False, stop: threading.Event | None = None) -> int:
+    """Run one peer to completion; returns the exit code (see the module docstring)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    status_file = out / f"peer-{peer_id}.status.json"
+    result: dict[str, Any] = {"peer": peer_id, "outcome": "starting", "records": []}
+    stop = stop or threading.Event()
+    transport = None
+    code = EXIT_OK
+    t_begin = time.monotonic()
+    try:
+        net = load_network_file(network_file, overrides)
+        if insecure:
+            net = NetworkFile(net.path, net.topology, net.run, type(net.tls)(insecure=True))
+        run = net.run
+        topo = net.topology
+        me = topo.peer(peer_id)
+        result["config"] = {"run": dataclasses.asdict(net.run), "network": topo.name, "topology_version": topo.fingerprint,
+                            "address": me.address, "partition": me.partition, "tls": not net.tls.insecure}
+        if run.problem not in BUILTIN_PROBLEMS:  # a torch task: one thread per peer unless told otherwise
+            import torch
+
+            torch.set_num_threads(int(os.environ.get("GRAPHFL_TORCH_THREADS", "1")))
+        algo = make_algorithm(run.algorithm, tau=run.tau, alpha0=run.alpha0, step_rule=run.step_rule,
+                              init_tracker=run.init_tracker, same_batch_difference=run.same_batch_difference)
+        oracle = make_oracle(peer_id, problem_spec(net, peer_id), partition=me.partition)
+        w = topo.mixing_matrix()
+        theta0 = oracle.initial_theta()
+        transport = GrpcTransport(
+            Identity(peer_id, run.algorithm, run.hash(), topo.fingerprint, topo.name),
+            topo, net.tls_files(peer_id), horizon=run.max_ahead * run.tau, chunk_bytes=run.chunk_bytes,
+        )
+        for ch, specs in algo.specs(theta0.size, theta0.dtype).items():
+            transport.mailbox.expect(ch, specs)
+        transport.serve()
+        result["outcome"] = "connecting"
+        _write_json(status_file, {"peer": peer_id, "state": "connecting", "round": 0, "rounds": run.rounds})
+        reached = transport.start(run.connect_timeout)
+        missing = sorted(set(transport.neighbours) - reached)
+        if missing:
+            errors = {j: transport.last_errors.get(j, "") for j in missing}
+            if run.on_missing == "fail":
+                raise TransportError(f"peer {peer_id}: neighbour(s) {missing} unreachable after "
+                                     f"{run.connect_timeout:g} s: {errors}")
+            logger.warning("peer %d starts without neighbour(s) %s: %s", peer_id, missing, errors)
+            result["unreached_at_start"] = {str(j): e for j, e in errors.items()}
+        start_t = max([0, *transport.neighbour_rounds.values()])
+        if start_t > 0:
+            logger.info("peer %d rejoins the network at iteration %d", peer_id, start_t)
+            transport.advance(start_t)
+        policy = FailurePolicy(run.on_missing, run.reweight, run.round_timeout, run.send_timeout)
+        exchange = Exchange(transport, mixing_row(w, peer_id), policy)
+        result["outcome"] = "running"
+
+        def on_round(rec: dict[str, Any]) -> None:
+            result["records"].append(rec)
+            _write_json(status_file, {"peer": peer_id, "state": "running", "round": rec["round"], "rounds": run.rounds,
+                                      "train_loss": rec["train_loss"], "test_loss": rec["test_loss"],
+                                      "missing": rec["missing"]})
+
+        node = run_node(algo, oracle, exchange, run.iterations, start_t=start_t, eval_every=run.eval_every,
+                        min_round_seconds=run.min_round_seconds, on_round=on_round, stop=stop)
+        arrays = {"theta": node.state.theta}
+        if node.state.tracker is not None:
+            arrays["tracker"] = node.state.tracker
+        np.savez(out / f"peer-{peer_id}.npz", **arrays)
+        result["start_t"] = start_t
+        result["final_t"] = node.state.t
+        result["stats"] = transport.stats()
+        if stop.is_set():
+            result["outcome"], code = "stopped", EXIT_STOPPED
+        else:
+            result["outcome"] = "done"
+    except ConfigError as exc:
+        result["outcome"], result["error"], code = "config-error", str(exc), EXIT_CONFIG
+        logger.error("peer %d: configuration error: %s", peer_id, exc)
+    except HandshakeRefused as exc:
+        result["outcome"], result["error"], code = "refused", str(exc), EXIT_REFUSED
+        logger.error("peer %d: %s", peer_id, exc)
+    except RoundFailed as exc:
+        result["outcome"], result["error"], code = "round-failed", str(exc), EXIT_ROUND_FAILED
+        logger.error("%s", exc)
+    except TransportError as exc:
+        result["outcome"], result["error"], code = "unreachable", str(exc), EXIT_UNREACHABLE
+        logger.error("%s", exc)
+    finally:
+        result["seconds"] = time.monotonic() - t_begin
+        if transport is not None:
+            transport.close()
+        _write_json(out / f"peer-{peer_id}.json", result)
+        _write_json(status_file, {"peer": peer_id, "state": result["outcome"], "round": len(result["records"]),
+                                  "error": result.get("error")})
+    return code
+
+
+def main(network_file: str, peer_id: int, out_dir: str, overrides: dict[str, Any] | None = None,
+         insecure: bool = False) -> int:
+    """Process entry point: logging to stderr, SIGTERM/SIGINT stop the loop (bounded), exit code."""
+    logging.basicConfig(level=os.environ.get("GRAPHFL_LOG", "INFO"),
+                        format=f"%(asctime)s peer-{peer_id} %(levelname)s %(name)s: %(message)s")
+    stop = threading.Event()
+
+    def handler(signum: int, frame: Any) -> None:
+        logger.warning("peer %d: signal %d, stopping after the current step", peer_id, signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+    return run_peer(network_file, peer_id, out_dir, overrides, insecure, stop)
