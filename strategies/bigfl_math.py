@@ -271,7 +271,7 @@ def hypergradient(
         (vjp,) = torch.autograd.grad(fr_theta, theta_r, grad_outputs=p, retain_graph=True)
         out = vjp + kappa * p
         if use_hess:
-            out = out + torch.einsum("nij,nj->ni", hessians, p)
+            out = out + torch.einsum("nij,nj->ni", hessians, p.to(hessians.dtype)).to(p.dtype)
         return out
 
     if mode == "exact":

@@ -233,3 +233,113 @@ def test_unknown_mode_is_an_error(problem):
     with pytest.raises(ValueError, match="neumann"):
         bm.hypergradient(p["a_hat"], p["theta"], p["phi"], p["pos"], p["neg"], mode="bogus",
                          **HYP)
+
+
+# ---------------------------------------------------------------------------------------
+# server core
+# ---------------------------------------------------------------------------------------
+
+from graphfl.common.config import ConfigError, RunConfig  # noqa: E402
+from graphfl.strategies import bigfl as bg  # noqa: E402
+from graphfl.strategies.base import ClientUpdate, ServerContext  # noqa: E402
+
+TEMPLATE = {"l1.weight": np.zeros((2, 2), dtype=np.float32), "l2.weight": np.ones(3, dtype=np.float32)}
+
+
+def _core_ctx(adj=None, n=4, cfg=None, **params):
+    return ServerContext(
+        config=cfg or RunConfig(), params=bg.BiGFLParams(**params), num_clients=n,
+        initial_arrays=TEMPLATE, param_keys=tuple(TEMPLATE), num_examples={i: 10 for i in range(n)},
+        client_graph=adj, seed=0,
+    )
+
+
+def _reply(core, i, value, hess=True):
+    arrays = {k: np.full(v.shape, value, dtype=np.float32) for k, v in core.update_template(i).items()
+              if not k.startswith("bigfl/")}
+    if hess and core.want_hessian:
+        arrays[bg.HESS_KEY] = np.eye(core.dim, dtype=np.float32)
+    return ClientUpdate(i, arrays, 10)
+
+
+def test_core_payload_messages_and_phi_update():
+    adj = _adj(4, [(0, 1), (1, 2)])  # node 3 isolated
+    core = bg.BiGFLCore(_core_ctx(adj, alpha=0.5, lambda_ul=0.0))
+    p1 = core.configure_train(1, 1)
+    assert set(p1.arrays) == {"l1.weight", "l2.weight", bg.M_KEY, bg.PHI_KEY}
+    assert p1.arrays[bg.PHI_KEY].shape == (7, 7)
+    np.testing.assert_allclose(p1.arrays[bg.PHI_KEY], np.eye(7))
+    assert p1.config[bg.A_II_KEY] == pytest.approx(1 / 3)
+    assert core.configure_train(1, 3).config[bg.A_II_KEY] == pytest.approx(1.0)
+    np.testing.assert_allclose(core.configure_train(1, 3).arrays[bg.M_KEY], 0.0)  # isolated
+    assert core.configure_train(1, 0).arrays[bg.PHI_KEY] is core.configure_train(1, 2).arrays[bg.PHI_KEY]
+    assert bg.HESS_KEY in core.update_template(0)
+    ups = {i: _reply(core, i, float(i + 1)) for i in range(4)}
+    m = core.aggregate_train(1, ups)
+    assert m["clients_aggregated"] == 4
+    assert m["phi_minus_identity"] > 0 and np.isfinite(m["ul_loss"])
+    # messages use the new Θ and φ: m_i = Σ_{j≠i} Â_ij θ_j φ
+    a_hat = core.a_hat.numpy()
+    theta = core.theta.numpy()
+    expect = ((a_hat - np.diag(np.diag(a_hat))) @ theta @ core.phi.numpy())[1]
+    np.testing.assert_allclose(core.configure_train(2, 1).arrays[bg.M_KEY], expect, rtol=1e-5)
+    # the client's own model comes back to it
+    np.testing.assert_allclose(core.evaluation_payload(2).arrays["l1.weight"], 3.0)
+
+
+def test_core_excludes_nan_and_survives_empty_round(caplog):
+    import logging
+
+    core = bg.BiGFLCore(_core_ctx(_adj(4, [(0, 1), (2, 3)])))
+    phi0 = core.phi.clone()
+    assert core.aggregate_train(1, {})["clients_aggregated"] == 0
+    assert torch.equal(core.phi, phi0)
+    bad = _reply(core, 0, 1.0)
+    bad.arrays["l2.weight"][0] = np.nan
+    with caplog.at_level(logging.WARNING, logger="graphfl.strategies.bigfl"):
+        m = core.aggregate_train(2, {0: bad, 1: _reply(core, 1, 2.0)})
+    assert m["clients_excluded"] == 1 and m["clients_aggregated"] == 1
+    assert "client 0" in caplog.text and "NaN" in caplog.text
+    assert torch.isfinite(core.theta).all() and torch.isfinite(core.phi).all()
+
+
+def test_graph_sources_and_errors(tmp_path, caplog):
+    import logging
+
+    with pytest.raises(ConfigError, match="shape"):
+        bg.BiGFLCore(_core_ctx(_adj(3, [(0, 1)]), n=4))
+    with pytest.raises(ConfigError, match="needs a client graph"):
+        bg.BiGFLCore(_core_ctx(None, missing_graph="error"))
+    with caplog.at_level(logging.WARNING, logger="graphfl.strategies.bigfl"):
+        core = bg.BiGFLCore(_core_ctx(None))
+    assert core.graph_source.startswith("complete") and "no client graph" in caplog.text
+    assert core.pos.shape[0] == 12
+    iso = bg.BiGFLCore(_core_ctx(None, missing_graph="isolated"))
+    assert iso.pos.shape[0] == 0 and np.allclose(iso.a_diag, 1.0)
+    edges = tmp_path / "edges.txt"
+    edges.write_text("# ring\n0 1\n1 2\n2 3\n3 0\n")
+    core = bg.BiGFLCore(_core_ctx(None, cfg=RunConfig(graph_file=str(edges))))
+    assert core.graph_source.startswith("file") and core.pos.shape[0] == 8
+    edges.write_text("0 7\n")
+    with pytest.raises(ConfigError, match="outside"):
+        bg.BiGFLCore(_core_ctx(None, cfg=RunConfig(graph_file=str(edges))))
+
+
+def test_layer_subset_and_local_others():
+    core = bg.BiGFLCore(_core_ctx(_adj(4, [(0, 1)]), layers="l2", others="local",
+                                  hypergrad_mode="reg_only"))
+    assert core.dim == 3 and core.keys == ("l2.weight",)
+    p = core.configure_train(1, 0)
+    assert set(p.arrays) == {"l2.weight", bg.M_KEY, bg.PHI_KEY}
+    assert p.arrays[bg.PHI_KEY].shape == (3, 3)
+    assert set(core.update_template(0)) == {"l2.weight"}  # no Hessian, nothing else uploaded
+    core.aggregate_train(1, {i: _reply(core, i, 1.0 + i) for i in range(4)})
+    fed = bg.BiGFLCore(_core_ctx(_adj(4, [(0, 1)]), layers="l2", others="fedavg"))
+    ups = {i: _reply(fed, i, 1.0 + i) for i in range(4)}
+    fed.aggregate_train(1, ups)
+    np.testing.assert_allclose(fed.configure_train(2, 0).arrays["l1.weight"], 2.5)  # FedAvg mean
+    np.testing.assert_allclose(fed.configure_train(2, 3).arrays["l2.weight"], 4.0)  # own θ
+    with pytest.raises(ConfigError, match="bigfl.layers"):
+        bg.BiGFLCore(_core_ctx(_adj(4, [(0, 1)]), layers="conv9"))
+    big = bg.BiGFLCore(_core_ctx(_adj(4, [(0, 1)]), max_hessian_dim=3))
+    assert not big.want_hessian and bg.HESS_KEY not in big.update_template(0)

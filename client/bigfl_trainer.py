@@ -1,0 +1,132 @@
+"""Client half of BiG-FL (ALGORITHMS.md §5.5; seed 000 eq. 10.19, Algorithm 4 lines 4–7).
+
+Client i receives its own model ``θ_i^t``, the message ``m_i`` (``bigfl/m``), ``φ``
+(``bigfl/phi``) and ``â_i`` (config ``bigfl.a-ii``), runs ``train.local-steps`` minibatch SGD
+steps on its LL loss (eq. 10.17)::
+
+    data_i(θ) + (λ_LL/2)‖m_i + â_i θ φ − θ‖² + (κ/2)‖θ‖²
+
+with ``m_i`` and ``φ`` frozen, and uploads ``θ_i^{t+1}``. When the server asks for it
+(``bigfl.hessian``), it also uploads the Hessian of its data loss w.r.t. ``θ`` at
+``θ_i^{t+1}`` (``bigfl/hessian``, ``d×d``), which the ``neumann`` hypergradient needs.
+
+With ``bigfl.layers`` set, ``θ`` is the concatenation of those parameters only; the others are
+trained with the data loss alone and either come from the server (``others = fedavg``) or
+live in this client's state (``others = local``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from graphfl.client.base import ClientState, ClientTrainer, FitResult
+from graphfl.client.trainers import state_model, store_model
+from graphfl.client.training import evaluate_model, get_arrays, param_keys, set_arrays, sgd_steps
+from graphfl.strategies import bigfl_math as bm
+from graphfl.strategies.base import Arrays, Payload
+from graphfl.strategies.bigfl import (
+    A_II_KEY, HESS_KEY, M_KEY, PHI_KEY, RESERVED_PREFIX, WANT_HESS_KEY, BiGFLParams,
+)
+from graphfl.strategies.fesem import select_keys
+from graphfl.tasks.partition import client_rng
+
+
+def flat_params(model: nn.Module, keys: tuple[str, ...]) -> torch.Tensor:
+    """``θ`` = concatenation of the named parameters (differentiable)."""
+    params = dict(model.named_parameters())
+    return torch.cat([params[k].reshape(-1) for k in keys])
+
+
+def data_loss_hessian(
+    model: nn.Module, keys: tuple[str, ...], x: np.ndarray, y: np.ndarray, loss_fn: nn.Module,
+    device: str = "cpu",
+) -> np.ndarray:
+    """Hessian (``d×d``, float32) of ``loss_fn(model(x), y)`` w.r.t. the parameters ``keys``."""
+    from torch.func import functional_call, hessian
+
+    model = model.to(device).eval()
+    fixed = {k: v.detach() for k, v in model.named_parameters()}
+    shapes = [fixed[k].shape for k in keys]
+    sizes = [fixed[k].numel() for k in keys]
+    flat0 = torch.cat([fixed[k].reshape(-1) for k in keys])
+    xt = torch.as_tensor(x).to(device)
+    yt = torch.as_tensor(y).to(device)
+
+    def loss(flat: torch.Tensor) -> torch.Tensor:
+        params = dict(fixed)
+        offset = 0
+        for k, shape, size in zip(keys, shapes, sizes):
+            params[k] = flat[offset : offset + size].view(shape)
+            offset += size
+        return loss_fn(functional_call(model, params, (xt,)), yt)
+
+    h = hessian(loss)(flat0)
+    return h.detach().cpu().numpy().astype(np.float32)
+
+
+class BiGFLTrainer(ClientTrainer):
+    """τ SGD steps on the BiG-FL LL loss; optional Hessian upload (see module docstring)."""
+
+    def __init__(self, ctx) -> None:
+        super().__init__(ctx)
+        self.p: BiGFLParams = ctx.params if ctx.params is not None else BiGFLParams()
+        self.loss_fn = ctx.task.loss_fn()
+
+    def _model(self, payload: Payload, state: ClientState) -> tuple[nn.Module, tuple[str, ...]]:
+        model = self.ctx.task.build_model()
+        keys = select_keys(param_keys(model), self.p.layers)
+        arrays: Arrays = get_arrays(model)
+        if self.p.others == "local":
+            own = state_model(state)
+            if own is not None:
+                arrays.update(own)
+        arrays.update({k: v for k, v in payload.arrays.items() if not k.startswith(RESERVED_PREFIX)})
+        set_arrays(model, arrays)
+        return model, keys
+
+    def fit(self, server_round: int, payload: Payload, state: ClientState) -> FitResult:
+        for key in (M_KEY, PHI_KEY):
+            if key not in payload.arrays:
+                raise ValueError(f"bigfl client {self.ctx.partition_id}: payload lacks {key!r}")
+        model, keys = self._model(payload, state)
+        tc = self.ctx.config.train
+        dev = self.ctx.device
+        m_i = torch.as_tensor(np.asarray(payload.arrays[M_KEY], dtype=np.float32)).to(dev)
+        phi = torch.as_tensor(np.asarray(payload.arrays[PHI_KEY], dtype=np.float32)).to(dev)
+        d = int(sum(p.numel() for k, p in model.named_parameters() if k in keys))
+        if m_i.shape != (d,) or phi.shape != (d, d):
+            raise ValueError(
+                f"bigfl client {self.ctx.partition_id}: message/phi shapes {tuple(m_i.shape)}/"
+                f"{tuple(phi.shape)} do not match the {d} BiG-FL parameters"
+            )
+        a_ii = float(payload.config.get(A_II_KEY, 1.0))
+        lam, kappa = self.p.lambda_ll, self.p.kappa
+
+        def penalty(mod: nn.Module) -> torch.Tensor:
+            return bm.ll_reg_loss(flat_params(mod, keys), m_i, phi, a_ii, lam, kappa)
+
+        rng = client_rng(self.ctx.config.seed, 5, self.ctx.partition_id, server_round)
+        loss = sgd_steps(model, self.ctx.data, self.loss_fn, tc.local_steps, tc.batch_size, tc.lr,
+                         rng, penalty=penalty, momentum=tc.momentum,
+                         weight_decay=tc.weight_decay, device=dev)
+        with torch.no_grad():
+            reg = float(penalty(model))
+        arrays = get_arrays(model)
+        if self.p.others == "local":
+            store_model(state, arrays)
+            arrays = {k: v for k, v in arrays.items() if k in keys}
+        if bool(payload.config.get(WANT_HESS_KEY, False)):
+            x, y = self.ctx.data.x_train, self.ctx.data.y_train
+            if self.p.hessian_samples and len(x) > self.p.hessian_samples:
+                idx = rng.choice(len(x), size=self.p.hessian_samples, replace=False)
+                x, y = x[idx], y[idx]
+            arrays[HESS_KEY] = data_loss_hessian(model, keys, x, y, self.loss_fn, device=dev)
+        return FitResult(arrays, self.ctx.data.num_train, {"train_loss": loss, "ll_reg": reg})
+
+    def evaluate(self, payload: Payload, state: ClientState) -> dict[str, float]:
+        model, _ = self._model(payload, state)
+        d = self.ctx.data
+        return evaluate_model(model, d.x_test, d.y_test, self.loss_fn,
+                              self.ctx.task.kind == "classification", device=self.ctx.device)

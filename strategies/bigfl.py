@@ -1,0 +1,337 @@
+"""BiG-FL: bilevel-optimisation enhanced graph-aided FL (ALGORITHMS.md §5; seed 000 §10.4).
+
+The server holds the upper-level (UL) parameter ``φ ∈ R^{d×d}`` (initialised to ``I``), the
+client graph's GCN propagation matrix ``Â`` and the latest client models ``Θ ∈ R^{n×d}``.
+Round t (seed 000, Algorithm 4; math in :mod:`graphfl.strategies.bigfl_math`):
+
+1. server → client i: its own model ``θ_i^t``, the message ``m_i = Σ_{j≠i} Â_ij θ_j φ``,
+   ``φ`` and ``â_i = Â_ii``;
+2. client i: ``train.local-steps`` SGD steps (eq. 10.19) on its LL loss (eq. 10.17)
+   ``data_i(θ) + (λ_LL/2)‖m_i + â_i θ φ − θ‖² + (κ/2)‖θ‖²`` with ``m_i, φ`` frozen; uploads
+   ``θ_i^{t+1}`` (and, in ``neumann`` mode, its data-loss Hessian at ``θ_i^{t+1}``);
+3. server: ``H = ÂΘφ``; ``q`` fresh negatives per node; hypergradient ``ĝ_φ`` (eq. 10.20,
+   mode ``neumann``/``reg_only``/``first_order``, §5.4); ``φ ← φ − α ĝ_φ``; new messages.
+
+The data loss is the task's loss (mean over the batch, e.g. ``MSELoss``), so ``λ_LL`` and
+``κ`` are relative to it. Local steps, batch size and learning rate (the spec's ``τ, m, β``)
+come from ``[train]`` like every other strategy.
+
+Client graph: the task's (``ctx.client_graph``), else ``graph_file`` (an edge list ``i j
+[w]`` keyed by partition id), else ``missing_graph`` decides (``complete`` with a warning by
+default, ``isolated``, or ``error``). A graph of the wrong size is an error naming both sizes.
+An isolated client has ``â_i = 1``, ``m_i = 0`` (its regulariser is ``‖θ_i(φ − I)‖²``) and
+only negative pairs in the UL loss.
+
+Large models (ALGORITHMS.md §5.7: ``φ`` is ``d×d``): ``layers`` restricts BiG-FL to the named
+parameters (``θ`` = their concatenation); the remaining parameters are averaged as in FedAvg
+(``others = "fedavg"``) or never leave the client (``others = "local"``). Messages per client
+and round: down ``d² + 2d`` floats (``φ`` in ``phi_dtype``), up ``d`` floats plus ``d²`` for the
+Hessian in ``neumann`` mode (skipped, i.e. ``reg_only``, when ``d > max_hessian_dim``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from graphfl.common.config import ConfigError
+from graphfl.common.registry import AlgorithmSpec, register
+from graphfl.strategies import bigfl_math as bm
+from graphfl.strategies.base import (
+    Arrays, ClientUpdate, MetricValue, Payload, ServerContext, ServerCore, flatten_params,
+    unflatten_params, weighted_average,
+)
+from graphfl.strategies.fesem import select_keys
+
+logger = logging.getLogger(__name__)
+
+M_KEY = "bigfl/m"
+PHI_KEY = "bigfl/phi"
+HESS_KEY = "bigfl/hessian"
+A_II_KEY = "bigfl.a-ii"
+WANT_HESS_KEY = "bigfl.hessian"
+RESERVED_PREFIX = "bigfl/"
+
+
+@dataclass(frozen=True)
+class BiGFLParams:
+    """BiG-FL hyperparameters (ALGORITHMS.md §5.2; all defaults reconstructed except ``q``).
+
+    Attributes
+    ----------
+    alpha
+        UL step size: ``φ ← φ − alpha · ĝ_φ``.
+    kappa
+        ``κ`` of the LL term ``(κ/2)‖θ_i‖²``.
+    lambda_ll, lambda_ul
+        Weights of the LL graph regulariser ``(λ_LL/2)R_i`` and of ``(λ_UL/2)‖φ − I‖²``.
+    q
+        Negative samples per head node (seed 000: 10).
+    hypergrad_mode
+        ``neumann`` (clients upload their data-loss Hessian), ``reg_only`` (Neumann series
+        with the server-side regulariser curvature only) or ``first_order`` (``v = 0``).
+    neumann_k, neumann_c
+        Terms ``K`` and step ``c`` of the Neumann series; ``neumann_c = 0`` means ``c =
+        train.lr`` (the LL step β, as the spec says).
+    layers
+        Comma-separated parameter keys or prefixes BiG-FL acts on; empty = all parameters.
+    others
+        What happens to parameters outside ``layers``: ``fedavg`` (averaged every round) or
+        ``local`` (kept on the client).
+    missing_graph
+        When neither the task nor ``graph_file`` gives a client graph: ``complete`` (with a
+        warning), ``isolated`` (no edges: BiG-FL degenerates to regularised local training)
+        or ``error``.
+    max_hessian_dim
+        In ``neumann`` mode clients upload a ``d×d`` Hessian only if ``d`` is at most this;
+        above it the round uses ``reg_only`` (logged once).
+    hessian_samples
+        Training samples used for the client Hessian (0 = the whole local training split).
+    phi_dtype
+        Wire dtype of ``φ`` (``float16`` halves the downlink; the server keeps float64).
+    """
+
+    alpha: float = field(default=1e-3, metadata={"min": 0.0})
+    kappa: float = field(default=1e-3, metadata={"min": 0.0})
+    lambda_ll: float = field(default=0.1, metadata={"min": 0.0})
+    lambda_ul: float = field(default=0.01, metadata={"min": 0.0})
+    q: int = field(default=10, metadata={"min": 0})
+    hypergrad_mode: str = field(default="neumann", metadata={"choices": bm.HYPERGRAD_MODES})
+    neumann_k: int = field(default=3, metadata={"min": 0})
+    neumann_c: float = field(default=0.0, metadata={"min": 0.0})
+    layers: str = ""
+    others: str = field(default="fedavg", metadata={"choices": ("fedavg", "local")})
+    missing_graph: str = field(default="complete",
+                               metadata={"choices": ("complete", "isolated", "error")})
+    max_hessian_dim: int = field(default=2048, metadata={"min": 0})
+    hessian_samples: int = field(default=0, metadata={"min": 0})
+    phi_dtype: str = field(default="float32", metadata={"choices": ("float32", "float16")})
+
+
+def resolve_graph(ctx: ServerContext, policy: str) -> tuple[np.ndarray, str]:
+    """The client adjacency (n×n) and where it came from (task, graph file, or fallback).
+
+    Raises
+    ------
+    ConfigError
+        The graph does not match ``ctx.num_clients`` or is malformed, the graph file is
+        missing/invalid, or there is no graph and ``policy == "error"``.
+    """
+    from graphfl.tasks.graphs import load_edge_list, validate_adjacency
+
+    n = int(ctx.num_clients)
+    graph_file = str(getattr(ctx.config, "graph_file", "") or "")
+    try:
+        if ctx.client_graph is not None:
+            return validate_adjacency(ctx.client_graph, n, "the task's client graph"), "task"
+        if graph_file:
+            adj = load_edge_list(graph_file, n)
+            return validate_adjacency(adj, n, f"graph file {graph_file}"), f"file {graph_file}"
+    except (ValueError, FileNotFoundError) as exc:
+        raise ConfigError(f"bigfl: {exc}") from None
+    task = getattr(ctx.config, "task", "?")
+    if policy == "error":
+        raise ConfigError(
+            f"bigfl needs a client graph: task {task!r} has none and graph_file is not set "
+            "(give graph_file = 'edges.txt' with lines 'i j [weight]', or set "
+            "bigfl.missing-graph = complete|isolated)"
+        )
+    logger.warning("bigfl: task %r has no client graph and graph_file is not set; using the "
+                   "%s graph on %d clients (bigfl.missing-graph)", task, policy, n)
+    if policy == "complete":
+        return np.ones((n, n)) - np.eye(n), "complete (fallback)"
+    return np.zeros((n, n)), "isolated (fallback)"
+
+
+class BiGFLCore(ServerCore):
+    """Server half of BiG-FL (see the module docstring)."""
+
+    def __init__(self, ctx: ServerContext) -> None:
+        super().__init__(ctx)
+        from graphfl.tasks.graphs import gcn_propagation
+
+        p: BiGFLParams = ctx.params if ctx.params is not None else BiGFLParams()
+        self.params = p
+        self.n = int(ctx.num_clients)
+        self.template: Arrays = dict(ctx.initial_arrays)
+        self.param_keys = tuple(ctx.param_keys) or tuple(self.template)
+        try:
+            self.keys = select_keys(self.param_keys, p.layers)
+        except ConfigError as exc:
+            raise ConfigError(f"bigfl.layers: {exc}") from None
+        self.other_keys = tuple(k for k in self.template if k not in self.keys)
+        self.dim = int(sum(np.asarray(self.template[k]).size for k in self.keys))
+
+        adj, self.graph_source = resolve_graph(ctx, p.missing_graph)
+        self.adj = adj
+        self.a_hat = torch.as_tensor(gcn_propagation(adj), dtype=torch.float64)
+        self.a_diag = np.diag(gcn_propagation(adj)).copy()
+        degree = (adj > 0).sum(1)
+        isolated = np.flatnonzero(degree == 0).tolist()
+        if isolated and len(isolated) < self.n:
+            logger.info("bigfl: client(s) %s have no neighbour: no positive pairs, m_i = 0, "
+                        "regulariser ||theta_i (phi - I)||^2", isolated)
+        self.pos = torch.as_tensor(bm.positive_pairs(adj))
+
+        theta0 = flatten_params(self.template, self.keys)
+        self.theta = torch.as_tensor(np.tile(theta0, (self.n, 1)), dtype=torch.float64)
+        self.phi = torch.eye(self.dim, dtype=torch.float64)
+        self.want_hessian = p.hypergrad_mode == "neumann" and self.dim <= p.max_hessian_dim
+        if p.hypergrad_mode == "neumann" and not self.want_hessian:
+            logger.warning("bigfl: d = %d > max_hessian_dim = %d; clients upload no Hessian and "
+                           "the hypergradient uses reg_only", self.dim, p.max_hessian_dim)
+        self.hessians = (torch.zeros((self.n, self.dim, self.dim), dtype=torch.float32)
+                         if self.want_hessian else None)
+        self.shared: Arrays = {k: self.template[k] for k in self.other_keys}
+        self.rng = np.random.default_rng([int(ctx.seed), 5, 1])
+        tc = getattr(ctx.config, "train", None)
+        self.neumann_c = p.neumann_c or (tc.lr if tc is not None else 1e-3)
+        if self.dim * self.dim * self.n > 5e8:
+            logger.warning("bigfl: phi is %d x %d (%.1f GB as float64); consider bigfl.layers",
+                           self.dim, self.dim, self.dim**2 * 8 / 1e9)
+        self._refresh()
+
+    # -- protocol --------------------------------------------------------------------
+
+    def configure_train(self, server_round: int, partition_id: int) -> Payload:
+        i = self._check(partition_id)
+        arrays = self._model_arrays(i)
+        arrays[M_KEY] = self._messages[i]
+        arrays[PHI_KEY] = self._phi_wire
+        return Payload(arrays, {A_II_KEY: float(self.a_diag[i]), WANT_HESS_KEY: self.want_hessian})
+
+    def evaluation_payload(self, partition_id: int) -> Payload:
+        return Payload(self._model_arrays(self._check(partition_id)))
+
+    def update_template(self, partition_id: int) -> Arrays:
+        keys = self.keys + (self.other_keys if self.params.others == "fedavg" else ())
+        out = {k: self.template[k] for k in self.template if k in keys}
+        if self.want_hessian:
+            out[HESS_KEY] = np.zeros((self.dim, self.dim), dtype=np.float32)
+        return out
+
+    def final_arrays(self) -> Arrays | None:
+        return None
+
+    def aggregate_train(
+        self, server_round: int, updates: Mapping[int, ClientUpdate]
+    ) -> dict[str, MetricValue]:
+        t0 = time.perf_counter()
+        good: dict[int, ClientUpdate] = {}
+        excluded = 0
+        template = self.update_template(0)
+        for pid, up in updates.items():
+            why = _why_bad(up.arrays, template) if 0 <= int(pid) < self.n else "unknown partition id"
+            if why is not None:
+                logger.warning("bigfl round %d: excluding the update of client %s: %s",
+                               server_round, pid, why)
+                excluded += 1
+                continue
+            good[int(pid)] = up
+        for pid, up in good.items():
+            self.theta[pid] = torch.as_tensor(flatten_params(up.arrays, self.keys))
+            if self.hessians is not None:
+                self.hessians[pid] = torch.as_tensor(np.asarray(up.arrays[HESS_KEY], dtype=np.float32))
+        if self.other_keys and self.params.others == "fedavg" and good:
+            ups = list(good.values())
+            self.shared = weighted_average(
+                [{k: u.arrays[k] for k in self.other_keys} for u in ups],
+                [max(u.num_examples, 0) or 1 for u in ups],
+            )
+        metrics: dict[str, MetricValue] = {
+            "clients_aggregated": len(good), "clients_excluded": excluded,
+        }
+        if not good:
+            logger.warning("bigfl round %d: no valid update; phi and the models are unchanged",
+                           server_round)
+            metrics["server_seconds"] = time.perf_counter() - t0
+            return metrics
+
+        p = self.params
+        neg = torch.as_tensor(bm.sample_negatives(self.adj, p.q, self.rng))
+        mode = p.hypergrad_mode
+        grad, info = bm.hypergradient(
+            self.a_hat, self.theta, self.phi, self.pos, neg,
+            q=max(p.q, 1), lambda_ul=p.lambda_ul, lambda_ll=p.lambda_ll, kappa=p.kappa,
+            mode=mode, hessians=self.hessians, neumann_k=p.neumann_k,
+            neumann_c=self.neumann_c, max_halvings=20,
+        )
+        if info.neumann_halvings:
+            # remember the safe step for the following rounds
+            self.neumann_c = info.neumann_c
+        self.phi = self.phi - p.alpha * grad
+        self._refresh()
+        eye = torch.eye(self.dim, dtype=torch.float64)
+        metrics.update(
+            ul_loss=info.ul_loss,
+            hypergrad_norm=float(grad.norm()),
+            hypergrad_correction_norm=info.correction_norm,
+            phi_minus_identity=float((self.phi - eye).norm()),
+            neumann_c=info.neumann_c,
+            neumann_halvings=info.neumann_halvings,
+            hypergrad_fallback=int(info.fell_back),
+        )
+        metrics["server_seconds"] = time.perf_counter() - t0
+        return metrics
+
+    # -- helpers ---------------------------------------------------------------------
+
+    def ul_loss_now(self) -> float:
+        """UL loss at the current ``(φ, Θ)`` with freshly sampled negatives (diagnostics)."""
+        neg = torch.as_tensor(bm.sample_negatives(self.adj, self.params.q, self.rng))
+        return float(bm.ul_loss(self.a_hat, self.theta, self.phi, self.pos, neg,
+                                max(self.params.q, 1), self.params.lambda_ul))
+
+    def _check(self, partition_id: int) -> int:
+        if not 0 <= int(partition_id) < self.n:
+            raise ValueError(f"partition id {partition_id} outside 0..{self.n - 1}")
+        return int(partition_id)
+
+    def _refresh(self) -> None:
+        """Recompute per-client messages and the wire copy of φ after Θ or φ changed."""
+        msgs = bm.messages(self.a_hat, self.theta, self.phi).numpy().astype(np.float32)
+        self._messages = list(msgs)
+        self._phi_wire = self.phi.numpy().astype(self.params.phi_dtype)
+        self._own = unflatten_params_many(self.theta.numpy(), self.template, self.keys)
+
+    def _model_arrays(self, i: int) -> Arrays:
+        out = dict(self._own[i])
+        if self.params.others == "fedavg":
+            out.update(self.shared)
+        return out
+
+
+def unflatten_params_many(theta: np.ndarray, template: Arrays, keys: tuple[str, ...]) -> list[Arrays]:
+    """Row-wise :func:`unflatten_params`, keeping only ``keys`` (template dtypes)."""
+    sub = {k: template[k] for k in keys}
+    return [unflatten_params(row, sub, keys) for row in theta]
+
+
+def _why_bad(arrays: Arrays, template: Arrays) -> str | None:
+    missing = [k for k in template if k not in arrays]
+    if missing:
+        return f"missing arrays {missing[:5]}"
+    for k, ref in template.items():
+        a = np.asarray(arrays[k])
+        if a.shape != np.asarray(ref).shape:
+            return f"array {k!r} has shape {a.shape}, expected {np.asarray(ref).shape}"
+        if a.dtype.kind == "f" and not np.all(np.isfinite(a)):
+            return f"array {k!r} contains NaN or Inf"
+    return None
+
+
+def _trainer(ctx):
+    from graphfl.client.bigfl_trainer import BiGFLTrainer
+
+    return BiGFLTrainer(ctx)
+
+
+register(AlgorithmSpec(
+    "bigfl", BiGFLParams, BiGFLCore, _trainer,
+    "BiG-FL: bilevel graph-aided FL (GCN phi on the client graph, cosine link-prediction UL)",
+))
