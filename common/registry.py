@@ -10,6 +10,7 @@ change.
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -55,6 +56,25 @@ _BUILTIN_MODULES: dict[str, str] = {
 
 _REGISTRY: dict[str, AlgorithmSpec] = {}
 
+PLUGINS_ENV = "GRAPHFL_PLUGINS"
+"""Comma-separated modules imported on first registry use; each may call :func:`register`.
+The variable is inherited by SuperNodes and their ClientApps, so plug-in algorithms run
+in deployment without touching graphfl."""
+
+_plugins_loaded = False
+
+
+def _load_plugins() -> None:
+    global _plugins_loaded
+    if _plugins_loaded:
+        return
+    _plugins_loaded = True
+    for module in filter(None, (m.strip() for m in os.environ.get(PLUGINS_ENV, "").split(","))):
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise ConfigError(f"{PLUGINS_ENV}: cannot import plug-in module {module!r}: {exc}") from None
+
 
 def register(spec: AlgorithmSpec) -> AlgorithmSpec:
     """Add an algorithm; registering a second, different spec under a taken name is an error."""
@@ -67,11 +87,13 @@ def register(spec: AlgorithmSpec) -> AlgorithmSpec:
 
 def names() -> list[str]:
     """All known algorithm names (built-in and registered at run time), sorted."""
+    _load_plugins()
     return sorted(set(_BUILTIN_MODULES) | set(_REGISTRY))
 
 
 def get(name: str) -> AlgorithmSpec:
     """Look up an algorithm by name, importing its module on first use."""
+    _load_plugins()
     if name not in _REGISTRY and name in _BUILTIN_MODULES:
         importlib.import_module(_BUILTIN_MODULES[name])
     try:

@@ -118,6 +118,13 @@ class ServerCore(ABC):
     def evaluation_payload(self, partition_id: int) -> Payload:
         """What client ``partition_id`` evaluates on its own test split right now."""
 
+    def update_template(self, partition_id: int) -> Arrays:
+        """Keys, shapes and dtypes a training reply of ``partition_id`` must have.
+
+        Replies that differ, or contain NaN/Inf, are rejected before ``aggregate_train``.
+        """
+        return self.ctx.initial_arrays
+
     def final_arrays(self) -> Arrays | None:
         """A single model to save at the end, if the algorithm has one (e.g. FedAvg)."""
         return None

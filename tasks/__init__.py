@@ -1,1 +1,1 @@
-"""graphfl.tasks"""
+"""Tasks: datasets, Dirichlet partitions, models and client graphs (no Flower, no gRPC)."""

@@ -1,0 +1,143 @@
+"""Torch helpers shared by client trainers: arrays <-> model, local SGD, evaluation.
+
+Every function is deterministic given its ``rng``; trainers derive that generator from
+(seed, partition id, round) so the Flower ClientApp and the in-process driver agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from graphfl.tasks.base import ClientData
+
+
+def get_arrays(model: nn.Module) -> dict[str, np.ndarray]:
+    """``state_dict`` as numpy arrays (copies, CPU), in registration order."""
+    return {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}
+
+
+def set_arrays(model: nn.Module, arrays: dict[str, np.ndarray]) -> None:
+    """Load named arrays into ``model``; missing/extra keys or wrong shapes raise ValueError."""
+    own = model.state_dict()
+    missing = [k for k in own if k not in arrays]
+    extra = [k for k in arrays if k not in own]
+    if missing or extra:
+        raise ValueError(f"arrays do not match the model: missing {missing}, unexpected {extra}")
+    for k, v in own.items():
+        if tuple(arrays[k].shape) != tuple(v.shape):
+            raise ValueError(f"array {k!r} has shape {arrays[k].shape}, the model expects {tuple(v.shape)}")
+    model.load_state_dict({k: torch.as_tensor(np.asarray(arrays[k])) for k in own})
+
+
+def param_keys(model: nn.Module) -> tuple[str, ...]:
+    """Keys of trainable parameters (θ of ALGORITHMS.md §1.1), in registration order."""
+    return tuple(name for name, _ in model.named_parameters())
+
+
+def pick_device(requested: str = "auto") -> str:
+    """``cuda`` when requested/available, else ``cpu`` (a missing GPU is an error only if asked for)."""
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device 'cuda' requested but torch sees no CUDA device")
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return requested
+
+
+def _batches(n: int, batch_size: int, steps: int, rng: np.random.Generator):
+    """Yield ``steps`` index batches, reshuffling each pass (with replacement if n < batch)."""
+    if n == 0:
+        raise ValueError("client has no training samples")
+    if n < batch_size:
+        for _ in range(steps):
+            yield rng.integers(0, n, size=batch_size)
+        return
+    order = rng.permutation(n)
+    pos = 0
+    for _ in range(steps):
+        if pos + batch_size > n:
+            order, pos = rng.permutation(n), 0
+        yield order[pos : pos + batch_size]
+        pos += batch_size
+
+
+def sgd_steps(
+    model: nn.Module,
+    data: ClientData,
+    loss_fn: nn.Module,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    rng: np.random.Generator,
+    penalty: Callable[[nn.Module], torch.Tensor] | None = None,
+    momentum: float = 0.0,
+    weight_decay: float = 0.0,
+    device: str = "cpu",
+) -> float:
+    """Run ``steps`` minibatch SGD steps on ``data`` (train split); return the mean data loss.
+
+    Update: ``θ ← θ − lr · ∇[ℓ(θ; batch) + penalty(θ)]`` (torch SGD, optional momentum and
+    weight decay). ``penalty`` carries algorithm-specific terms, e.g. FedProx's
+    ``μ/2 ‖θ − θ_global‖²``.
+    """
+    model.to(device).train()
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
+    x_all = torch.as_tensor(data.x_train)
+    y_all = torch.as_tensor(data.y_train)
+    total = 0.0
+    for idx in _batches(len(x_all), batch_size, steps, rng):
+        idx_t = torch.as_tensor(idx)
+        x, y = x_all[idx_t].to(device), y_all[idx_t].to(device)
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(model(x), y)
+        total += float(loss.detach())
+        if penalty is not None:
+            loss = loss + penalty(model)
+        loss.backward()
+        opt.step()
+    return total / max(steps, 1)
+
+
+@torch.no_grad()
+def evaluate_model(
+    model: nn.Module, x: np.ndarray, y: np.ndarray, loss_fn: nn.Module, classification: bool,
+    device: str = "cpu", batch_size: int = 1024,
+) -> dict[str, float]:
+    """Mean loss (and accuracy for classification) of ``model`` on (x, y)."""
+    model.to(device).eval()
+    n = len(x)
+    if n == 0:
+        out = {"test_loss": float("nan"), "num_test": 0.0}
+        if classification:
+            out["test_acc"] = float("nan")
+        return out
+    loss_sum, correct = 0.0, 0
+    for start in range(0, n, batch_size):
+        xb = torch.as_tensor(x[start : start + batch_size]).to(device)
+        yb = torch.as_tensor(y[start : start + batch_size]).to(device)
+        out_b = model(xb)
+        loss_sum += float(loss_fn(out_b, yb)) * len(xb)
+        if classification:
+            correct += int((out_b.argmax(1) == yb).sum())
+    out = {"test_loss": loss_sum / n, "num_test": float(n)}
+    if classification:
+        out["test_acc"] = correct / n
+    return out
+
+
+def proximal_penalty(anchor: dict[str, np.ndarray], mu: float, keys: tuple[str, ...]) -> Callable[[nn.Module], torch.Tensor]:
+    """``μ/2 Σ_k ‖θ_k − anchor_k‖²`` over trainable parameters ``keys`` (FedProx, FeSEM eq. 10.10)."""
+    anchors = {k: torch.as_tensor(np.asarray(anchor[k])) for k in keys}
+
+    def penalty(model: nn.Module) -> torch.Tensor:
+        params = dict(model.named_parameters())
+        total = torch.zeros((), dtype=torch.float32)
+        for k, a in anchors.items():
+            p = params[k]
+            total = total + ((p - a.to(p.device)) ** 2).sum()
+        return 0.5 * mu * total
+
+    return penalty

@@ -1,0 +1,311 @@
+"""The ``graphfl`` command line (typer + rich). See ``graphfl --help`` and README.md.
+
+Stable commands (DESIGN.md): ``run``, ``superlink``, ``supernode``, ``peer``, ``p2p``,
+``bench``; plus ``certs`` (TLS material and SuperNode keys) and ``list``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.table import Table
+
+from graphfl.common.config import ConfigError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="graphfl: graph-aware federated learning on Flower and a gRPC peer-to-peer layer.")
+console = Console(stderr=True)
+logger = logging.getLogger("graphfl.cli")
+
+BENCHMARKS = {
+    "multicenter": "graphfl.bench.multicenter",
+    "dfl": "graphfl.bench.dfl",
+    "p2p-throughput": "graphfl.bench.p2p_throughput",
+}
+
+
+def setup_logging(verbose: bool = False) -> None:
+    level = logging.DEBUG if verbose else logging.INFO
+    logging.basicConfig(level=logging.WARNING, format="%(message)s", datefmt="[%X]",
+                        handlers=[RichHandler(console=console, show_path=False)], force=True)
+    logging.getLogger("graphfl").setLevel(level)
+
+
+def fail(message: str, code: int = 2) -> None:
+    console.print(f"[bold red]error:[/] {message}")
+    raise typer.Exit(code)
+
+
+@app.callback()
+def _main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging.")) -> None:
+    setup_logging(verbose)
+
+
+def build_config(config_file: Optional[Path], sets: list[str], flags: dict[str, Any]):
+    """defaults < --config FILE < --set key=value < explicit flags; validated once."""
+    from graphfl.common.config import flatten, load_toml, parse_assignment, parse_run_config
+
+    values: dict[str, Any] = {}
+    if config_file is not None:
+        values.update(flatten(load_toml(config_file)))
+    for item in sets:
+        key, value = parse_assignment(item)
+        values[key] = value
+    values.update({k: v for k, v in flags.items() if v is not None})
+    return parse_run_config(values, ignore_other_strategies=False)
+
+
+class RoundPrinter:
+    """Shows a progress bar and one line per evaluated round."""
+
+    def __init__(self, rounds: int) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), console=console, transient=False)
+        self.task = self.progress.add_task("starting", total=rounds)
+
+    def __enter__(self):
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.progress.stop()
+
+    def __call__(self, ev: dict[str, Any]) -> None:
+        kind = ev.get("event")
+        if kind == "submitted":
+            self.progress.update(self.task, description=f"run {ev['run_id']} on {ev['superlink']}")
+        elif kind == "round":
+            r = int(ev.get("round", 0))
+            parts = [f"round {r:>3}"]
+            for key in ("test_loss", "test_acc", "train_loss", "seconds"):
+                if ev.get(key) is not None:
+                    parts.append(f"{key} {ev[key]:.4g}")
+            self.progress.console.print("  ".join(parts))
+            self.progress.update(self.task, completed=r, description="training")
+        elif kind == "done":
+            self.progress.update(self.task, completed=ev.get("rounds", 0), description="done")
+        elif kind == "status":
+            self.progress.update(self.task, description=f"run {ev['run_id']}: {ev['status']}")
+
+
+@app.command()
+def run(
+    strategy: Optional[str] = typer.Option(None, help="Algorithm name (see `graphfl list`)."),
+    task: Optional[str] = typer.Option(None, help="Task name (see `graphfl list`)."),
+    nodes: Optional[int] = typer.Option(None, help="Number of clients / SuperNodes."),
+    rounds: Optional[int] = typer.Option(None, help="Federated rounds."),
+    engine: Optional[str] = typer.Option(None, help="local-deployment | simulation | inprocess."),
+    config: Optional[Path] = typer.Option(None, "--config", help="TOML file with run-config keys."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Output folder (default ./runs/<timestamp>)."),
+    seed: Optional[int] = typer.Option(None, help="Random seed."),
+    data_dir: Optional[Path] = typer.Option(None, help="Data folder (default $GRAPHFL_DATA)."),
+    set_: list[str] = typer.Option([], "--set", help="Override any key: --set train.lr=0.1 (repeatable)."),
+    superlink: Optional[str] = typer.Option(None, help="Submit to an existing SuperLink HOST:PORT."),
+    root_certificates: Optional[Path] = typer.Option(None, help="CA certificate of --superlink."),
+    insecure: bool = typer.Option(False, help="Plain HTTP to --superlink (no TLS)."),
+) -> None:
+    """Run one experiment and write run.json / run.md / run.png."""
+    from graphfl.deploy.federation import FederationError
+    from graphfl.deploy.run import run_experiment
+    from graphfl.tasks.base import DataError
+
+    flags = {"strategy": strategy, "task": task, "nodes": nodes, "rounds": rounds, "engine": engine,
+             "seed": seed, "out-dir": str(out) if out else None, "data-dir": str(data_dir) if data_dir else None}
+    try:
+        cfg = build_config(config, set_, flags)
+    except ConfigError as exc:
+        fail(str(exc))
+    where = f"SuperLink {superlink}" if superlink else cfg.engine
+    console.print(f"[bold]graphfl run[/]: {cfg.strategy} on {cfg.task}, {cfg.nodes} nodes, "
+                  f"{cfg.rounds} rounds, {where}")
+    try:
+        with RoundPrinter(cfg.rounds) as printer:
+            out_dir = run_experiment(cfg, printer, superlink=superlink,
+                                     root_certificates=str(root_certificates) if root_certificates else None,
+                                     insecure=insecure)
+    except (FederationError, DataError, ConfigError, TimeoutError, ValueError) as exc:
+        fail(str(exc), code=1)
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted; all processes were stopped[/]")
+        raise typer.Exit(130)
+    if superlink:
+        console.print(f"run finished on {superlink}; results are on the SuperLink host under {cfg.out_dir or 'its out-dir'}")
+        return
+    _print_final(out_dir)
+
+
+def _print_final(out_dir: Path) -> None:
+    import json
+
+    doc = json.loads((out_dir / "run.json").read_text())
+    table = Table(title=f"results in {out_dir}")
+    for col in ("method", "test_loss", "test_acc", "seconds/round", "rounds"):
+        table.add_column(col)
+    for name, res in doc["methods"].items():
+        fin = res["final"]
+        fmt = lambda v: "–" if v is None else f"{v:.4g}"  # noqa: E731
+        table.add_row(name, fmt(fin.get("test_loss")), fmt(fin.get("test_acc")),
+                      fmt(fin.get("seconds_per_round")), str(fin.get("rounds_completed")))
+    Console().print(table)
+
+
+@app.command("list")
+def list_() -> None:
+    """List strategies, tasks and benchmarks."""
+    from graphfl.common import registry
+    from graphfl.tasks import registry as tasks
+
+    t = Table(title="strategies")
+    t.add_column("name")
+    t.add_column("summary")
+    t.add_column("parameters")
+    for spec in registry.all_specs():
+        import dataclasses
+
+        t.add_row(spec.name, spec.summary, ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(spec.params()).items()))
+    Console().print(t)
+    t = Table(title="tasks")
+    for col in ("name", "kind", "default nodes", "summary"):
+        t.add_column(col)
+    for name in tasks.names():
+        s = tasks.get(name).spec
+        t.add_row(s.name, s.kind, str(s.default_nodes), s.summary)
+    Console().print(t)
+    Console().print("benchmarks: " + ", ".join(sorted(BENCHMARKS)))
+
+
+@app.command()
+def certs(
+    out: Path = typer.Argument(..., help="Folder for ca.crt, server.pem, server.key (and keys/)."),
+    host: list[str] = typer.Option([], "--host", help="Extra IP/DNS name of the SuperLink (repeatable)."),
+    node_keys: int = typer.Option(0, help="Also write N SuperNode auth key pairs into OUT/keys."),
+    days: int = typer.Option(365, help="Validity in days."),
+) -> None:
+    """Generate a CA, a SuperLink certificate and optional SuperNode authentication keys."""
+    from graphfl.deploy.certs import generate_node_keys, generate_tls
+
+    files = generate_tls(out, host, days=days)
+    console.print(f"CA {files.ca_cert}\nserver certificate {files.server_cert} (key {files.server_key})")
+    if node_keys:
+        pairs = generate_node_keys(out / "keys", node_keys)
+        console.print(f"{len(pairs)} SuperNode key pairs in {out / 'keys'} (register the .pub files with "
+                      "`flwr supernode register`)")
+
+
+@app.command()
+def superlink(
+    host: str = typer.Option("127.0.0.1", help="Address to bind (0.0.0.0 for other machines)."),
+    port: int = typer.Option(9091, help="Port for Fleet, Control and Runtime APIs."),
+    certs_dir: Optional[Path] = typer.Option(None, "--certs", help="Folder from `graphfl certs` (TLS)."),
+    insecure: bool = typer.Option(False, help="No TLS (only on trusted networks)."),
+    simulation: bool = typer.Option(False, help="Simulation SuperLink (Ray)."),
+    database: Optional[Path] = typer.Option(None, help="SQLite state file (default in memory)."),
+    node_auth: bool = typer.Option(False, help="Only registered SuperNodes may connect."),
+) -> None:
+    """Start a Flower SuperLink with graphfl's defaults (no runtime installs, no telemetry)."""
+    from graphfl.deploy.certs import TlsFiles
+    from graphfl.deploy.federation import superlink_argv
+
+    if not insecure and certs_dir is None:
+        fail("give --certs DIR (see `graphfl certs`) or --insecure")
+    tls = None if insecure else TlsFiles(certs_dir / "ca.crt", certs_dir / "server.pem", certs_dir / "server.key")
+    if tls:
+        for p in (tls.ca_cert, tls.server_cert, tls.server_key):
+            if not p.is_file():
+                fail(f"missing TLS file {p} (create it with `graphfl certs {certs_dir}`)")
+    _exec(superlink_argv(host, port, tls, simulation=simulation, database=database, node_auth=node_auth))
+
+
+@app.command()
+def supernode(
+    superlink_addr: str = typer.Option(..., "--superlink", help="SuperLink HOST:PORT."),
+    partition_id: int = typer.Option(..., help="This client's partition (0..N-1)."),
+    num_partitions: int = typer.Option(..., help="Number of partitions N (= run's nodes)."),
+    device: Optional[str] = typer.Option(None, help="cuda | cpu (default: cuda if available)."),
+    root_certificates: Optional[Path] = typer.Option(None, help="CA certificate of the SuperLink."),
+    insecure: bool = typer.Option(False, help="Plain HTTP (only if the SuperLink is --insecure)."),
+    port: int = typer.Option(9094, help="Local ClientApp API port (distinct per SuperNode on one host)."),
+    auth_key: Optional[Path] = typer.Option(None, help="Private key for SuperNode authentication."),
+    max_wait_time: Optional[float] = typer.Option(None, help="Give up after S seconds without the SuperLink."),
+) -> None:
+    """Start a Flower SuperNode serving one graphfl partition."""
+    from graphfl.deploy.federation import supernode_argv
+
+    if not insecure and root_certificates is None:
+        fail("give --root-certificates CA.crt or --insecure")
+    if root_certificates is not None and not root_certificates.is_file():
+        fail(f"CA certificate not found: {root_certificates}")
+    if not 0 <= partition_id < num_partitions:
+        fail(f"--partition-id must be in 0..{num_partitions - 1}")
+    if device not in (None, "cpu", "cuda"):
+        fail("--device must be cuda or cpu")
+    _exec(supernode_argv(superlink_addr, port, partition_id, num_partitions, root_certificates,
+                         device=device, auth_key=auth_key, max_wait_time=max_wait_time))
+
+
+def _exec(argv: list[str]) -> None:
+    from graphfl.deploy.processes import QUIET_FLOWER_ENV
+
+    os.environ.update({k: v for k, v in QUIET_FLOWER_ENV.items() if k not in os.environ})
+    console.print("exec: " + " ".join(argv))
+    try:
+        os.execvp(argv[0], argv)
+    except FileNotFoundError:
+        fail(f"{argv[0]} not found on PATH; install graphfl (which installs flwr) in this environment")
+
+
+@app.command()
+def bench(
+    name: str = typer.Argument(..., help="Benchmark: " + ", ".join(sorted(BENCHMARKS))),
+    quick: bool = typer.Option(False, help="Small version that finishes in minutes."),
+    seed: int = typer.Option(0, help="Base random seed."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Output folder (default ./runs/bench-NAME-<ts>)."),
+) -> None:
+    """Reproduce a paper experiment; writes <out>/<name>.json/.md/.png."""
+    from graphfl.deploy.run import default_out_dir
+
+    if name not in BENCHMARKS:
+        fail(f"unknown benchmark {name!r}; valid: {sorted(BENCHMARKS)}")
+    try:
+        module = importlib.import_module(BENCHMARKS[name])
+    except ImportError as exc:
+        fail(f"benchmark {name!r} is not available: {exc}")
+    out_dir = (out or default_out_dir(f"runs/bench-{name}")).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    module.run(quick=quick, seed=seed, out=out_dir)
+    console.print(f"results in {out_dir}")
+
+
+def _register_plugins() -> None:
+    """Commands defined next to their subsystem (p2p)."""
+    try:
+        plugin = importlib.import_module("graphfl.p2p.cli")
+    except ImportError as exc:  # the p2p layer may be absent in a trimmed install
+        logger.debug("p2p commands unavailable: %s", exc)
+        return
+    plugin.register(app)
+
+
+_register_plugins()
+
+
+def main() -> None:
+    try:
+        app()
+    except ConfigError as exc:
+        console.print(f"[bold red]error:[/] {exc}")
+        sys.exit(2)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

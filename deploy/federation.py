@@ -1,0 +1,265 @@
+"""A local federation of real Flower processes, and run submission to any SuperLink.
+
+:class:`LocalFederation` starts one ``flower-superlink`` and N ``flower-supernode`` processes
+on 127.0.0.1 (free ports, TLS with a fresh CA by default; or a simulation SuperLink), with a
+project-local ``FLWR_HOME`` so nothing touches ``~/.flwr``. :func:`submit_and_wait` submits a
+graphfl run with ``flwr run`` (the stable CLI route, FLOWER_NOTES.md §3d), follows its
+``progress.jsonl``, and polls ``flwr list`` with a bound on every wait.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from graphfl.deploy.certs import TlsFiles, generate_tls
+from graphfl.deploy.processes import ProcessGroup, free_port, port_open, tail
+
+logger = logging.getLogger(__name__)
+
+CONNECTION = "graphfl"
+
+
+class FederationError(RuntimeError):
+    """The federation or the run failed; the message says where to look."""
+
+
+def superlink_argv(host: str, port: int, tls: TlsFiles | None, simulation: bool = False,
+                   database: Path | None = None, node_auth: bool = False) -> list[str]:
+    argv = ["flower-superlink", "--host", host, "--port", str(port),
+            "--disable-runtime-dependency-installation"]
+    if tls is None:
+        argv.append("--insecure")
+    else:
+        argv += ["--ssl-ca-certfile", str(tls.ca_cert), "--ssl-certfile", str(tls.server_cert),
+                 "--ssl-keyfile", str(tls.server_key)]
+    if simulation:
+        argv.append("--simulation")
+    if database is not None:
+        argv += ["--database", str(database)]
+    if node_auth:
+        argv.append("--enable-supernode-auth")
+    return argv
+
+
+def supernode_argv(superlink: str, port: int, partition_id: int, num_partitions: int,
+                   ca_cert: Path | None, device: str | None = None, auth_key: Path | None = None,
+                   max_wait_time: float | None = None, host: str = "127.0.0.1") -> list[str]:
+    node_config = f"partition-id={partition_id} num-partitions={num_partitions}"
+    if device:
+        node_config += f" device='{device}'"
+    argv = ["flower-supernode", "--superlink", superlink, "--host", host, "--port", str(port),
+            "--node-config", node_config]
+    argv += ["--insecure"] if ca_cert is None else ["--root-certificates", str(ca_cert)]
+    if auth_key is not None:
+        argv += ["--auth-supernode-private-key", str(auth_key)]
+    if max_wait_time is not None:
+        argv += ["--max-wait-time", str(max_wait_time)]
+    return argv
+
+
+def write_connection(flwr_home: Path, address: str, ca_cert: Path | None, name: str = CONNECTION) -> None:
+    """Write ``$FLWR_HOME/config.toml`` with one SuperLink connection (the default)."""
+    flwr_home.mkdir(parents=True, exist_ok=True)
+    lines = ["[superlink]", f'default = "{name}"', "", f"[superlink.{name}]", f'address = "{address}"']
+    if ca_cert is None:
+        lines.append("insecure = true")
+    else:
+        lines.append(f'root-certificates = "{Path(ca_cert).resolve()}"')
+    (flwr_home / "config.toml").write_text("\n".join(lines) + "\n")
+
+
+def flwr_cli(args: list[str], env: dict[str, str], timeout: float) -> dict[str, Any]:
+    """Run ``flwr ARGS --format json``; return its JSON, or raise naming the command."""
+    argv = [str(Path(sys.executable).with_name("flwr")), *args, "--format", "json"]
+    if not Path(argv[0]).exists():
+        argv[0] = "flwr"
+    try:
+        proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise FederationError(f"`flwr {' '.join(args)}` did not answer within {timeout:.0f} s") from None
+    text = proc.stdout.strip()
+    start = text.find("{")
+    try:
+        doc = json.loads(text[start:]) if start >= 0 else {}
+    except json.JSONDecodeError:
+        doc = {}
+    if proc.returncode != 0 or not doc.get("success", False):
+        detail = doc.get("error-message") or (proc.stderr.strip() + "\n" + proc.stdout.strip()).strip()
+        raise FederationError(f"`flwr {' '.join(args)}` failed: {detail[-2000:]}")
+    return doc
+
+
+@dataclass
+class RunHandle:
+    run_id: int
+    out_dir: Path
+
+
+@dataclass
+class Submitter:
+    """Submits runs to one SuperLink connection (``$FLWR_HOME/config.toml``)."""
+
+    flwr_home: Path
+    env: dict[str, str]
+    connection: str = CONNECTION
+    cli_timeout: float = 60.0
+
+    def submit(self, app_dir: Path, overrides_file: Path, out_dir: Path,
+               federation_config: str | None = None) -> RunHandle:
+        args = ["run", str(app_dir), self.connection, "--run-config", str(overrides_file)]
+        if federation_config:
+            args += ["--federation-config", federation_config]
+        doc = flwr_cli(args, self.env, self.cli_timeout)
+        return RunHandle(int(doc["run-id"]), out_dir)
+
+    def status(self, run_id: int) -> str:
+        doc = flwr_cli(["list", self.connection, "--run-id", str(run_id)], self.env, self.cli_timeout)
+        runs = doc.get("runs") or []
+        return str(runs[0].get("status", "unknown")) if runs else "unknown"
+
+    def stop(self, run_id: int) -> None:
+        try:
+            flwr_cli(["stop", str(run_id), self.connection], self.env, self.cli_timeout)
+        except FederationError as exc:
+            logger.debug("flwr stop: %s", exc)
+
+    def wait(self, handle: RunHandle, on_event: Callable[[dict[str, Any]], None] | None = None,
+             timeout: float = 3600.0, status_every: float = 5.0,
+             health: Callable[[], None] | None = None) -> dict[str, Any]:
+        """Follow ``progress.jsonl`` until the run is done; bounded by ``timeout``.
+
+        Raises :class:`FederationError` when the run fails or stops reporting.
+        """
+        progress = handle.out_dir / "progress.jsonl"
+        seen = 0
+        deadline = time.monotonic() + timeout
+        next_status = time.monotonic() + status_every
+        while True:
+            events = _read_events(progress)
+            for ev in events[seen:]:
+                if on_event is not None:
+                    on_event(ev)
+                if ev.get("event") == "error":
+                    raise FederationError(f"run {handle.run_id} failed: {ev.get('error')}")
+            seen = len(events)
+            if events and events[-1].get("event") == "done":
+                return events[-1]
+            if health is not None:
+                health()
+            now = time.monotonic()
+            if now >= next_status:
+                status = self.status(handle.run_id)
+                if status.startswith("finished"):
+                    events = _read_events(progress)
+                    if events and events[-1].get("event") == "done":
+                        continue
+                    raise FederationError(
+                        f"run {handle.run_id} ended with status {status!r} before finishing; "
+                        f"see the SuperLink log in {handle.out_dir / 'logs'}")
+                next_status = now + status_every
+            if now >= deadline:
+                self.stop(handle.run_id)
+                raise FederationError(f"run {handle.run_id} did not finish within {timeout:.0f} s")
+            time.sleep(0.2)
+
+
+def _read_events(path: Path) -> list[dict[str, Any]]:
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    events = []
+    for line in lines:
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError:
+            break  # a line being written right now
+    return events
+
+
+@dataclass
+class LocalFederation:
+    """One SuperLink and ``nodes`` SuperNodes as real processes on 127.0.0.1.
+
+    Use as a context manager; on exit (normal, exception or Ctrl-C) every process is stopped.
+    ``simulation=True`` starts a simulation SuperLink instead (no SuperNodes; Ray runs the
+    ClientApps) — still a real process with its own FLWR_HOME.
+    """
+
+    run_dir: Path
+    nodes: int
+    tls: bool = True
+    simulation: bool = False
+    start_timeout: float = 60.0
+    env: dict[str, str] = field(default_factory=dict)
+    superlink_port: int = 0
+    group: ProcessGroup = field(init=False)
+    tls_files: TlsFiles | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        self.run_dir = Path(self.run_dir).resolve()
+        self.flwr_home = self.run_dir / ".flwr"
+        self.env = {"FLWR_HOME": str(self.flwr_home), **self.env}
+        self.group = ProcessGroup(self.run_dir / "logs", env=self.env)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.superlink_port}"
+
+    def __enter__(self) -> "LocalFederation":
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if self.tls and not self.simulation:
+            self.tls_files = generate_tls(self.run_dir / "certs")
+        self.superlink_port = self.superlink_port or free_port()
+        self.group.start("superlink", superlink_argv("127.0.0.1", self.superlink_port, self.tls_files,
+                                                     simulation=self.simulation))
+        self.group.wait_for(f"SuperLink on {self.address}", lambda: port_open("127.0.0.1", self.superlink_port),
+                            self.start_timeout)
+        ca = self.tls_files.ca_cert if self.tls_files else None
+        write_connection(self.flwr_home, self.address, ca)
+        if self.simulation:
+            return
+        for i in range(self.nodes):
+            self.group.start(f"supernode-{i}", supernode_argv(self.address, free_port(), i, self.nodes, ca,
+                                                              max_wait_time=self.start_timeout))
+        logs = [p.log_path for p in self.group.procs if p.name.startswith("supernode")]
+        self.group.wait_for(f"{self.nodes} SuperNodes registered with {self.address}",
+                            lambda: all("SuperNode ID" in _read(p) for p in logs), self.start_timeout)
+
+    def submitter(self) -> Submitter:
+        return Submitter(self.flwr_home, self.group.base_env())
+
+    def health(self) -> None:
+        """Raise if the SuperLink died (SuperNodes are allowed to come and go)."""
+        sl = self.group.procs[0]
+        if sl.popen.poll() is not None:
+            raise FederationError(f"the SuperLink exited with code {sl.popen.returncode}:\n{tail(sl.log_path)}")
+
+    def stop(self) -> list[int]:
+        return self.group.stop()
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""

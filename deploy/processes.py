@@ -1,0 +1,163 @@
+"""Start, watch and reliably stop the OS processes of a local federation.
+
+Every process graphfl starts carries ``GRAPHFL_LAUNCH_ID=<uuid>`` in its environment, and
+so do all of its descendants (Flower's SuperExec and the per-message ``flwr-clientapp``
+processes inherit it). :meth:`ProcessGroup.stop` sends SIGTERM to the processes it started,
+waits (bounded), and then kills any process that still carries the marker, so nothing is
+left behind, also after Ctrl-C or a failure.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+MARKER = "GRAPHFL_LAUNCH_ID"
+
+QUIET_FLOWER_ENV = {
+    "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+    "FLWR_TELEMETRY_ENABLED": "0",
+    "FLWR_DISABLE_UPDATE_CHECK": "1",
+    "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
+    "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.1",
+}
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (bind to :0)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+@dataclass
+class Managed:
+    name: str
+    popen: subprocess.Popen
+    log_path: Path
+
+
+@dataclass
+class ProcessGroup:
+    """Processes of one launch, sharing a marker and a log folder."""
+
+    log_dir: Path
+    env: dict[str, str] = field(default_factory=dict)
+    launch_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    procs: list[Managed] = field(default_factory=list)
+
+    def base_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(QUIET_FLOWER_ENV)
+        env.update(self.env)
+        env[MARKER] = self.launch_id
+        return env
+
+    def start(self, name: str, argv: list[str], cwd: Path | None = None) -> Managed:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log_path = self.log_dir / f"{name}.log"
+        fh = log_path.open("ab")
+        logger.debug("starting %s: %s", name, " ".join(argv))
+        try:
+            popen = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     env=self.base_env(), cwd=cwd, start_new_session=True)
+        except FileNotFoundError:
+            fh.close()
+            raise RuntimeError(f"cannot start {argv[0]!r}: not found on PATH (is graphfl's environment active?)") from None
+        fh.close()
+        proc = Managed(name, popen, log_path)
+        self.procs.append(proc)
+        return proc
+
+    def check_alive(self) -> None:
+        """Raise if a started process has exited (naming it and the end of its log)."""
+        for p in self.procs:
+            code = p.popen.poll()
+            if code is not None:
+                raise RuntimeError(f"{p.name} exited with code {code}; last log lines:\n{tail(p.log_path)}")
+
+    def wait_for(self, what: str, ready: Callable[[], bool], timeout: float, interval: float = 0.1) -> None:
+        """Poll ``ready`` until true; fail after ``timeout`` s or when a process dies."""
+        deadline = time.monotonic() + timeout
+        while not ready():
+            self.check_alive()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{what} not ready within {timeout:.0f} s")
+            time.sleep(interval)
+
+    def stop(self, grace: float = 10.0) -> list[int]:
+        """SIGTERM everything, wait up to ``grace`` s, then SIGKILL what carries the marker.
+
+        Returns the pids that had to be killed.
+        """
+        for p in reversed(self.procs):
+            if p.popen.poll() is None:
+                try:
+                    p.popen.send_signal(signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            if all(p.popen.poll() is not None for p in self.procs) and not marked_pids(self.launch_id):
+                return []
+            time.sleep(0.1)
+        killed = []
+        for pid in marked_pids(self.launch_id):
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+            except ProcessLookupError:
+                pass
+        for p in self.procs:
+            try:
+                p.popen.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                p.popen.kill()
+        if killed:
+            logger.info("killed %d leftover process(es) after %.0f s: %s", len(killed), grace, killed)
+        return killed
+
+
+def marked_pids(launch_id: str) -> list[int]:
+    """Live processes (not zombies) whose environment carries ``GRAPHFL_LAUNCH_ID=launch_id``."""
+    needle = f"{MARKER}={launch_id}".encode()
+    me = os.getpid()
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        try:
+            if needle not in (entry / "environ").read_bytes().split(b"\0"):
+                continue
+            stat = (entry / "stat").read_text()
+        except (OSError, PermissionError):
+            continue
+        state = stat.rsplit(")", 1)[-1].split()[0]
+        if state != "Z":
+            out.append(int(entry.name))
+    return out
+
+
+def tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"

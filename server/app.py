@@ -1,0 +1,72 @@
+"""The Flower ``ServerApp``: run config -> strategy -> rounds -> result files.
+
+Runs inside ``flwr-serverapp`` (deployment) or ``flwr-simulation`` (simulation). The run
+config (``context.run_config``) is parsed once into a :class:`~graphfl.common.config.RunConfig`.
+Results go to ``out-dir`` (an absolute path; the ServerApp's working directory is not the
+user's): ``run.json`` after every round, ``run.md``/``run.png`` at the end, and one JSON
+line per round in ``progress.jsonl`` for the launcher's progress display.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from datetime import datetime
+from pathlib import Path
+
+from flwr.app import ArrayRecord, Context
+from flwr.serverapp import Grid, ServerApp
+
+logger = logging.getLogger(__name__)
+
+app = ServerApp()
+
+PROGRESS_FILE = "progress.jsonl"
+
+
+def resolve_out_dir(out_dir: str) -> Path:
+    if out_dir:
+        path = Path(out_dir)
+        if not path.is_absolute():
+            logger.warning("out-dir %r is relative to the ServerApp's cwd %s", out_dir, Path.cwd())
+        return path
+    path = Path.cwd() / "runs" / datetime.now().strftime("%Y%m%d-%H%M%S")
+    logger.warning("no out-dir given; writing results to %s", path)
+    return path
+
+
+def progress_writer(path: Path):
+    def write(event: dict) -> None:
+        with path.open("a") as fh:
+            fh.write(json.dumps({"time": time.time(), **event}, default=str) + "\n")
+
+    return write
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    import torch
+
+    from graphfl.common import registry
+    from graphfl.common.config import parse_run_config
+    from graphfl.common.envinfo import env_info
+    from graphfl.server.inprocess import server_inputs
+    from graphfl.server.rounds import RunRecorder
+    from graphfl.strategies.flower_adapter import CoreStrategy, arrays_to_record
+
+    cfg = parse_run_config(dict(context.run_config))
+    out = resolve_out_dir(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    progress = progress_writer(out / PROGRESS_FILE)
+    try:
+        torch.set_num_threads(1)
+        spec = registry.get(cfg.strategy)
+        initial, keys, graph, labels = server_inputs(cfg)
+        recorder = RunRecorder(cfg, cfg.strategy, out, env={**env_info(), "engine": cfg.engine},
+                               progress=progress)
+        strategy = CoreStrategy(cfg, spec, recorder, keys, graph, labels)
+        strategy.start(grid=grid, initial_arrays=arrays_to_record(initial), num_rounds=cfg.rounds)
+    except BaseException as exc:
+        progress({"event": "error", "error": f"{type(exc).__name__}: {exc}"})
+        raise

@@ -1,0 +1,272 @@
+"""One Flower ``Strategy`` for every graphfl algorithm: it translates messages to arrays.
+
+:class:`CoreStrategy` wraps any registered :class:`~graphfl.strategies.base.ServerCore`.
+It addresses clients by *partition id* (learned in a join round; node ids change when a
+SuperNode restarts, partition ids do not), gives each client its own ``ArrayRecord``
+(identical payloads share one record, so Flower uploads them once), validates replies
+(failed, NaN/Inf or wrongly shaped replies are left out with a warning) and keeps the
+core's per-client state across rounds.
+
+``start()`` runs the graphfl round loop (:func:`graphfl.server.rounds.run_federated`)
+with its own push/pull polling (``poll_interval``, default 0.05 s) instead of
+``Grid.send_and_receive``'s 3 s sleeps (FLOWER_NOTES.md §4a).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Mapping
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result, Strategy
+
+from graphfl.common.config import RunConfig
+from graphfl.common.registry import AlgorithmSpec
+from graphfl.server.rounds import Reply, RunRecorder, RunError, run_federated
+from graphfl.strategies.base import Arrays, Payload, ServerCore
+
+logger = logging.getLogger(__name__)
+
+ROUND_KEY = "graphfl.round"
+KIND_KEY = "graphfl.kind"
+EVAL_FIRST_KEY = "graphfl.eval-first"
+
+
+def arrays_to_record(arrays: Arrays) -> ArrayRecord:
+    """numpy dict -> ``ArrayRecord`` (order kept)."""
+    rec = ArrayRecord()
+    for key, value in arrays.items():
+        rec[key] = Array(np.ascontiguousarray(value))
+    return rec
+
+
+def record_to_arrays(record: ArrayRecord) -> Arrays:
+    return {key: arr.numpy() for key, arr in record.items()}
+
+
+def reply_from_message(msg: Message, partition_id: int | None = None) -> Reply:
+    """Parse a ClientApp reply (or a Flower error message) into a :class:`Reply`."""
+    if msg.has_error():
+        return Reply(partition_id if partition_id is not None else -1,
+                     error=f"client error {msg.error.code}: {msg.error.reason}")
+    content = msg.content
+    metrics: dict[str, float] = {}
+    for rec in content.metric_records.values():
+        metrics.update({k: float(v) for k, v in rec.items() if isinstance(v, (int, float))})
+    pid = int(metrics.get("partition-id", -1 if partition_id is None else partition_id))
+    arrays = None
+    if "arrays" in content.array_records:
+        try:
+            arrays = record_to_arrays(content.array_records["arrays"])
+        except Exception as exc:  # undecodable arrays: treat as a failed reply
+            return Reply(pid, error=f"undecodable arrays: {exc}")
+    return Reply(pid, arrays, metrics)
+
+
+class GridExchange:
+    """Moves one round's payloads over a Flower ``Grid`` (deployment or simulation)."""
+
+    def __init__(self, grid: Grid, cfg: RunConfig, poll_interval: float = 0.05) -> None:
+        self.grid = grid
+        self.cfg = cfg
+        self.poll_interval = poll_interval
+        self.node_of: dict[int, int] = {}   # partition id -> node id
+        self._records: dict[int, ArrayRecord] = {}
+
+    # -- messages -----------------------------------------------------------------------
+    def _record(self, arrays: Arrays) -> ArrayRecord:
+        key = id(arrays)
+        if key not in self._records:
+            self._records[key] = arrays_to_record(arrays)
+        return self._records[key]
+
+    def message(self, node_id: int, kind: str, server_round: int, payload: Payload, eval_first: bool) -> Message:
+        config = ConfigRecord(dict(payload.config))
+        config[ROUND_KEY] = int(server_round)
+        config[KIND_KEY] = kind
+        config[EVAL_FIRST_KEY] = bool(eval_first)
+        mtype = MessageType.TRAIN if kind == "train" else MessageType.EVALUATE
+        content = RecordDict({"arrays": self._record(payload.arrays), "config": config})
+        return Message(content, dst_node_id=int(node_id), message_type=mtype, group_id=str(server_round))
+
+    def _exchange(self, messages: dict[int, Message], timeout: float) -> dict[int, Message]:
+        """Push ``{key: message}``, pull until all replied or ``timeout``; returns replies by key."""
+        self._records.clear()
+        if not messages:
+            return {}
+        keys = list(messages)
+        ids = list(self.grid.push_messages([messages[k] for k in keys]))
+        pending = {mid: k for mid, k in zip(ids, keys) if mid}
+        for k, mid in zip(keys, ids):
+            if not mid:
+                logger.warning("message to %s could not be pushed to the SuperLink", k)
+        out: dict[int, Message] = {}
+        deadline = time.monotonic() + timeout
+        while pending and time.monotonic() < deadline:
+            for msg in self.grid.pull_messages(list(pending)):
+                k = pending.pop(msg.metadata.reply_to_message_id, None)
+                if k is not None:
+                    out[k] = msg
+            if pending:
+                time.sleep(self.poll_interval)
+        return out
+
+    # -- Exchange protocol -------------------------------------------------------------
+    def _wait_for_nodes(self, n: int) -> list[int]:
+        deadline = time.monotonic() + self.cfg.connect_timeout
+        while True:
+            ids = [int(i) for i in self.grid.get_node_ids()]
+            if len(ids) >= n:
+                return ids
+            if time.monotonic() >= deadline:
+                raise RunError(
+                    f"only {len(ids)} of {n} SuperNodes connected within "
+                    f"{self.cfg.connect_timeout:.0f} s (connect-timeout); check that the "
+                    f"SuperNodes point at this SuperLink and use the same TLS settings"
+                )
+            time.sleep(0.2)
+
+    def _join_nodes(self, node_ids: list[int], initial: Payload) -> dict[int, Reply]:
+        msgs = {nid: self.message(nid, "join", 0, initial, False) for nid in node_ids}
+        replies = self._exchange(msgs, self.cfg.round_timeout)
+        out: dict[int, Reply] = {}
+        for nid in node_ids:
+            if nid not in replies:
+                logger.warning("node %d did not answer the join request", nid)
+                continue
+            rep = reply_from_message(replies[nid])
+            if rep.error is not None:
+                raise RunError(f"node {nid} failed to join: {rep.error}")
+            nparts = int(rep.metrics.get("num-partitions", -1))
+            if nparts != self.cfg.nodes:
+                raise RunError(f"node {nid} has num-partitions={nparts} but the run has nodes={self.cfg.nodes}")
+            if rep.partition_id in out or rep.partition_id in self.node_of and self.node_of[rep.partition_id] != nid:
+                raise RunError(f"two SuperNodes claim partition-id {rep.partition_id}")
+            self.node_of[rep.partition_id] = nid
+            out[rep.partition_id] = rep
+        return out
+
+    def join(self, initial: Payload, num_clients: int) -> dict[int, Reply]:
+        self._initial = initial
+        node_ids = self._wait_for_nodes(num_clients)
+        return self._join_nodes(node_ids, initial)
+
+    def _refresh_nodes(self) -> None:
+        """Learn the partition id of nodes that (re)connected since the last round."""
+        current = {int(i) for i in self.grid.get_node_ids()}
+        known = set(self.node_of.values())
+        new = sorted(current - known)
+        gone = known - current
+        if gone:
+            for pid in [p for p, n in self.node_of.items() if n in gone]:
+                logger.warning("client %d (node %d) left the federation", pid, self.node_of[pid])
+                del self.node_of[pid]
+        if new:
+            logger.info("nodes %s (re)connected; asking for their partition ids", new)
+            self._join_nodes(new, self._initial)
+
+    def send(self, kind: str, server_round: int, payloads: Mapping[int, Payload], eval_first: bool) -> dict[int, Reply]:
+        self._refresh_nodes()
+        msgs: dict[int, Message] = {}
+        out: dict[int, Reply] = {}
+        for pid, payload in payloads.items():
+            nid = self.node_of.get(pid)
+            if nid is None:
+                out[pid] = Reply(pid, error="no SuperNode serves this partition")
+                continue
+            msgs[pid] = self.message(nid, kind, server_round, payload, eval_first)
+        replies = self._exchange(msgs, self.cfg.round_timeout)
+        for pid in msgs:
+            if pid not in replies:
+                out[pid] = Reply(pid, error=f"no reply within round-timeout={self.cfg.round_timeout:.0f} s")
+            else:
+                rep = reply_from_message(replies[pid], pid)
+                if rep.error is None and rep.partition_id != pid:
+                    rep = Reply(pid, error=f"reply claims partition {rep.partition_id}")
+                out[pid] = rep
+        return out
+
+
+class CoreStrategy(Strategy):
+    """Flower strategy running a graphfl algorithm (any name in the registry).
+
+    Use :meth:`start` (as with any Flower strategy). The four ``configure_*`` /
+    ``aggregate_*`` hooks are implemented too, for code that drives a strategy round by
+    round; they require :meth:`start` (or :meth:`attach`) to have run the join round.
+    """
+
+    def __init__(self, cfg: RunConfig, spec: AlgorithmSpec, recorder: RunRecorder,
+                 param_keys: tuple[str, ...], client_graph=None, cluster_labels=None,
+                 poll_interval: float = 0.05) -> None:
+        self.cfg = cfg
+        self.spec = spec
+        self.recorder = recorder
+        self.param_keys = param_keys
+        self.client_graph = client_graph
+        self.cluster_labels = cluster_labels
+        self.poll_interval = poll_interval
+        self.core: ServerCore | None = None
+        self.exchange: GridExchange | None = None
+
+    def summary(self) -> None:
+        logger.info("graphfl strategy %s (%s) on task %s, %d nodes, %d rounds",
+                    self.spec.name, self.spec.summary, self.cfg.task, self.cfg.nodes, self.cfg.rounds)
+
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int | None = None,
+              timeout: float | None = None, **_: object) -> Result:
+        self.summary()
+        initial = record_to_arrays(initial_arrays)
+        self.exchange = GridExchange(grid, self.cfg, self.poll_interval)
+        self.core = run_federated(self.cfg, self.spec, self.exchange, initial, self.param_keys,
+                                  self.recorder, self.client_graph, self.cluster_labels)
+        result = Result()
+        final = self.core.final_arrays()
+        if final is not None:
+            result.arrays = arrays_to_record(final)
+        for row in self.recorder.rounds.values():
+            scalars = {k: float(v) for k, v in row.items() if isinstance(v, (int, float)) and k != "round"}
+            if scalars:
+                result.evaluate_metrics_clientapp[int(row["round"])] = MetricRecord(scalars)
+        return result
+
+    # -- per-round hooks (same message format as start()) -----------------------------
+    def _require(self) -> tuple[ServerCore, GridExchange]:
+        if self.core is None or self.exchange is None:
+            raise RuntimeError("CoreStrategy hooks need the join round: call start() first")
+        return self.core, self.exchange
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
+        core, ex = self._require()
+        return [ex.message(nid, "train", server_round, p, False)
+                for pid, nid in sorted(ex.node_of.items()) if (p := core.configure_train(server_round, pid))]
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        from graphfl.server.rounds import validate_update
+        from graphfl.strategies.base import ClientUpdate
+
+        core, _ = self._require()
+        updates = {}
+        for msg in replies:
+            rep = reply_from_message(msg)
+            if rep.error is None and validate_update(rep.arrays, core.update_template(rep.partition_id)) is None:
+                updates[rep.partition_id] = ClientUpdate(rep.partition_id, rep.arrays, rep.num_examples, rep.metrics)
+        metrics = core.aggregate_train(server_round, updates)
+        final = core.final_arrays()
+        scalars = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
+        return (arrays_to_record(final) if final is not None else None), MetricRecord(scalars)
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
+        core, ex = self._require()
+        return [ex.message(nid, "evaluate", server_round, core.evaluation_payload(pid), False)
+                for pid, nid in sorted(ex.node_of.items())]
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        reps = [reply_from_message(m) for m in replies]
+        evals = [r.eval_metrics() for r in reps if r.error is None]
+        if not evals:
+            return None
+        keys = set.intersection(*(set(e) for e in evals))
+        return MetricRecord({k: float(np.mean([e[k] for e in evals])) for k in keys})

@@ -1,0 +1,28 @@
+"""Task names -> task classes. ``create(name, ...)`` is the only way code builds a task."""
+
+from __future__ import annotations
+
+from graphfl.common.config import ConfigError, DataConfig
+from graphfl.tasks.base import Task
+from graphfl.tasks.labeled import CIFAR10, MNIST, Digits
+from graphfl.tasks.synthetic import SyntheticDFL, SyntheticMulticenter
+
+_TASKS: dict[str, type[Task]] = {
+    cls.spec.name: cls for cls in (Digits, MNIST, CIFAR10, SyntheticDFL, SyntheticMulticenter)
+}
+
+
+def names() -> list[str]:
+    return sorted(_TASKS)
+
+
+def get(name: str) -> type[Task]:
+    try:
+        return _TASKS[name]
+    except KeyError:
+        raise ConfigError(f"unknown task {name!r}; valid tasks: {names()}") from None
+
+
+def create(name: str, data: DataConfig | None = None, data_dir: str = "", seed: int = 0, **kwargs) -> Task:
+    """Instantiate task ``name`` (extra keyword options go to the task class)."""
+    return get(name)(data=data, data_dir=data_dir, seed=seed, **kwargs)
