@@ -17,7 +17,8 @@ Round (seed 000, Algorithms 2 and 3), on the server, after the clients' uploads 
 Initialisation (§4.4): a common initial model would put every client at the same distance
 from every center, so round 1 is a *warm-up*: every client trains ``warmup_steps`` local steps
 from the common initial model and uploads; the server then seeds ``K`` centers from these
-warmed-up models (k-means++ by default) and runs ``init_iters`` Lloyd iterations. A client
+warmed-up models (k-means++ by default), runs ``init_iters`` Lloyd iterations, and keeps the
+best of ``init_restarts`` such seedings (smallest within-cluster sum of squares). A client
 whose warm-up upload is missing gets the warm-up payload again until it has uploaded once.
 
 Clients that did not reply in a round keep their last upload in the E- and M-steps; uploads
@@ -77,6 +78,9 @@ class FeSEMParams:
     init_iters
         Lloyd (E+M) iterations on the warmed-up models when the centers are first formed
         (the authors' fork runs 5); at least one is always run.
+    init_restarts
+        Independent seedings of that initial clustering; the one with the smallest
+        within-cluster sum of squares is kept (standard k-means practice; reconstructed).
     empty_cluster
         ``keep`` the previous center of an empty cluster (spec default) or ``reseed`` it with
         the client farthest from its own center.
@@ -90,6 +94,7 @@ class FeSEMParams:
     warmup_steps: int = field(default=0, metadata={"min": 0})
     center_init: str = field(default="kmeans++", metadata={"choices": CENTER_INITS})
     init_iters: int = field(default=5, metadata={"min": 0})
+    init_restarts: int = field(default=10, metadata={"min": 1})
     empty_cluster: str = field(default="keep", metadata={"choices": EMPTY_POLICIES})
 
 
@@ -374,16 +379,30 @@ class FeSEMCore(ServerCore):
         idx = np.flatnonzero(self.have)
         pts = self.models[idx]
         sub = pts[:, self.dist_idx]
-        if p.center_init == "kmeans++":
-            seeds = kmeanspp_seeds(sub, p.k, self.rng)
-        else:
-            seeds = self.rng.choice(idx.size, size=p.k, replace=idx.size < p.k)
-        self.centers = pts[seeds].copy()
-        for _ in range(max(1, p.init_iters)):
-            self.assign[idx] = e_step(squared_distances(sub, self.centers[:, self.dist_idx]))
-            self._mstep()
-        logger.info("FeSEM: centers formed from %d warmed-up clients (%s, %d Lloyd iterations)",
-                    idx.size, p.center_init, max(1, p.init_iters))
+        weights = self.weights[idx] if p.weighted_mstep else None
+        best: tuple[float, np.ndarray] | None = None
+        for _ in range(p.init_restarts):
+            if p.center_init == "kmeans++":
+                seeds = kmeanspp_seeds(sub, p.k, self.rng)
+            else:
+                seeds = self.rng.choice(idx.size, size=p.k, replace=idx.size < p.k)
+            centers = pts[seeds].copy()
+            for _ in range(max(1, p.init_iters)):
+                dist = squared_distances(sub, centers[:, self.dist_idx])
+                assign = e_step(dist)
+                centers, _ = m_step(pts, assign, centers, weights)
+            dist = squared_distances(sub, centers[:, self.dist_idx])
+            assign = e_step(dist)
+            inertia = float(dist[np.arange(idx.size), assign].sum())
+            if best is None or inertia < best[0]:
+                best = (inertia, centers)
+        assert best is not None
+        self.centers = best[1]
+        self.assign[idx] = e_step(squared_distances(sub, self.centers[:, self.dist_idx]))
+        self._mstep()
+        logger.info("FeSEM: centers formed from %d warmed-up clients (%s, %d restart(s) x %d Lloyd "
+                    "iterations, inertia %.4g)", idx.size, p.center_init, p.init_restarts,
+                    max(1, p.init_iters), best[0])
 
     def _mstep(self) -> None:
         assert self.centers is not None
