@@ -44,7 +44,11 @@ def data_loss_hessian(
     device: str = "cpu",
 ) -> np.ndarray:
     """Hessian (``d×d``, float32) of ``loss_fn(model(x), y)`` w.r.t. the parameters ``keys``."""
-    from torch.func import functional_call, hessian
+    import warnings
+
+    with warnings.catch_warnings():  # torch.func's import calls the deprecated torch.jit.script
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from torch.func import functional_call, hessian
 
     model = model.to(device).eval()
     fixed = {k: v.detach() for k, v in model.named_parameters()}

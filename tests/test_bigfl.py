@@ -11,10 +11,12 @@ from graphfl.strategies import bigfl_math as bm
 
 
 @pytest.fixture(autouse=True)
-def _float64():
-    """Double precision for finite differences, restored afterwards (global torch state)."""
+def _float64(request):
+    """Double precision for the math tests' finite differences (not for real runs), restored
+    afterwards (global torch state)."""
     old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
+    if "inprocess" not in request.node.name:
+        torch.set_default_dtype(torch.float64)
     yield
     torch.set_default_dtype(old)
 
@@ -343,3 +345,28 @@ def test_layer_subset_and_local_others():
         bg.BiGFLCore(_core_ctx(_adj(4, [(0, 1)]), layers="conv9"))
     big = bg.BiGFLCore(_core_ctx(_adj(4, [(0, 1)]), max_hessian_dim=3))
     assert not big.want_hessian and bg.HESS_KEY not in big.update_template(0)
+
+
+# ---------------------------------------------------------------------------------------
+# in-process run (real trainers incl. Hessian upload, real round loop)
+# ---------------------------------------------------------------------------------------
+
+
+def test_inprocess_two_rounds_neumann_with_nan_reply():
+    import graphfl.strategies.bigfl  # noqa: F401  (registers "bigfl")
+    from graphfl.common.config import parse_run_config
+    from graphfl.server.inprocess import run_inprocess
+
+    cfg = parse_run_config({"strategy": "bigfl", "task": "synthetic-multicenter", "nodes": 8,
+                            "rounds": 2, "engine": "inprocess", "train.local-steps": 3,
+                            "bigfl.alpha": 0.5})
+    doc, core = run_inprocess(cfg, fail={(2, 3): "nan"})
+    curve = doc["methods"]["bigfl"]["curve"]
+    assert core.graph_source == "task" and core.dim == 512
+    assert core.want_hessian and float(core.hessians[0].abs().sum()) > 0
+    assert curve[1]["server"]["clients_aggregated"] == 8
+    assert "3" in curve[2]["failed"] and curve[2]["server"]["clients_aggregated"] == 7
+    assert curve[2]["server"]["phi_minus_identity"] > 0
+    assert all(np.isfinite(row["test_loss"]) for row in curve)
+    # per-client payload: own model + message + phi (d×d float32)
+    assert curve[1]["bytes_down"] >= 8 * 512 * 512 * 4
