@@ -179,8 +179,9 @@ def run(quick: bool = False, seed: int = 0, out: Path | str = Path("runs/bench")
     Parameters
     ----------
     quick
-        1 seed, 8 rounds (B2) and 8 rounds (digits): a few minutes on 2 cores. The full form
-        uses 3 seeds (``seed, seed+1, seed+2``), 30 rounds (B2) and 25 rounds (digits).
+        1 seed, 20 rounds (B2) and 10 rounds (digits): about 2 minutes on 2 cores. The full
+        form uses 3 seeds (``seed, seed+1, seed+2``), 40 rounds (B2) and 25 rounds (digits),
+        about 10 minutes.
     seed
         First seed.
     out
@@ -193,7 +194,7 @@ def run(quick: bool = False, seed: int = 0, out: Path | str = Path("runs/bench")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     seeds = [seed] if quick else [seed, seed + 1, seed + 2]
-    b2_rounds, real_rounds = (8, 8) if quick else (30, 25)
+    b2_rounds, real_rounds = (20, 10) if quick else (40, 25)
     t_start = time.perf_counter()
 
     b2: dict[str, Any] = {}

@@ -249,3 +249,22 @@ def test_inprocess_seed_mlp_task_reports_assignments_and_survives_nan():
     assert len(srv["assignment"]) == 12 and sum(srv["cluster_sizes"]) == 12
     assert -1.0 <= srv["ari"] <= 1.0
     assert all(np.isfinite(row["test_loss"]) for row in curve)
+
+
+def test_bench_permuted_digits_task_and_seed_aggregation():
+    from graphfl.bench import multicenter as mc
+
+    task = mc.PermutedDigits(seed=0)
+    base = mc.Digits(seed=0)
+    for pid in (0, 1, 2):
+        ours, plain = task.client_data(pid, 6), base.client_data(pid, 6)
+        np.testing.assert_array_equal(ours.y_train, task.permutation(pid % 3)[plain.y_train])
+    assert not np.array_equal(task.permutation(1), np.arange(10))
+    adj = task.client_graph(6)
+    assert np.array_equal(adj, adj.T) and adj[0, 3] == 1 and adj[0, 1] == 0
+    assert task.cluster_labels(6).tolist() == [0, 1, 2, 0, 1, 2]
+    runs = [{"curve": [{"round": 0, "test_loss": v}, {"round": 1, "test_loss": v / 2}],
+             "aggregate_seconds": [0.1], "wall_seconds": 1.0} for v in (1.0, 3.0)]
+    res = mc._combine(runs, "test_loss")
+    assert res["final"]["test_loss"] == pytest.approx(1.0)
+    assert res["final"]["test_loss_sd"] == pytest.approx(np.std([0.5, 1.5], ddof=1))
