@@ -61,15 +61,14 @@ PLUGINS_ENV = "GRAPHFL_PLUGINS"
 The variable is inherited by SuperNodes and their ClientApps, so plug-in algorithms run
 in deployment without touching graphfl."""
 
-_plugins_loaded = False
+_plugins_loaded: set[str] = set()
 
 
 def _load_plugins() -> None:
-    global _plugins_loaded
-    if _plugins_loaded:
-        return
-    _plugins_loaded = True
     for module in filter(None, (m.strip() for m in os.environ.get(PLUGINS_ENV, "").split(","))):
+        if module in _plugins_loaded:
+            continue
+        _plugins_loaded.add(module)
         try:
             importlib.import_module(module)
         except ImportError as exc:

@@ -138,7 +138,12 @@ class ProcessGroup:
 
 def marked_pids(launch_id: str) -> list[int]:
     """Live processes (not zombies) whose environment carries ``GRAPHFL_LAUNCH_ID=launch_id``."""
-    needle = f"{MARKER}={launch_id}".encode()
+    return pids_with_env(MARKER, launch_id)
+
+
+def pids_with_env(name: str, value: str) -> list[int]:
+    """Live processes (not zombies) whose environment has ``name=value`` (Linux /proc)."""
+    needle = f"{name}={value}".encode()
     me = os.getpid()
     out = []
     for entry in Path("/proc").iterdir():

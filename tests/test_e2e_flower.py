@@ -1,0 +1,171 @@
+"""End-to-end runs on real Flower processes (SuperLink, SuperNodes, Ray simulation)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from graphfl.common.config import parse_run_config
+from graphfl.deploy.federation import LocalFederation
+from graphfl.deploy.processes import free_port, pids_with_env
+from graphfl.deploy.run import run_experiment
+from graphfl.server.inprocess import run_inprocess
+
+pytestmark = pytest.mark.e2e
+
+TINY = {"task": "digits", "nodes": 3, "rounds": 2, "train.local-steps": 5, "train.lr": 0.1,
+        "connect-timeout": 90, "round-timeout": 120}
+
+
+def curve(out: Path, method: str) -> list[dict]:
+    doc = json.loads((out / "run.json").read_text())
+    assert doc["status"] == "completed", doc.get("error")
+    return doc["methods"][method]["curve"]
+
+
+def assert_no_processes_left(out: Path) -> None:
+    home = str((out / ".flwr").resolve())
+    deadline = time.monotonic() + 5
+    while pids_with_env("FLWR_HOME", home) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert pids_with_env("FLWR_HOME", home) == []
+
+
+def assert_matches_inprocess(out: Path, cfg_values: dict, method: str = "fedavg") -> None:
+    ref, _ = run_inprocess(parse_run_config({**cfg_values, "engine": "inprocess"}))
+    got = curve(out, method)
+    want = ref["methods"][method]["curve"]
+    assert [r["round"] for r in got] == [r["round"] for r in want]
+    for g, w in zip(got, want):
+        assert g["test_loss"] == pytest.approx(w["test_loss"], rel=1e-5, abs=1e-6)
+        assert g.get("test_acc") == pytest.approx(w.get("test_acc"), rel=1e-5, abs=1e-6)
+
+
+def test_local_deployment_with_tls_matches_inprocess(tmp_path):
+    values = {**TINY, "strategy": "fedavg", "engine": "local-deployment", "out-dir": str(tmp_path)}
+    out = run_experiment(parse_run_config(values))
+    rows = curve(out, "fedavg")
+    assert [r["round"] for r in rows] == [0, 1, 2]
+    assert all(r["test_loss"] is not None for r in rows)
+    assert rows[1]["bytes_down"] > 0 and rows[1]["bytes_up"] > 0 and rows[1]["seconds"] > 0
+    assert (out / "run.md").is_file() and (out / "run.png").is_file()
+    assert (out / "certs" / "ca.crt").is_file()                    # TLS was on
+    log = (out / "logs" / "superlink.log").read_text()
+    assert "https://" in log.lower() or "ssl" in log.lower()
+    assert_no_processes_left(out)
+    assert_matches_inprocess(out, values)
+
+
+def test_simulation_engine_matches_inprocess(tmp_path):
+    values = {**TINY, "strategy": "fedavg", "engine": "simulation", "out-dir": str(tmp_path)}
+    out = run_experiment(parse_run_config(values))
+    assert [r["round"] for r in curve(out, "fedavg")] == [0, 1, 2]
+    assert_no_processes_left(out)
+    assert_matches_inprocess(out, values)
+
+
+def test_per_node_payloads_and_client_state_in_deployment(tmp_path, monkeypatch):
+    monkeypatch.setenv("GRAPHFL_PLUGINS", "graphfl.tests.probe_strategy")
+    values = {**TINY, "strategy": "probe", "rounds": 3, "engine": "local-deployment", "out-dir": str(tmp_path)}
+    out = run_experiment(parse_run_config(values))
+    rows = curve(out, "probe")
+    for r in (1, 2, 3):
+        server = rows[r]["server"]
+        assert server["tags_ok"] is True and server["sums_ok"] is True
+        assert server["counts"] == {"0": r, "1": r, "2": r}           # context.state persisted
+    assert_no_processes_left(out)
+
+
+def test_supernode_restart_is_mapped_back_to_its_partition(tmp_path, monkeypatch):
+    """A restarted SuperNode gets a new node id; the server finds its partition again."""
+    monkeypatch.setenv("GRAPHFL_PLUGINS", "graphfl.tests.probe_strategy")
+    values = {**TINY, "strategy": "probe", "nodes": 2, "rounds": 4, "round-timeout": 25,
+              "engine": "local-deployment", "out-dir": str(tmp_path)}
+    from graphfl.deploy.federation import supernode_argv
+    from graphfl.deploy.run import prepare, write_overrides
+    from graphfl.server.flower_app import write_app_dir
+
+    cfg, out = prepare(parse_run_config(values))
+    with LocalFederation(out, 2, tls=True) as fed:
+        sub = fed.submitter()
+        handle = sub.submit(write_app_dir(out / "app"), write_overrides(out / "rc.toml", cfg), out)
+        restarted = False
+
+        def on_event(ev):
+            nonlocal restarted
+            if ev.get("event") == "round" and ev.get("round") == 1 and not restarted:
+                restarted = True
+                node = next(p for p in fed.group.procs if p.name == "supernode-1")
+                node.popen.send_signal(signal.SIGTERM)
+                node.popen.wait(timeout=10)
+                fed.group.start("supernode-1b", supernode_argv(fed.address, free_port(), 1, 2,
+                                                               fed.tls_files.ca_cert))
+
+        sub.wait(handle, on_event, timeout=300, health=fed.health)
+    rows = curve(out, "probe")
+    assert restarted
+    last = rows[4]["server"]
+    assert last["tags_ok"] and last["sums_ok"]
+    assert "1" in last["counts"] and last["counts"]["0"] == 4
+    assert last["counts"]["1"] < 4                # fresh SuperNode: its client state started anew
+    assert_no_processes_left(out)
+
+
+def graphfl_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run the CLI with output in files, not pipes: Flower's SuperExec child watches its
+    parent's pid and would keep a pipe open while the exited parent waits to be reaped."""
+    import tempfile
+
+    exe = Path(sys.executable).with_name("graphfl")
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen([str(exe), *args], stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                                env={**os.environ, "COLUMNS": "200"})
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess(proc.args, code, out.read(), err.read())
+
+
+def test_bad_config_fails_fast_with_valid_choices(tmp_path):
+    t0 = time.monotonic()
+    res = graphfl_cli("run", "--strategy", "fedmagic", "--out", str(tmp_path))
+    assert res.returncode == 2
+    assert "valid strategies" in res.stderr and "fedavg" in res.stderr
+    res = graphfl_cli("run", "--set", "train.lr=-1", "--out", str(tmp_path))
+    assert res.returncode == 2 and "train.lr" in res.stderr
+    cfg = tmp_path / "x.toml"
+    cfg.write_text("roundz = 3\n")
+    res = graphfl_cli("run", "--config", str(cfg), "--out", str(tmp_path))
+    assert res.returncode == 2 and "roundz" in res.stderr
+    assert time.monotonic() - t0 < 60
+
+
+def test_missing_data_file_fails_before_starting_processes(tmp_path):
+    out = tmp_path / "out"
+    res = graphfl_cli("run", "--task", "mnist", "--data-dir", str(tmp_path / "nodata"), "--out", str(out))
+    assert res.returncode == 1
+    assert "train-images-idx3-ubyte.gz" in res.stderr.replace("\n", "")
+    assert not (out / "logs").exists()           # nothing was started
+
+
+def test_unreachable_superlink_is_a_clear_bounded_error(tmp_path):
+    port = free_port()
+    t0 = time.monotonic()
+    res = graphfl_cli("run", "--superlink", f"127.0.0.1:{port}", "--insecure", "--out", str(tmp_path))
+    assert res.returncode == 1 and f"127.0.0.1:{port}" in res.stderr and "cannot reach" in res.stderr
+    node = graphfl_cli("supernode", "--superlink", f"127.0.0.1:{port}", "--insecure", "--partition-id", "0",
+                       "--num-partitions", "1", "--port", str(free_port()), "--max-wait-time", "3", timeout=60)
+    assert node.returncode != 0
+    assert time.monotonic() - t0 < 60
