@@ -140,7 +140,9 @@ def run_node(
     """One node's loop: local steps, and an exchange every ``tau`` steps.
 
     ``start_t > 0`` is a rejoin: the node starts from its initial state at iteration
-    ``start_t`` (the round its neighbours are in). ``min_round_seconds`` paces communication
+    ``start_t`` (the round its neighbours are in). A node that finds itself more than one
+    communication round behind its neighbours (their messages are for a later round) skips
+    ahead to their round (logged, recorded as ``skipped_from``) rather than never meeting them. ``min_round_seconds`` paces communication
     rounds (tests and demos); it is 0 by default.
     """
     state = algo.init(oracle)
@@ -153,12 +155,25 @@ def run_node(
     disagreement = float("nan")
     comm_rounds = start_t // algo.tau
     t_start = time.monotonic()
-    for t in range(start_t, iterations):
+    jumped: list[int] = []
+    t = start_t
+    while t < iterations:
         if stop is not None and stop.is_set():
             logger.info("peer %d: stop requested at iteration %d", exchange.own, t)
             break
         mixed = None
         if algo.communicates(t):
+            ahead = exchange.transport.mailbox.latest_round()
+            if ahead > t + algo.tau and algo.communicates(ahead) and ahead < iterations:
+                # more than one communication round behind (e.g. after a pause or a restart):
+                # skip to the neighbours' round instead of never meeting them again
+                logger.warning("peer %d is behind its neighbours (iteration %d < %d): skipping ahead",
+                               exchange.own, t, ahead)
+                jumped.append(t)
+                comm_rounds += (ahead - t) // algo.tau
+                t = ahead
+                state.t = ahead
+                exchange.transport.advance(ahead)
             comm_rounds += 1
             c0 = time.monotonic()
             mixed, info = exchange.exchange(t, algo.outgoing(state), {"loss": float(state.loss)})
@@ -193,6 +208,7 @@ def run_node(
                 "payload_sent": stats["payload_sent"] - stats0["payload_sent"],
                 "payload_received": stats["payload_received"] - stats0["payload_received"],
                 "missing": sorted(missing),
+                "skipped_from": jumped,
                 "seconds": time.monotonic() - t_start,
             }
             records.append(rec)
@@ -201,6 +217,8 @@ def run_node(
             stats0 = stats
             compute_s = comm_s = 0.0
             missing = set()
+            jumped = []
             disagreement = float("nan")
             block_start = time.monotonic()
+        t += 1
     return NodeRun(state, records, start_t)

@@ -37,6 +37,7 @@ class ProblemSpec:
     dim: int = 10
     samples: int = 200
     standardize: bool = False
+    input_scale: float = 1.0
     device: str = "cpu"
 
 
@@ -99,7 +100,9 @@ class TorchTaskOracle:
     """A :mod:`graphfl.tasks` task on one node: its model, loss and data partition ``node``.
 
     θ is the float32 concatenation of ``model.parameters()`` (buffers stay local). With
-    ``standardize`` the inputs are standardised with the node's own train mean/std.
+    ``standardize`` the inputs are standardised with the node's own train mean/std; with
+    ``input_scale`` they are multiplied by that constant on every node (keeps the nodes' input
+    intervals apart, unlike per-node standardisation).
     """
 
     def __init__(self, node: int, spec: ProblemSpec, partition: int | None = None) -> None:
@@ -121,6 +124,8 @@ class TorchTaskOracle:
         if spec.standardize:
             mu, sd = x_train.mean(axis=0), x_train.std(axis=0) + 1e-8
             x_train, x_test = (x_train - mu) / sd, (x_test - mu) / sd
+        if spec.input_scale != 1.0:
+            x_train, x_test = x_train * np.float32(spec.input_scale), x_test * np.float32(spec.input_scale)
         self.model = task.build_model().to(self.device)
         self.loss_fn = task.loss_fn()
         self.classification = task.kind == "classification"

@@ -84,6 +84,7 @@ class Mailbox:
         self.expected: dict[str, TensorSpecs | None] = {}
         self.stats = TransportStats()
         self._floor = 0
+        self.latest: dict[int, int] = {}
         self._box: dict[tuple[int, str, int], Message] = {}
         self._cond = threading.Condition()
 
@@ -107,6 +108,7 @@ class Mailbox:
             return False, str(exc)
         key = (msg.round, msg.channel, msg.sender)
         with self._cond:
+            self.latest[msg.sender] = max(msg.round, self.latest.get(msg.sender, -1))
             if msg.round < self._floor:
                 with self.stats.lock:
                     self.stats.messages_dropped_late += 1
@@ -162,6 +164,11 @@ class Mailbox:
             self._floor = max(self._floor, round_)
             for key in [k for k in self._box if k[0] < self._floor]:
                 del self._box[key]
+
+    def latest_round(self) -> int:
+        """The highest round any neighbour has sent us a valid message for (-1 if none)."""
+        with self._cond:
+            return max(self.latest.values(), default=-1)
 
     def pending(self) -> int:
         with self._cond:
