@@ -86,3 +86,20 @@ def test_generated_app_matches_pyproject():
 def test_runconfig_json_has_params():
     doc = parse_run_config({"strategy": "fedprox"}).to_json()
     assert doc["params"] == {"mu": 0.002, "weighted": True} and doc["train"]["local_steps"] == RunConfig().train.local_steps
+
+
+def test_repository_builds_as_a_flower_app_bundle():
+    """`flwr run .` from a checkout: the FAB builds, carries the components, excludes .venv."""
+    import io
+    import zipfile
+
+    from flwr.cli.build import FAB_MAX_SIZE, build_fab_from_disk
+
+    fab = build_fab_from_disk(REPO)
+    names = zipfile.ZipFile(io.BytesIO(fab)).namelist()
+    assert len(fab) < FAB_MAX_SIZE
+    assert "pyproject.toml" in names and "server/app.py" in names and "client/app.py" in names
+    assert not [n for n in names if n.startswith((".venv", "runs/"))]
+    with zipfile.ZipFile(io.BytesIO(fab)) as z:
+        meta = tomllib.loads(z.read("pyproject.toml").decode())
+    assert meta["tool"]["flwr"]["app"]["components"]["serverapp"] == "graphfl.server.app:app"
