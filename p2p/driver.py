@@ -64,7 +64,9 @@ def run_inprocess(
     w
         Mixing matrix (``n x n``); ``np.full((n, n), 1/n)`` turns DFL-SGD into FedAvg.
     eval_every
-        Evaluate the mean local test loss every this many communication rounds (and at the end).
+        Every this many communication rounds (and at the end) record ``test_loss`` (mean over
+        nodes of node i's model on node i's test split) and ``avg_model_test_loss`` (mean over
+        nodes of the average model θ̄ on node i's test split: the objective of eq. 10.1).
     bytes_model
         ``"gossip"``: each node sends its channels to each neighbour (``W_ij > 0``);
         ``"server"``: each node uploads and downloads its channels once (FedAvg through a server).
@@ -112,6 +114,8 @@ def run_inprocess(
             }
             if comm_rounds % eval_every == 0 or t + 1 == iterations:
                 rec["test_loss"] = float(np.mean([o.test_loss(s.theta) for s, o in zip(states, oracles)]))
+                theta_bar = np.mean([np.asarray(s.theta, np.float64) for s in states], axis=0).astype(states[0].theta.dtype)
+                rec["avg_model_test_loss"] = float(np.mean([o.test_loss(theta_bar) for o in oracles]))
             curve.append(rec)
     return InProcessResult(states, curve, sends * msg_wire, sends * msg_payload)
 

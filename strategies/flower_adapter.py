@@ -129,7 +129,10 @@ class GridExchange:
                 )
             time.sleep(0.2)
 
-    def _join_nodes(self, node_ids: list[int], initial: Payload) -> dict[int, Reply]:
+    def _join_nodes(self, node_ids: list[int], initial: Payload, rejoin: bool = False) -> dict[int, Reply]:
+        """Ask ``node_ids`` for their partition ids. Two nodes claiming one partition is a
+        configuration error at the start; later (``rejoin``) the newer node replaces the old
+        one, which the SuperLink may still list after a crash."""
         msgs = {nid: self.message(nid, "join", 0, initial, False) for nid in node_ids}
         replies = self._exchange(msgs, self.cfg.round_timeout)
         out: dict[int, Reply] = {}
@@ -143,8 +146,11 @@ class GridExchange:
             nparts = int(rep.metrics.get("num-partitions", -1))
             if nparts != self.cfg.nodes:
                 raise RunError(f"node {nid} has num-partitions={nparts} but the run has nodes={self.cfg.nodes}")
-            if rep.partition_id in out or rep.partition_id in self.node_of and self.node_of[rep.partition_id] != nid:
+            previous = self.node_of.get(rep.partition_id)
+            if rep.partition_id in out or (previous is not None and previous != nid and not rejoin):
                 raise RunError(f"two SuperNodes claim partition-id {rep.partition_id}")
+            if previous is not None and previous != nid:
+                logger.warning("partition %d moved from node %d to node %d", rep.partition_id, previous, nid)
             self.node_of[rep.partition_id] = nid
             out[rep.partition_id] = rep
         return out
@@ -166,7 +172,7 @@ class GridExchange:
                 del self.node_of[pid]
         if new:
             logger.info("nodes %s (re)connected; asking for their partition ids", new)
-            self._join_nodes(new, self._initial)
+            self._join_nodes(new, self._initial, rejoin=True)
 
     def send(self, kind: str, server_round: int, payloads: Mapping[int, Payload], eval_first: bool) -> dict[int, Reply]:
         self._refresh_nodes()
