@@ -163,6 +163,9 @@ def main(network_file: str, peer_id: int, out_dir: str, overrides: dict[str, Any
         logger.warning("peer %d: signal %d, stopping after the current step", peer_id, signum)
         stop.set()
 
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, handler)
-    return run_peer(network_file, peer_id, out_dir, overrides, insecure, stop)
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return run_peer(network_file, peer_id, out_dir, overrides, insecure, stop)
+    finally:
+        for sig, h in previous.items():
+            signal.signal(sig, h)

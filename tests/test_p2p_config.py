@@ -1,0 +1,71 @@
+"""Network file parsing ([run], [tls]), config hashes, and the peer/p2p commands' error paths."""
+
+from __future__ import annotations
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from graphfl.common.config import ConfigError
+from graphfl.p2p.cli import register
+from graphfl.p2p.config import P2PConfig, TlsSection, load_network_file, parse_p2p_config, write_network_file
+from graphfl.p2p.topology import make_topology
+
+
+def write(tmp_path, run=None, tls=None):
+    return write_network_file(tmp_path / "net.toml", make_topology("ring", 3), run or P2PConfig(),
+                              tls or TlsSection(ca="c/ca.crt", cert="c/peer-{id}.crt", key="c/peer-{id}.key"))
+
+
+def test_roundtrip_overrides_and_tls_paths(tmp_path):
+    f = write(tmp_path, P2PConfig(algorithm="dfl-sgd", tau=5, same_batch_difference=True))
+    net = load_network_file(f, {"rounds": 7, "round_timeout": 2})
+    assert net.run == P2PConfig(algorithm="dfl-sgd", tau=5, same_batch_difference=True, rounds=7, round_timeout=2.0)
+    assert net.run.iterations == 35
+    files = net.tls_files(2)
+    assert files.cert == tmp_path / "c" / "peer-2.crt" and files.ca == tmp_path / "c" / "ca.crt"
+    with pytest.raises(ConfigError, match="not found"):
+        files.read()
+
+
+def test_hash_tracks_every_setting():
+    base = P2PConfig()
+    assert base.hash() == P2PConfig().hash()
+    assert base.hash() != P2PConfig(alpha0=0.4).hash()
+    assert base.hash() != P2PConfig(init_tracker="zero").hash()
+
+
+def test_bad_run_values_name_the_key(tmp_path):
+    with pytest.raises(ConfigError, match="tau"):
+        parse_p2p_config({"tau": 0})
+    with pytest.raises(ConfigError, match="dfl-gt"):
+        parse_p2p_config({"algorithm": "admm"})
+    with pytest.raises(ConfigError, match="unknown key"):
+        parse_p2p_config({"learning-rate": 0.1})
+    with pytest.raises(ConfigError, match="chunk-bytes"):
+        parse_p2p_config({"chunk-bytes": 8 << 20})  # would exceed gRPC's 4 MB message limit
+    f = write(tmp_path)
+    f.write_text(f.read_text() + "\n[extra]\nx = 1\n")
+    with pytest.raises(ConfigError, match="extra"):
+        load_network_file(f)
+
+
+def test_plaintext_must_be_explicit(tmp_path):
+    f = write(tmp_path, tls=TlsSection())
+    with pytest.raises(ConfigError, match="insecure = true"):
+        load_network_file(f).tls_files(0)
+    f = write(tmp_path, tls=TlsSection(insecure=True))
+    assert load_network_file(f).tls_files(0) is None
+
+
+def test_commands_are_registered_and_fail_clearly(tmp_path):
+    app = typer.Typer()
+    register(app)
+    runner = CliRunner()
+    res = runner.invoke(app, ["p2p", "--help"])
+    assert res.exit_code == 0 and "--algorithm" in res.output
+    res = runner.invoke(app, ["peer", "--topology", str(tmp_path / "missing.toml"), "--id", "0", "--out", str(tmp_path)])
+    assert res.exit_code == 2
+    assert "not found" in (tmp_path / "peer-0.json").read_text()
+    res = runner.invoke(app, ["p2p", "--topology", "moebius", "--peers", "3", "--out", str(tmp_path / "o"), "--quiet"])
+    assert res.exit_code == 2 and "unknown topology" in res.output
