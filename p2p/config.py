@@ -33,7 +33,7 @@ class P2PConfig:
     algorithm: str = field(default="dfl-gt", metadata={"choices": P2P_ALGORITHMS})
     rounds: int = field(default=100, metadata={"min": 1})
     tau: int = field(default=1, metadata={"min": 1})
-    alpha0: float = field(default=0.5, metadata={"min": 0.0})
+    alpha0: float = field(default=0.1, metadata={"min": 0.0})
     step_rule: str = field(default="inv-sqrt", metadata={"choices": ("inv-sqrt", "constant")})
     init_tracker: str = field(default="gnsd", metadata={"choices": ("gnsd", "zero")})
     same_batch_difference: bool = False
@@ -42,6 +42,7 @@ class P2PConfig:
     dim: int = field(default=10, metadata={"min": 1})
     samples: int = field(default=200, metadata={"min": 1})
     standardize: bool = True
+    input_scale: float = field(default=1.0, metadata={"min": 0.0})
     seed: int = 0
     on_missing: str = field(default="skip", metadata={"choices": ("skip", "fail")})
     reweight: str = field(default="self", metadata={"choices": ("self", "proportional")})

@@ -52,7 +52,7 @@ def problem_spec(net: NetworkFile, peer_id: int) -> ProblemSpec:
     run = net.run
     return ProblemSpec(
         problem=run.problem, num_nodes=net.topology.n, seed=run.seed, batch_size=run.batch_size,
-        dim=run.dim, samples=run.samples, standardize=run.standardize, device=net.topology.peer(peer_id).device,
+        dim=run.dim, samples=run.samples, standardize=run.standardize, input_scale=run.input_scale, device=net.topology.peer(peer_id).device,
     )
 
 

@@ -98,7 +98,9 @@ def test_mismatched_config_between_processes_is_refused(tmp_path):
     b_dir = tmp_path / "b"
     b_dir.mkdir()
     b = b_dir / "network.toml"
-    b.write_text(a.read_text().replace("alpha0 = 0.5", "alpha0 = 0.7"))
+    text = a.read_text()
+    assert "alpha0 = 0.1" in text
+    b.write_text(text.replace("alpha0 = 0.1", "alpha0 = 0.7"))
     with PeerProcesses(a, tmp_path / "a", [0]) as pa, PeerProcesses(b, b_dir, [1]) as pb:
         assert pa.wait_all(time.monotonic() + 40) and pb.wait_all(time.monotonic() + 40)
         codes = {**pa.exit_codes(), **pb.exit_codes()}
