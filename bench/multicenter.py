@@ -144,7 +144,7 @@ def _stats(values: list[float | None]) -> tuple[float | None, float | None]:
     vals = [v for v in values if v is not None and np.isfinite(v)]
     if not vals:
         return None, None
-    return float(np.mean(vals)), float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0
+    return float(np.mean(vals)), float(np.std(vals, ddof=1)) if len(vals) > 1 else None
 
 
 def _combine(runs: list[dict[str, Any]], metric: str) -> dict[str, Any]:
