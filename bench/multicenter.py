@@ -30,8 +30,6 @@ from typing import Any
 
 import numpy as np
 
-from graphfl.tasks.base import ClientData, TaskSpec
-from graphfl.tasks.labeled import Digits
 
 logger = logging.getLogger(__name__)
 
@@ -52,48 +50,6 @@ REAL_PARAMS: dict[str, dict[str, Any]] = {
     "fesem": {"fesem.k": 3},
     "bigfl": {"bigfl.layers": "net.2", "bigfl.others": "fedavg"},
 }
-
-
-class PermutedDigits(Digits):
-    """Digits over clients in 3 groups; group ``g = pid mod 3`` relabels with permutation π_g.
-
-    ``cluster_labels`` = group; ``client_graph`` = a ring inside each group (no edges across).
-    """
-
-    spec = TaskSpec("digits-permuted", "classification", default_nodes=12,
-                    summary="digits, 3 client groups with permuted labels (planted clusters)")
-    groups = 3
-
-    def permutation(self, group: int) -> np.ndarray:
-        if group == 0:
-            return np.arange(10)
-        return np.random.default_rng([self.seed, 20, group]).permutation(10)
-
-    def client_data(self, partition_id: int, num_partitions: int) -> ClientData:
-        base = super().client_data(partition_id, num_partitions)
-        perm = self.permutation(partition_id % self.groups)
-        return ClientData(base.x_train, perm[base.y_train], base.x_test, perm[base.y_test])
-
-    def cluster_labels(self, num_partitions: int) -> np.ndarray:
-        return np.arange(num_partitions) % self.groups
-
-    def client_graph(self, num_partitions: int) -> np.ndarray:
-        adj = np.zeros((num_partitions, num_partitions))
-        for g in range(self.groups):
-            members = np.arange(g, num_partitions, self.groups)
-            if len(members) < 2:
-                continue
-            for a, b in zip(members, np.roll(members, -1)):
-                if a != b:
-                    adj[a, b] = adj[b, a] = 1.0
-        return adj
-
-
-def _register_task() -> None:
-    # The task registry has no public registration hook yet; add the bench task once.
-    from graphfl.tasks import registry as task_registry
-
-    task_registry._TASKS.setdefault(PermutedDigits.spec.name, PermutedDigits)
 
 
 def run_method(strategy: str, task: str, nodes: int, rounds: int, seed: int,
@@ -190,7 +146,7 @@ def run(quick: bool = False, seed: int = 0, out: Path | str = Path("runs/bench")
     from graphfl.common.envinfo import env_info
     from graphfl.common.results import atomic_write_text, write_json
 
-    _register_task()
+    
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     seeds = [seed] if quick else [seed, seed + 1, seed + 2]

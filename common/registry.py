@@ -49,8 +49,10 @@ class AlgorithmSpec:
 
 # name -> module that registers it. Keep sorted; later issues add fesem, bigfl, jgesr, ...
 _BUILTIN_MODULES: dict[str, str] = {
+    "bigfl": "graphfl.strategies.bigfl",
     "fedavg": "graphfl.strategies.fedavg",
     "fedprox": "graphfl.strategies.fedavg",
+    "fesem": "graphfl.strategies.fesem",
     "local": "graphfl.strategies.local",
 }
 

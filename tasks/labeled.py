@@ -105,6 +105,43 @@ class Digits(LabeledPoolTask):
         return seeded(self.seed, MLP, 64, (64,), 10)
 
 
+class PermutedDigits(Digits):
+    """Digits over clients in 3 groups; group ``g = pid mod 3`` relabels with permutation π_g.
+
+    A real dataset with planted cluster structure (for FeSEM / BiG-FL, issue 3):
+
+    ``cluster_labels`` = group; ``client_graph`` = a ring inside each group (no edges across).
+    """
+
+    spec = TaskSpec("digits-permuted", "classification", default_nodes=12,
+                    summary="digits, 3 client groups with permuted labels (planted clusters)")
+    groups = 3
+
+    def permutation(self, group: int) -> np.ndarray:
+        if group == 0:
+            return np.arange(10)
+        return np.random.default_rng([self.seed, 20, group]).permutation(10)
+
+    def client_data(self, partition_id: int, num_partitions: int) -> ClientData:
+        base = super().client_data(partition_id, num_partitions)
+        perm = self.permutation(partition_id % self.groups)
+        return ClientData(base.x_train, perm[base.y_train], base.x_test, perm[base.y_test])
+
+    def cluster_labels(self, num_partitions: int) -> np.ndarray:
+        return np.arange(num_partitions) % self.groups
+
+    def client_graph(self, num_partitions: int) -> np.ndarray:
+        adj = np.zeros((num_partitions, num_partitions))
+        for g in range(self.groups):
+            members = np.arange(g, num_partitions, self.groups)
+            if len(members) < 2:
+                continue
+            for a, b in zip(members, np.roll(members, -1)):
+                if a != b:
+                    adj[a, b] = adj[b, a] = 1.0
+        return adj
+
+
 def _save_atomic(path: Path, array: np.ndarray) -> None:
     tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.npy")
     np.save(tmp, array)

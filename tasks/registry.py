@@ -4,12 +4,21 @@ from __future__ import annotations
 
 from graphfl.common.config import ConfigError, DataConfig
 from graphfl.tasks.base import Task
-from graphfl.tasks.labeled import CIFAR10, MNIST, Digits
+from graphfl.tasks.labeled import CIFAR10, MNIST, Digits, PermutedDigits
 from graphfl.tasks.synthetic import SyntheticDFL, SyntheticMulticenter
 
 _TASKS: dict[str, type[Task]] = {
-    cls.spec.name: cls for cls in (Digits, MNIST, CIFAR10, SyntheticDFL, SyntheticMulticenter)
+    cls.spec.name: cls for cls in (Digits, PermutedDigits, MNIST, CIFAR10, SyntheticDFL, SyntheticMulticenter)
 }
+
+
+def register_task(cls: type[Task]) -> type[Task]:
+    """Add a task class (usable as a decorator); its ``spec.name`` must be new."""
+    name = cls.spec.name
+    if name in _TASKS and _TASKS[name] is not cls:
+        raise ValueError(f"task {name!r} is already registered")
+    _TASKS[name] = cls
+    return cls
 
 
 def names() -> list[str]:

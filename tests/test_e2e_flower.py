@@ -169,3 +169,24 @@ def test_unreachable_superlink_is_a_clear_bounded_error(tmp_path):
                        "--num-partitions", "1", "--port", str(free_port()), "--max-wait-time", "3", timeout=60)
     assert node.returncode != 0
     assert time.monotonic() - t0 < 60
+
+
+def test_fesem_and_bigfl_in_a_real_deployment_match_inprocess(tmp_path):
+    """Issue 3: both graph-aware strategies run on real SuperNodes (one federation, two runs)."""
+    from graphfl.deploy.run import prepare, write_overrides
+    from graphfl.server.flower_app import write_app_dir
+
+    base = {"task": "synthetic-multicenter", "nodes": 3, "rounds": 2, "train.local-steps": 5,
+            "train.lr": 0.1, "connect-timeout": 90, "round-timeout": 120, "engine": "local-deployment"}
+    with LocalFederation(tmp_path / "fed", 3, tls=True) as fed:
+        sub = fed.submitter()
+        for strategy in ("fesem", "bigfl"):
+            values = {**base, "strategy": strategy, "out-dir": str(tmp_path / strategy)}
+            cfg, out = prepare(parse_run_config(values))
+            handle = sub.submit(write_app_dir(out / "app"), write_overrides(out / "rc.toml", cfg), out)
+            sub.wait(handle, timeout=400, health=fed.health)
+            rows = curve(out, strategy)
+            assert [r["round"] for r in rows] == [0, 1, 2]
+            assert rows[2]["clients_ok"] == 3 and "failed" not in rows[2]
+            assert_matches_inprocess(out, values, strategy)
+    assert_no_processes_left(tmp_path / "fed")

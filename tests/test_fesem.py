@@ -253,9 +253,10 @@ def test_inprocess_seed_mlp_task_reports_assignments_and_survives_nan():
 
 def test_bench_permuted_digits_task_and_seed_aggregation():
     from graphfl.bench import multicenter as mc
+    from graphfl.tasks.labeled import Digits, PermutedDigits
 
-    task = mc.PermutedDigits(seed=0)
-    base = mc.Digits(seed=0)
+    task = PermutedDigits(seed=0)
+    base = Digits(seed=0)
     for pid in (0, 1, 2):
         ours, plain = task.client_data(pid, 6), base.client_data(pid, 6)
         np.testing.assert_array_equal(ours.y_train, task.permutation(pid % 3)[plain.y_train])
