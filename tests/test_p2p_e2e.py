@@ -135,3 +135,46 @@ def test_launcher_ctrl_c_tears_everything_down(tmp_path):
             except OSError:
                 pass
     assert left == [], f"orphan peer processes: {left}"
+
+
+def _pids_with(text: str) -> list[int]:
+    out = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if text in cmd + " ":
+                out.append(int(pid))
+    return out
+
+
+def test_launcher_stops_everything_when_a_peer_crashes_under_fail_policy(tmp_path):
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "graphfl.p2p", "p2p", "--algorithm", "dfl-sgd", "--topology", "ring", "--peers", "3",
+           "--rounds", "1000", "--problem", "linreg", "--insecure", "--quiet", "--out", str(out),
+           "--set", "min-round-seconds=0.05", "--set", "on-missing=fail", "--set", "round-timeout=2",
+           "--set", "send-timeout=2"]
+    launcher = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: all((out / f"peer-{i}.status.json").is_file() and
+                             json.loads((out / f"peer-{i}.status.json").read_text()).get("round", 0) >= 3
+                             for i in range(3)), 60, "peers running")
+        victim = _pids_with(f"--id 1 --out {out}")  # the peer process this test's launcher started
+        assert len(victim) == 1
+        t_kill = time.monotonic()
+        os.kill(victim[0], signal.SIGKILL)
+        rc = launcher.wait(30)
+        elapsed = time.monotonic() - t_kill
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    output = launcher.stdout.read().decode()
+    assert rc == 1, output
+    assert elapsed < 15  # round deadline 2 s + teardown, not the 1000-round bound
+    result = json.loads((out / "p2p.json").read_text())
+    assert result["ok"] is False
+    outcomes = {i: p["outcome"] for i, p in result["peers"].items()}
+    assert outcomes["1"] != "done" and all(o != "done" for o in outcomes.values()), outcomes
+    assert _pids_with(str(out)) == []
