@@ -29,7 +29,8 @@ class TlsFiles:
     server_key: Path
 
 
-def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
+def write_private_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
+    """PEM (PKCS#8, unencrypted), readable by the owner only."""
     path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                        serialization.NoEncryption()))
     path.chmod(0o600)
@@ -103,9 +104,9 @@ def generate_tls(out_dir: str | Path, hosts: list[str] | None = None, days: int 
     srv_key, srv_cert = issue_cert(ca_key, ca_cert, "graphfl-superlink", default_hosts(hosts), days=days)
     files = TlsFiles(out / "ca.crt", out / "server.pem", out / "server.key")
     files.ca_cert.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
-    _write_key(out / "ca.key", ca_key)
+    write_private_key(out / "ca.key", ca_key)
     files.server_cert.write_bytes(srv_cert.public_bytes(serialization.Encoding.PEM))
-    _write_key(files.server_key, srv_key)
+    write_private_key(files.server_key, srv_key)
     return files
 
 

@@ -2,38 +2,20 @@
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import platform
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from graphfl.common.envinfo import env_info  # noqa: F401  (re-exported for p2p callers)
+from graphfl.common.results import write_json as _write_json
+
 logger = logging.getLogger(__name__)
 
 
-def env_info() -> dict[str, Any]:
-    """Versions and machine facts recorded with every result."""
-    out: dict[str, Any] = {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()}
-    for mod in ("torch", "flwr", "grpc", "numpy"):
-        try:
-            out[mod] = __import__(mod).__version__
-        except Exception:  # noqa: BLE001 - optional
-            out[mod] = None
-    try:
-        import torch
-
-        out["device"] = "cuda" if torch.cuda.is_available() else "cpu"
-    except Exception:  # noqa: BLE001
-        out["device"] = "cpu"
-    return out
-
-
 def write_json(path: Path, obj: Any) -> Path:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1, default=lambda o: o.item() if hasattr(o, "item") else str(o)))
-    os.replace(tmp, path)
+    """Atomic JSON write (NaN/Inf become null); see :func:`graphfl.common.results.write_json`."""
+    _write_json(path, obj)
     return path
 
 

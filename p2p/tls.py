@@ -13,8 +13,6 @@ same naming.
 
 from __future__ import annotations
 
-import datetime as _dt
-import ipaddress
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,28 +44,6 @@ class TlsFiles:
         return out[0], out[1], out[2]
 
 
-def _name(cn: str):
-    from cryptography import x509
-    from cryptography.x509.oid import NameOID
-
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
-
-
-def _key():
-    from cryptography.hazmat.primitives.asymmetric import ec
-
-    return ec.generate_private_key(ec.SECP256R1())
-
-
-def _write_key(key, path: Path) -> None:
-    from cryptography.hazmat.primitives import serialization
-
-    path.write_bytes(
-        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    )
-    path.chmod(0o600)
-
-
 def _write_cert(cert, path: Path) -> None:
     from cryptography.hazmat.primitives import serialization
 
@@ -75,64 +51,30 @@ def _write_cert(cert, path: Path) -> None:
 
 
 def make_ca(out_dir: Path, name: str = "graphfl-p2p-ca", days: int = 365):
-    """Create ``ca.crt`` / ``ca.key`` in ``out_dir``; returns ``(cert, key)`` objects."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes
+    """Create ``ca.crt`` / ``ca.key`` in ``out_dir``; returns ``(cert, key)`` objects.
+
+    The certificate itself comes from :func:`graphfl.deploy.certs.make_ca` (shared with the
+    Flower deployment's TLS material).
+    """
+    from graphfl.deploy import certs
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    key = _key()
-    now = _dt.datetime.now(_dt.timezone.utc)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(_name(name))
-        .issuer_name(_name(name))
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - _dt.timedelta(minutes=5))
-        .not_valid_after(now + _dt.timedelta(days=days))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(True, False, False, False, False, True, True, False, False), critical=True
-        )
-        .sign(key, hashes.SHA256())
-    )
+    key, cert = certs.make_ca(name, days=days)
     _write_cert(cert, out_dir / "ca.crt")
-    _write_key(key, out_dir / "ca.key")
+    certs.write_private_key(out_dir / "ca.key", key)
     return cert, key
 
 
 def make_peer_cert(out_dir: Path, peer_id: int, ca_cert, ca_key, hosts: tuple[str, ...] = ("127.0.0.1", "localhost"), days: int = 365) -> TlsFiles:
-    """Create ``peer-<id>.crt`` / ``.key`` signed by the CA (client and server use)."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes
-    from cryptography.x509.oid import ExtendedKeyUsageOID
+    """Create ``peer-<id>.crt`` / ``.key`` signed by the CA, for server *and* client use
+    (mutual TLS); SANs: ``peer-<id>`` plus ``hosts``."""
+    from graphfl.deploy import certs
 
-    key = _key()
-    now = _dt.datetime.now(_dt.timezone.utc)
-    sans: list[x509.GeneralName] = [x509.DNSName(peer_name(peer_id))]
-    for h in hosts:
-        try:
-            sans.append(x509.IPAddress(ipaddress.ip_address(h)))
-        except ValueError:
-            sans.append(x509.DNSName(h))
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(_name(peer_name(peer_id)))
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - _dt.timedelta(minutes=5))
-        .not_valid_after(now + _dt.timedelta(days=days))
-        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False
-        )
-        .sign(ca_key, hashes.SHA256())
-    )
-    crt, kf = out_dir / f"{peer_name(peer_id)}.crt", out_dir / f"{peer_name(peer_id)}.key"
+    name = peer_name(peer_id)
+    key, cert = certs.issue_cert(ca_key, ca_cert, name, [name, *hosts], server=True, client=True, days=days)
+    crt, kf = out_dir / f"{name}.crt", out_dir / f"{name}.key"
     _write_cert(cert, crt)
-    _write_key(key, kf)
+    certs.write_private_key(kf, key)
     return TlsFiles(out_dir / "ca.crt", crt, kf)
 
 
