@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
@@ -22,7 +23,18 @@ app = ClientApp()
 STATE_KEY = "graphfl-state"
 
 
+def process_age() -> float:
+    """Seconds since this process started (Linux /proc; 0.0 elsewhere)."""
+    try:
+        start_ticks = float(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[19])
+        uptime = float(open("/proc/uptime").read().split()[0])
+        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
 def _serve(msg: Message, context: Context, default_kind: str) -> Message:
+    boot_seconds = process_age()  # process start -> handler: Python, flwr, message fetch
     import torch
 
     from graphfl.client.handler import JOIN, build_runtime, handle
@@ -53,6 +65,7 @@ def _serve(msg: Message, context: Context, default_kind: str) -> Message:
     arrays, metrics = handle(runtime, kind if kind != "join" else JOIN, server_round, payload, state, eval_first)
     context.state[STATE_KEY] = arrays_to_record(state)
 
+    metrics["client-boot-seconds"] = boot_seconds
     content = RecordDict({"metrics": MetricRecord(metrics)})
     if arrays is not None:
         content["arrays"] = arrays_to_record(arrays)

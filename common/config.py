@@ -148,9 +148,9 @@ class TrainConfig:
     learning rate ``lr`` (and optional momentum / weight decay) from the model it received.
     """
 
-    local_steps: int = field(default=10, metadata=positive())
+    local_steps: int = field(default=50, metadata=positive())
     batch_size: int = field(default=32, metadata=positive())
-    lr: float = field(default=0.05, metadata={"min": 0.0})
+    lr: float = field(default=0.1, metadata={"min": 0.0})
     momentum: float = field(default=0.0, metadata={"min": 0.0, "max": 1.0})
     weight_decay: float = field(default=0.0, metadata={"min": 0.0})
 
@@ -175,7 +175,7 @@ class RunConfig:
 
     strategy: str = "fedavg"
     task: str = "digits"
-    rounds: int = field(default=5, metadata=positive())
+    rounds: int = field(default=3, metadata=positive())
     nodes: int = field(default=4, metadata=positive())
     seed: int = 0
     engine: str = field(default="local-deployment", metadata={"choices": ENGINES})

@@ -147,6 +147,10 @@ class RunRecorder:
         row["bytes_up"] = bytes_up
         row["bytes_down"] = bytes_down
         row["clients_ok"] = len(ok)
+        for key, name in (("client-seconds", "client_seconds"), ("client-boot-seconds", "client_boot_seconds")):
+            value = _mean([rep.metrics.get(key) for rep in ok])
+            if value is not None:
+                row[name] = value
         failed = {str(p): rep.error for p, rep in replies.items() if rep.error is not None}
         failed.update({str(p): why for p, why in rejected.items()})
         if failed:

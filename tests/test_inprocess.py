@@ -118,3 +118,26 @@ def test_every_strategy_survives_failed_nan_and_empty_rounds(name):
     assert curve[4]["clients_ok"] == 4
     final = doc["methods"][name]["final"]["test_loss"]
     assert final is not None and math.isfinite(final)
+
+
+@pytest.mark.parametrize("momentum, wd", [(0.0, 0.0), (0.9, 0.0), (0.5, 0.01)])
+def test_sgd_update_equals_torch_sgd(momentum, wd):
+    import torch
+
+    from graphfl.client.training import sgd_update
+
+    torch.manual_seed(0)
+    a = torch.nn.Linear(4, 3)
+    b = torch.nn.Linear(4, 3)
+    b.load_state_dict(a.state_dict())
+    opt = torch.optim.SGD(b.parameters(), lr=0.1, momentum=momentum, weight_decay=wd)
+    params, bufs = list(a.parameters()), [None, None]
+    for step in range(4):
+        x = torch.randn(8, 4, generator=torch.Generator().manual_seed(step))
+        for m in (a, b):
+            m.zero_grad()
+            (m(x) ** 2).mean().backward()
+        sgd_update(params, bufs, 0.1, momentum, wd)
+        opt.step()
+    for pa, pb in zip(a.parameters(), b.parameters()):
+        torch.testing.assert_close(pa, pb)
