@@ -4,7 +4,10 @@ Part 1 — the paper's synthetic experiment: 50 clients whose 8×8 linear ground
 a mixture of 3 Gaussians, 4-NN client graph, MLP 8-16-16-8 (no bias, sigmoid hidden). Methods:
 FedAvg, FeSEM (K = 3), BiG-FL and local-only training, all with the same local SGD settings.
 Metric: mean over clients of the local test MSE, per round (Fig. 10.3), mean ± sd over seeds.
-DFL (p2p issue) is not part of this benchmark yet.
+DFL (DFL-SGD on the same 4-NN graph, Metropolis weights, gossip every ``local-steps``
+iterations; the p2p layer's in-process driver) runs with plain SGD at constant step
+``lr / (1 - momentum)`` = 1.0, the effective step of the others' momentum SGD (the p2p step
+functions have no momentum).
 
 Part 2 — a real dataset with planted clusters: scikit-learn digits split over 12 clients in
 3 groups; group g relabels every digit with its own permutation π_g (group 0: identity), so a
@@ -34,7 +37,7 @@ import numpy as np
 logger = logging.getLogger(__name__)
 
 NAME = "multicenter"
-B2_METHODS = ("fedavg", "fesem", "bigfl", "local")
+B2_METHODS = ("fedavg", "fesem", "bigfl", "local", "dfl")
 REAL_METHODS = ("fedavg", "fesem", "bigfl", "local")
 
 # Shared local training for every method (the spec leaves τ, β, m open; a plain SGD run on
@@ -94,6 +97,34 @@ def run_method(strategy: str, task: str, nodes: int, rounds: int, seed: int,
     curve = recorder.document()["methods"][strategy]["curve"]
     return {"curve": curve, "aggregate_seconds": agg_seconds, "wall_seconds": wall,
             "config": cfg.to_json()}
+
+
+def run_dfl(task: str, nodes: int, rounds: int, seed: int, train: dict[str, Any]) -> dict[str, Any]:
+    """DFL-SGD over the task's client graph (in-process p2p driver), in the shape of run_method.
+
+    One round = ``train.local-steps`` iterations, the first of which gossips (ALGORITHMS §2.4
+    with ``tau = local-steps``); step ``lr / (1 - momentum)`` constant.
+    """
+    from graphfl.p2p.algorithms import make_algorithm
+    from graphfl.p2p.driver import run_inprocess as run_p2p
+    from graphfl.p2p.mixing import mixing_matrix
+    from graphfl.p2p.oracles import ProblemSpec, make_oracle
+    from graphfl.tasks import registry as task_registry
+
+    tau = int(train["train.local-steps"])
+    alpha = float(train["train.lr"]) / (1.0 - float(train.get("train.momentum", 0.0)))
+    adj = task_registry.create(task, seed=seed).client_graph(nodes)
+    w = mixing_matrix(adj, "metropolis")
+    spec = ProblemSpec(task, num_nodes=nodes, seed=seed, batch_size=int(train["train.batch-size"]))
+    algo = make_algorithm("dfl-sgd", tau=tau, alpha0=alpha, step_rule="constant")
+    t0 = time.perf_counter()
+    res = run_p2p(algo, [make_oracle(i, spec) for i in range(nodes)], w, rounds * tau, eval_every=1)
+    wall = time.perf_counter() - t0
+    curve = [{"round": c["round"], "test_loss": c["test_loss"], "seconds": wall / max(rounds, 1),
+              "bytes_up": c.get("bytes")} for c in res.curve if "test_loss" in c]
+    return {"curve": curve, "aggregate_seconds": [], "wall_seconds": wall,
+            "config": {"algorithm": "dfl-sgd", "tau": tau, "alpha": alpha, "step_rule": "constant",
+                       "mixing": "metropolis", "graph": f"{task} client graph"}}
 
 
 def _stats(values: list[float | None]) -> tuple[float | None, float | None]:
@@ -159,6 +190,9 @@ def run(quick: bool = False, seed: int = 0, out: Path | str = Path("runs/bench")
         runs = []
         for s in seeds:
             logger.info("B2 %s seed %d (%d rounds)", method, s, b2_rounds)
+            if method == "dfl":
+                runs.append(run_dfl("synthetic-multicenter", 50, b2_rounds, s, B2_TRAIN))
+                continue
             runs.append(run_method(method, "synthetic-multicenter", 50, b2_rounds, s,
                                    {**B2_TRAIN, **METHOD_PARAMS.get(method, {})}))
         b2_runs[method] = runs
@@ -250,9 +284,10 @@ def render_markdown(doc: dict[str, Any]) -> str:
               "| round | " + " | ".join(doc["methods"]) + " |",
               "|---|" + "---|" * len(doc["methods"])]
     rounds = [row["round"] for row in next(iter(doc["methods"].values()))["curve"]]
-    for i, rd in enumerate(rounds):
-        vals = [_pm(res["curve"][i]["test_loss"], res["curve"][i]["test_loss_sd"])
-                for res in doc["methods"].values()]
+    by_round = {m: {row["round"]: row for row in res["curve"]} for m, res in doc["methods"].items()}
+    for rd in rounds:
+        vals = [_pm(by_round[m].get(rd, {}).get("test_loss"), by_round[m].get(rd, {}).get("test_loss_sd"))
+                for m in doc["methods"]]
         lines.append(f"| {rd} | " + " | ".join(vals) + " |")
     lines += ["", f"Total wall time: {doc['wall_seconds']:.0f} s. Environment: "
               f"{doc['env']}", ""]
