@@ -65,7 +65,8 @@ def _serve(msg: Message, context: Context, default_kind: str) -> Message:
     arrays, metrics = handle(runtime, kind if kind != "join" else JOIN, server_round, payload, state, eval_first)
     context.state[STATE_KEY] = arrays_to_record(state)
 
-    metrics["client-boot-seconds"] = boot_seconds
+    if cfg.engine != "simulation":  # Ray actors are long-lived: their age says nothing
+        metrics["client-boot-seconds"] = boot_seconds
     content = RecordDict({"metrics": MetricRecord(metrics)})
     if arrays is not None:
         content["arrays"] = arrays_to_record(arrays)

@@ -193,3 +193,24 @@ def test_fesem_and_bigfl_in_a_real_deployment_match_inprocess(tmp_path):
             assert rows[2]["clients_ok"] == 3 and "failed" not in rows[2]
             assert_matches_inprocess(out, values, strategy)
     assert_no_processes_left(tmp_path / "fed")
+
+
+def test_ctrl_c_stops_every_process(tmp_path):
+    """SIGINT during a deployment run: exit code 130, no SuperLink/SuperNode/ClientApp left."""
+    out = tmp_path / "run"
+    exe = Path(sys.executable).with_name("graphfl")
+    with (tmp_path / "stdout").open("w") as fh:
+        proc = subprocess.Popen([str(exe), "run", "--nodes", "2", "--rounds", "20", "--out", str(out)],
+                                stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + 120
+        progress = out / "progress.jsonl"
+        while time.monotonic() < deadline and not (progress.is_file() and progress.read_text().strip()):
+            assert proc.poll() is None, (tmp_path / "stdout").read_text()
+            time.sleep(0.2)
+        assert progress.is_file(), "the run never reported progress"
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(timeout=60)
+    assert code == 130, (tmp_path / "stdout").read_text()
+    assert_no_processes_left(out)
+    doc = json.loads((out / "run.json").read_text())   # what was measured before Ctrl-C is kept
+    assert doc["methods"]["fedavg"]["curve"][0]["round"] == 0
