@@ -113,6 +113,7 @@ def run(
     superlink: Optional[str] = typer.Option(None, help="Submit to an existing SuperLink HOST:PORT."),
     root_certificates: Optional[Path] = typer.Option(None, help="CA certificate of --superlink."),
     insecure: bool = typer.Option(False, help="Plain HTTP to --superlink (no TLS)."),
+    node_auth: bool = typer.Option(False, help="Local deployment: SuperNodes authenticate with registered keys."),
 ) -> None:
     """Run one experiment and write run.json / run.md / run.png."""
     from graphfl.deploy.federation import FederationError
@@ -132,7 +133,7 @@ def run(
         with RoundPrinter(cfg.rounds) as printer:
             out_dir = run_experiment(cfg, printer, superlink=superlink,
                                      root_certificates=str(root_certificates) if root_certificates else None,
-                                     insecure=insecure)
+                                     insecure=insecure, node_auth=node_auth)
     except (FederationError, DataError, ConfigError, TimeoutError, ValueError) as exc:
         fail(str(exc), code=1)
     except KeyboardInterrupt:

@@ -110,12 +110,12 @@ def generate_tls(out_dir: str | Path, hosts: list[str] | None = None, days: int 
     return files
 
 
-def generate_node_keys(out_dir: str | Path, count: int) -> list[tuple[Path, Path]]:
+def generate_node_keys(out_dir: str | Path, count: int, first: int = 0) -> list[tuple[Path, Path]]:
     """ECDSA P-384 key pairs (OpenSSH format) for SuperNode authentication: ``node_I``, ``node_I.pub``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     pairs = []
-    for i in range(count):
+    for i in range(first, first + count):
         key = ec.generate_private_key(ec.SECP384R1())
         priv, pub = out / f"node_{i}", out / f"node_{i}.pub"
         priv.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,

@@ -199,6 +199,7 @@ class LocalFederation:
     tls: bool = True
     simulation: bool = False
     start_timeout: float = 60.0
+    node_auth: bool = False
     env: dict[str, str] = field(default_factory=dict)
     superlink_port: int = 0
     group: ProcessGroup = field(init=False)
@@ -229,21 +230,35 @@ class LocalFederation:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if self.tls and not self.simulation:
             self.tls_files = generate_tls(self.run_dir / "certs")
+        if self.node_auth and self.tls_files is None:
+            raise FederationError("SuperNode authentication needs TLS (Flower refuses it with --insecure)")
         self.superlink_port = self.superlink_port or free_port()
         self.group.start("superlink", superlink_argv("127.0.0.1", self.superlink_port, self.tls_files,
-                                                     simulation=self.simulation))
+                                                     simulation=self.simulation, node_auth=self.node_auth))
         self.group.wait_for(f"SuperLink on {self.address}", lambda: port_open("127.0.0.1", self.superlink_port),
                             self.start_timeout)
         ca = self.tls_files.ca_cert if self.tls_files else None
         write_connection(self.flwr_home, self.address, ca)
         if self.simulation:
             return
+        keys = self.register_node_keys(self.nodes) if self.node_auth else [None] * self.nodes
         for i in range(self.nodes):
             self.group.start(f"supernode-{i}", supernode_argv(self.address, free_port(), i, self.nodes, ca,
-                                                              max_wait_time=self.start_timeout))
+                                                              auth_key=keys[i], max_wait_time=self.start_timeout))
         logs = [p.log_path for p in self.group.procs if p.name.startswith("supernode")]
         self.group.wait_for(f"{self.nodes} SuperNodes registered with {self.address}",
                             lambda: all("SuperNode ID" in _read(p) for p in logs), self.start_timeout)
+
+    def register_node_keys(self, count: int, first: int = 0) -> list[Path]:
+        """Generate ``count`` SuperNode key pairs and register their public keys with the
+        SuperLink (``flwr supernode register``); returns the private key paths."""
+        from graphfl.deploy.certs import generate_node_keys
+
+        pairs = generate_node_keys(self.run_dir / "certs" / "keys", count, first=first)
+        sub = self.submitter()
+        for _, pub in pairs:
+            flwr_cli(["supernode", "register", str(pub), sub.connection], sub.env, sub.cli_timeout)
+        return [priv for priv, _ in pairs]
 
     def submitter(self) -> Submitter:
         return Submitter(self.flwr_home, self.group.base_env())

@@ -3,8 +3,8 @@
 Engines
 -------
 ``local-deployment``
-    A real SuperLink + N SuperNodes on 127.0.0.1 (TLS on by default) started for this run
-    and stopped afterwards.
+    A real SuperLink + N SuperNodes on 127.0.0.1 (TLS on by default; ``node_auth`` adds
+    SuperNode authentication with registered keys) started for this run and stopped afterwards.
 ``simulation``
     A simulation SuperLink (Flower's Ray engine), also started and stopped for this run.
 ``inprocess``
@@ -80,6 +80,7 @@ def run_experiment(
     root_certificates: str | None = None,
     insecure: bool = False,
     run_timeout: float | None = None,
+    node_auth: bool = False,
 ) -> Path:
     """Run ``cfg``; return the output folder (holding ``run.json``, ``run.md``, ``run.png``)."""
     cfg, out = prepare(cfg)
@@ -117,7 +118,7 @@ def run_experiment(
         return out
 
     simulation = cfg.engine == "simulation"
-    with LocalFederation(out, cfg.nodes, tls=True, simulation=simulation,
+    with LocalFederation(out, cfg.nodes, tls=True, simulation=simulation, node_auth=node_auth and not simulation,
                          start_timeout=cfg.connect_timeout) as fed:
         sub = fed.submitter()
         fed_cfg = f"num-supernodes={cfg.nodes} client-resources-num-cpus=1" if simulation else None

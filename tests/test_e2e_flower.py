@@ -214,3 +214,21 @@ def test_ctrl_c_stops_every_process(tmp_path):
     assert_no_processes_left(out)
     doc = json.loads((out / "run.json").read_text())   # what was measured before Ctrl-C is kept
     assert doc["methods"]["fedavg"]["curve"][0]["round"] == 0
+
+
+def test_supernode_authentication_admits_only_registered_keys(tmp_path):
+    """`graphfl certs --node-keys` material + `flwr supernode register`: registered SuperNodes
+    join (start() waits for their ids); an unregistered key is refused."""
+    from graphfl.deploy.certs import generate_node_keys
+    from graphfl.deploy.federation import supernode_argv
+
+    with LocalFederation(tmp_path, 2, tls=True, node_auth=True) as fed:
+        rogue_key, _ = generate_node_keys(tmp_path / "rogue", 1)[0]
+        rogue = fed.group.start("rogue", supernode_argv(fed.address, free_port(), 0, 2, fed.tls_files.ca_cert,
+                                                       auth_key=rogue_key, max_wait_time=20))
+        code = rogue.popen.wait(timeout=60)
+        assert code != 0
+        assert "2004" in rogue.log_path.read_text() or "Failed to activate" in rogue.log_path.read_text()
+        fed.group.procs.remove(rogue)
+        for proc in fed.group.procs:
+            assert proc.popen.poll() is None        # the registered SuperNodes are still running
