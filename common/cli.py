@@ -72,6 +72,7 @@ class RoundPrinter:
         self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                                  TimeElapsedColumn(), console=console, transient=False)
         self.task = self.progress.add_task("starting", total=rounds)
+        self.last_eval: int | None = None
 
     def __enter__(self):
         self.progress.start()
@@ -84,16 +85,21 @@ class RoundPrinter:
         kind = ev.get("event")
         if kind == "submitted":
             self.progress.update(self.task, description=f"run {ev['run_id']} on {ev['superlink']}")
-        elif kind == "round":
+        elif kind in ("round", "done"):
             r = int(ev.get("round", 0))
-            parts = [f"round {r:>3}"]
-            for key in ("test_loss", "test_acc", "train_loss", "seconds"):
-                if ev.get(key) is not None:
-                    parts.append(f"{key} {ev[key]:.4g}")
+            parts = ["final" if kind == "done" else ("join" if r == 0 else f"round {r}")]
+            if kind == "round" and r > 0 and ev.get("train_loss") is not None:
+                parts.append(f"train loss {ev['train_loss']:.4g}")
+            if kind == "round" and ev.get("seconds") is not None:
+                parts.append(f"{ev['seconds']:.2f} s")
+            eval_round = ev.get("eval_round", r)
+            if ev.get("test_loss") is not None and eval_round != self.last_eval:
+                self.last_eval = eval_round
+                what = "initial model" if eval_round == 0 else f"after round {eval_round}"
+                acc = f", acc {ev['test_acc']:.4f}" if ev.get("test_acc") is not None else ""
+                parts.append(f"| {what}: test loss {ev['test_loss']:.4g}{acc}")
             self.progress.console.print("  ".join(parts))
-            self.progress.update(self.task, completed=r, description="training")
-        elif kind == "done":
-            self.progress.update(self.task, completed=ev.get("rounds", 0), description="done")
+            self.progress.update(self.task, completed=r, description="training" if kind == "round" else "done")
         elif kind == "status":
             self.progress.update(self.task, description=f"run {ev['run_id']}: {ev['status']}")
 

@@ -248,7 +248,7 @@ def _run(cfg, spec, exchange, initial, param_keys, recorder, client_graph, clust
     row0["bytes_down"] = Payload(initial).nbytes * len(joined)
     row0["bytes_up"] = 0
     recorder.flush()
-    recorder.emit({"event": "round", "round": 0, "rounds": cfg.rounds, **_summary(row0)})
+    recorder.emit(_event("round", 0, cfg.rounds, row0, row0, 0))
 
     num_examples = {pid: rep.num_examples for pid, rep in ok.items()}
     ctx = build_server_context(cfg, initial, param_keys, num_examples, client_graph, cluster_labels)
@@ -291,8 +291,8 @@ def _run(cfg, spec, exchange, initial, param_keys, recorder, client_graph, clust
                               bytes_down=bytes_down, replies=replies, rejected=rejected,
                               server_metrics=server_metrics)
         recorder.flush()
-        recorder.emit({"event": "round", "round": r, "rounds": cfg.rounds, **_summary(recorder.rounds[r - 1]),
-                       **{k: v for k, v in _summary(recorder.rounds[r]).items() if v is not None}})
+        eval_round = r - 1 if piggyback else r
+        recorder.emit(_event("round", r, cfg.rounds, recorder.rounds[r], recorder.rounds[eval_round], eval_round))
 
     if piggyback:
         t_eval = time.perf_counter()
@@ -301,9 +301,15 @@ def _run(cfg, spec, exchange, initial, param_keys, recorder, client_graph, clust
         recorder.record_eval(cfg.rounds, {pid: rep.eval_metrics() for pid, rep in final.items()
                                           if rep.error is None})
         recorder.rounds[cfg.rounds]["eval_seconds"] = time.perf_counter() - t_eval
-    recorder.emit({"event": "done", "rounds": cfg.rounds, **_summary(recorder.rounds[cfg.rounds])})
+    final = recorder.rounds[cfg.rounds]
+    recorder.emit(_event("done", cfg.rounds, cfg.rounds, final, final, cfg.rounds))
     return core
 
 
-def _summary(row: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: row.get(k) for k in ("test_loss", "test_acc", "train_loss", "seconds")}
+def _event(kind: str, r: int, rounds: int, train_row: Mapping[str, Any], eval_row: Mapping[str, Any],
+           eval_round: int) -> dict[str, Any]:
+    """A progress event: round ``r``'s training numbers and the newest evaluation, which with
+    piggy-backed evaluation is that of the model after round ``eval_round = r - 1``."""
+    return {"event": kind, "round": r, "rounds": rounds,
+            "train_loss": train_row.get("train_loss"), "seconds": train_row.get("seconds"),
+            "eval_round": eval_round, "test_loss": eval_row.get("test_loss"), "test_acc": eval_row.get("test_acc")}
