@@ -14,11 +14,10 @@ from dataclasses import dataclass
 
 from graphfl.client.base import ClientContext, ClientState, ClientTrainer
 from graphfl.common.config import RunConfig
-from graphfl.strategies.base import Arrays, Payload
+from graphfl.strategies.base import EVAL_PREFIX, Arrays, Payload
 
 logger = logging.getLogger(__name__)
 
-EVAL_PREFIX = "eval."
 JOIN, TRAIN, EVALUATE = "join", "train", "evaluate"
 
 

@@ -131,6 +131,23 @@ class Submitter:
         except FederationError as exc:
             logger.debug("flwr stop: %s", exc)
 
+    def wait_status(self, run_id: int, timeout: float,
+                    on_event: Callable[[dict[str, Any]], None] | None = None, interval: float = 3.0) -> None:
+        """Poll ``flwr list`` until the run finishes (for SuperLinks on other machines, whose
+        ServerApp writes its progress file there); bounded by ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            status = self.status(run_id)
+            if on_event is not None:
+                on_event({"event": "status", "run_id": run_id, "status": status})
+            if status.startswith("finished"):
+                if status != "finished:completed":
+                    raise FederationError(f"run {run_id} ended with status {status!r}; see `flwr log {run_id}`")
+                return
+            time.sleep(interval)
+        self.stop(run_id)
+        raise FederationError(f"run {run_id} did not finish within {timeout:.0f} s")
+
     def wait(self, handle: RunHandle, on_event: Callable[[dict[str, Any]], None] | None = None,
              timeout: float = 3600.0, status_every: float = 5.0,
              health: Callable[[], None] | None = None) -> dict[str, Any]:

@@ -114,7 +114,7 @@ def run_experiment(
         handle = sub.submit(app_dir, overrides, out)
         logger.info("submitted run %d to %s; results are written on the SuperLink host under %s",
                     handle.run_id, superlink, cfg.out_dir)
-        _wait_remote(sub, handle.run_id, timeout, on_event)
+        sub.wait_status(handle.run_id, timeout, on_event)
         return out
 
     simulation = cfg.engine == "simulation"
@@ -127,20 +127,3 @@ def run_experiment(
             on_event({"event": "submitted", "run_id": handle.run_id, "superlink": fed.address})
         sub.wait(handle, on_event, timeout=timeout, health=fed.health)
     return out
-
-
-def _wait_remote(sub: Submitter, run_id: int, timeout: float, on_event) -> None:
-    import time
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        status = sub.status(run_id)
-        if on_event:
-            on_event({"event": "status", "run_id": run_id, "status": status})
-        if status.startswith("finished"):
-            if status != "finished:completed":
-                raise FederationError(f"run {run_id} ended with status {status!r}; see `flwr log {run_id}`")
-            return
-        time.sleep(3.0)
-    sub.stop(run_id)
-    raise FederationError(f"run {run_id} did not finish within {timeout:.0f} s")

@@ -31,12 +31,10 @@ import numpy as np
 
 from graphfl.common.config import RunConfig
 from graphfl.common.registry import AlgorithmSpec
-from graphfl.strategies.base import Arrays, ClientUpdate, Payload, ServerContext, ServerCore
+from graphfl.strategies.base import EVAL_PREFIX, Arrays, ClientUpdate, Payload, ServerContext, ServerCore
 
 logger = logging.getLogger(__name__)
 
-EVAL_PREFIX = "eval."
-"""Reply metrics starting with this prefix are evaluation metrics (``eval.test_loss``)."""
 
 
 @dataclass

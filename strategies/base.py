@@ -19,6 +19,10 @@ import numpy as np
 if TYPE_CHECKING:  # pragma: no cover
     from graphfl.common.config import RunConfig
 
+EVAL_PREFIX = "eval."
+"""Reply metrics under this prefix are a client's evaluation (``eval.test_loss``); the others
+describe its training. Shared by the client handler and the server's round loop."""
+
 Arrays = dict[str, np.ndarray]
 """Named arrays in model ``state_dict`` order (parameters and buffers)."""
 

@@ -232,3 +232,19 @@ def test_supernode_authentication_admits_only_registered_keys(tmp_path):
         fed.group.procs.remove(rogue)
         for proc in fed.group.procs:
             assert proc.popen.poll() is None        # the registered SuperNodes are still running
+
+
+def test_submit_to_a_running_superlink_like_a_remote_user(tmp_path):
+    """Multi-host recipe, step 5: `graphfl run --superlink HOST:PORT --root-certificates CA`
+    against SuperLink/SuperNodes started separately (here on 127.0.0.1)."""
+    with LocalFederation(tmp_path / "fed", 2, tls=True) as fed:
+        out = tmp_path / "results"
+        res = graphfl_cli("run", "--superlink", fed.address, "--root-certificates", str(fed.tls_files.ca_cert),
+                          "--nodes", "2", "--rounds", "1", "--set", "train.local-steps=5", "--out", str(out),
+                          timeout=300)
+        assert res.returncode == 0, res.stderr[-3000:]
+        rows = curve(out, "fedavg")                  # the ServerApp wrote them (same machine here)
+        assert [r["round"] for r in rows] == [0, 1]
+        wrong = graphfl_cli("run", "--superlink", fed.address, "--nodes", "2", "--out", str(tmp_path / "x"))
+        assert wrong.returncode == 1 and "root-certificates" in wrong.stderr
+    assert_no_processes_left(tmp_path / "fed")
