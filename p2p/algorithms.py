@@ -190,17 +190,13 @@ class DFLGT(DFLAlgorithm):
         return replace(state, t=t + 1, theta=theta, tracker=tracker, g_prev=g_new, loss=loss)
 
 
-class Gossip(DFLAlgorithm):
-    """Plain gossip averaging ``θ_i^{t+1} = Σ_j W_ij θ_j^t`` (no gradients; throughput benchmark)."""
+class Gossip(DFLSGD):
+    """Plain gossip averaging ``θ_i^{t+1} = Σ_j W_ij θ_j^t`` (no gradients; throughput benchmark).
+
+    Same state and messages as DFL-SGD; only the step differs.
+    """
 
     name = "gossip"
-    channels = ("params",)
-
-    def init(self, oracle: GradientOracle) -> NodeState:
-        return NodeState(t=0, theta=np.array(oracle.initial_theta(), copy=True))
-
-    def outgoing(self, state: NodeState) -> Channels:
-        return {"params": {"theta": state.theta}}
 
     def step(self, state: NodeState, oracle: GradientOracle, mixed: Channels | None) -> NodeState:
         theta = mixed["params"]["theta"] if mixed is not None else state.theta
