@@ -199,9 +199,8 @@ class GridExchange:
 class CoreStrategy(Strategy):
     """Flower strategy running a graphfl algorithm (any name in the registry).
 
-    Use :meth:`start` (as with any Flower strategy). The four ``configure_*`` /
-    ``aggregate_*`` hooks are implemented too, for code that drives a strategy round by
-    round; they require :meth:`start` (or :meth:`attach`) to have run the join round.
+    Use :meth:`start` (as with any Flower strategy); it returns Flower's ``Result``. The
+    per-round hooks of Flower's stock loop raise ``NotImplementedError`` with that advice.
     """
 
     def __init__(self, cfg: RunConfig, spec: AlgorithmSpec, recorder: RunRecorder,
@@ -238,41 +237,24 @@ class CoreStrategy(Strategy):
                 result.evaluate_metrics_clientapp[int(row["round"])] = MetricRecord(scalars)
         return result
 
-    # -- per-round hooks (same message format as start()) -----------------------------
-    def _require(self) -> tuple[ServerCore, GridExchange]:
-        if self.core is None or self.exchange is None:
-            raise RuntimeError("CoreStrategy hooks need the join round: call start() first")
-        return self.core, self.exchange
+    # -- Flower's per-round hooks --------------------------------------------------------
+    # graphfl's protocol (join round, partition ids, piggy-backed evaluation, validation) is
+    # driven by start(); Flower's stock loop would skip all of it. The hooks therefore refuse
+    # clearly instead of half-working.
+    def _unsupported(self, hook: str):
+        raise NotImplementedError(
+            f"CoreStrategy.{hook}: graphfl strategies run their own round loop; call "
+            "CoreStrategy.start(grid, initial_arrays) (Flower's Strategy.start contract is kept)"
+        )
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
-        core, ex = self._require()
-        return [ex.message(nid, "train", server_round, p, False)
-                for pid, nid in sorted(ex.node_of.items()) if (p := core.configure_train(server_round, pid))]
+        self._unsupported("configure_train")
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        from graphfl.server.rounds import validate_update
-        from graphfl.strategies.base import ClientUpdate
-
-        core, _ = self._require()
-        updates = {}
-        for msg in replies:
-            rep = reply_from_message(msg)
-            if rep.error is None and validate_update(rep.arrays, core.update_template(rep.partition_id)) is None:
-                updates[rep.partition_id] = ClientUpdate(rep.partition_id, rep.arrays, rep.num_examples, rep.metrics)
-        metrics = core.aggregate_train(server_round, updates)
-        final = core.final_arrays()
-        scalars = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
-        return (arrays_to_record(final) if final is not None else None), MetricRecord(scalars)
+        self._unsupported("aggregate_train")
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
-        core, ex = self._require()
-        return [ex.message(nid, "evaluate", server_round, core.evaluation_payload(pid), False)
-                for pid, nid in sorted(ex.node_of.items())]
+        self._unsupported("configure_evaluate")
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        reps = [reply_from_message(m) for m in replies]
-        evals = [r.eval_metrics() for r in reps if r.error is None]
-        if not evals:
-            return None
-        keys = set.intersection(*(set(e) for e in evals))
-        return MetricRecord({k: float(np.mean([e[k] for e in evals])) for k in keys})
+        self._unsupported("aggregate_evaluate")

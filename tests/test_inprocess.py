@@ -141,3 +141,13 @@ def test_sgd_update_equals_torch_sgd(momentum, wd):
         opt.step()
     for pa, pb in zip(a.parameters(), b.parameters()):
         torch.testing.assert_close(pa, pb)
+
+
+def test_core_strategy_refuses_flowers_stock_loop_clearly():
+    from graphfl.strategies.flower_adapter import CoreStrategy
+
+    strategy = CoreStrategy(small(), registry.get("fedavg"), None, ())
+    with pytest.raises(NotImplementedError, match="call CoreStrategy.start"):
+        strategy.configure_train(1, None, None, None)
+    with pytest.raises(NotImplementedError, match="own round loop"):
+        strategy.aggregate_evaluate(1, [])
