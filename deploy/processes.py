@@ -33,11 +33,24 @@ QUIET_FLOWER_ENV = {
 }
 
 
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """``n`` distinct TCP ports that were free a moment ago (bound together to :0, then
+    released; a small race remains)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            socks.append(s)
+            s.bind((host, 0))
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (bind to :0)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    """A TCP port that was free a moment ago."""
+    return free_ports(1, host)[0]
 
 
 def port_open(host: str, port: int, timeout: float = 0.5) -> bool:

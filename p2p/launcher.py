@@ -17,7 +17,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -33,6 +32,7 @@ from graphfl.p2p.config import P2PConfig, TlsSection, load_network_file, parse_p
 from graphfl.p2p.report import env_info, md_table, plot_curves, write_json
 from graphfl.p2p.tls import generate_network_certs
 from graphfl.p2p.topology import make_topology
+from graphfl.deploy.processes import free_ports  # noqa: F401  (re-exported for tests)
 
 logger = logging.getLogger(__name__)
 
@@ -41,20 +41,6 @@ KILL_GRACE_S = 5.0
 
 class LaunchError(RuntimeError):
     """The local network could not be started or did not finish in time."""
-
-
-def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-    """``n`` distinct free TCP ports (bound together, then released; a small race remains)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind((host, 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def prepare_network(

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from graphfl.common.config import ConfigError
+from graphfl.common.results import atomic_write_text
 from graphfl.p2p.algorithms import make_algorithm
 from graphfl.p2p.config import NetworkFile, load_network_file
 from graphfl.p2p.driver import run_node
@@ -43,9 +44,8 @@ EXIT_OK, EXIT_CONFIG, EXIT_REFUSED, EXIT_ROUND_FAILED, EXIT_UNREACHABLE, EXIT_ST
 
 
 def _write_json(path: Path, obj: Any) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1, default=str))
-    os.replace(tmp, path)
+    """Atomic write; NaN losses stay ``NaN`` (Python's json reads them back)."""
+    atomic_write_text(path, json.dumps(obj, indent=1, default=str))
 
 
 def problem_spec(net: NetworkFile, peer_id: int) -> ProblemSpec:

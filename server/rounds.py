@@ -31,7 +31,9 @@ import numpy as np
 
 from graphfl.common.config import RunConfig
 from graphfl.common.registry import AlgorithmSpec
-from graphfl.strategies.base import EVAL_PREFIX, Arrays, ClientUpdate, Payload, ServerContext, ServerCore
+from graphfl.strategies.base import (
+    EVAL_PREFIX, Arrays, ClientUpdate, Payload, ServerContext, ServerCore, validate_update,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -69,25 +71,6 @@ class Exchange(Protocol):
 
 class RunError(RuntimeError):
     """A run cannot continue (e.g. no client joined); the message says why."""
-
-
-def validate_update(arrays: Arrays | None, template: Arrays) -> str | None:
-    """Why a training reply is unusable (wrong keys/shapes/dtype, NaN or Inf), or ``None``."""
-    if arrays is None:
-        return "reply carries no arrays"
-    missing = [k for k in template if k not in arrays]
-    extra = [k for k in arrays if k not in template]
-    if missing or extra:
-        return f"array keys differ from the model: missing {missing[:5]}, unexpected {extra[:5]}"
-    for key, ref in template.items():
-        arr = arrays[key]
-        if arr.shape != ref.shape:
-            return f"array {key!r} has shape {arr.shape}, expected {ref.shape}"
-        if arr.dtype.kind not in "fiub":
-            return f"array {key!r} has unsupported dtype {arr.dtype}"
-        if arr.dtype.kind == "f" and not np.all(np.isfinite(arr)):
-            return f"array {key!r} contains NaN or Inf"
-    return None
 
 
 def sample_clients(pids: list[int], fraction: float, rng: random.Random) -> list[int]:

@@ -134,6 +134,25 @@ class ServerCore(ABC):
         return None
 
 
+def validate_update(arrays: Arrays | None, template: Arrays) -> str | None:
+    """Why a training reply is unusable (wrong keys/shapes/dtype, NaN or Inf), or ``None``."""
+    if arrays is None:
+        return "reply carries no arrays"
+    missing = [k for k in template if k not in arrays]
+    extra = [k for k in arrays if k not in template]
+    if missing or extra:
+        return f"array keys differ from the model: missing {missing[:5]}, unexpected {extra[:5]}"
+    for key, ref in template.items():
+        arr = arrays[key]
+        if arr.shape != ref.shape:
+            return f"array {key!r} has shape {arr.shape}, expected {ref.shape}"
+        if arr.dtype.kind not in "fiub":
+            return f"array {key!r} has unsupported dtype {arr.dtype}"
+        if arr.dtype.kind == "f" and not np.all(np.isfinite(arr)):
+            return f"array {key!r} contains NaN or Inf"
+    return None
+
+
 def weighted_average(arrays: list[Arrays], weights: list[float]) -> Arrays:
     """``Σ_k w_k a_k / Σ_k w_k`` key by key, in float64, cast back to each array's dtype."""
     if not arrays:

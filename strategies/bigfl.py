@@ -44,7 +44,7 @@ from graphfl.common.registry import AlgorithmSpec, register
 from graphfl.strategies import bigfl_math as bm
 from graphfl.strategies.base import (
     Arrays, ClientUpdate, MetricValue, Payload, ServerContext, ServerCore, flatten_params,
-    unflatten_params, weighted_average,
+    unflatten_params, weighted_average, validate_update,
 )
 from graphfl.strategies.fesem import select_keys
 
@@ -226,7 +226,7 @@ class BiGFLCore(ServerCore):
         excluded = 0
         template = self.update_template(0)
         for pid, up in updates.items():
-            why = _why_bad(up.arrays, template) if 0 <= int(pid) < self.n else "unknown partition id"
+            why = validate_update(up.arrays, template) if 0 <= int(pid) < self.n else "unknown partition id"
             if why is not None:
                 logger.warning("bigfl round %d: excluding the update of client %s: %s",
                                server_round, pid, why)
@@ -310,19 +310,6 @@ def unflatten_params_many(theta: np.ndarray, template: Arrays, keys: tuple[str, 
     """Row-wise :func:`unflatten_params`, keeping only ``keys`` (template dtypes)."""
     sub = {k: template[k] for k in keys}
     return [unflatten_params(row, sub, keys) for row in theta]
-
-
-def _why_bad(arrays: Arrays, template: Arrays) -> str | None:
-    missing = [k for k in template if k not in arrays]
-    if missing:
-        return f"missing arrays {missing[:5]}"
-    for k, ref in template.items():
-        a = np.asarray(arrays[k])
-        if a.shape != np.asarray(ref).shape:
-            return f"array {k!r} has shape {a.shape}, expected {np.asarray(ref).shape}"
-        if a.dtype.kind == "f" and not np.all(np.isfinite(a)):
-            return f"array {k!r} contains NaN or Inf"
-    return None
 
 
 def _trainer(ctx):
