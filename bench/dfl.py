@@ -9,7 +9,7 @@ Set-up (ALGORITHMS §2.10 reconstructions): ring ``C_5`` with Metropolis weights
 minibatch 32; FedAvg = DFL-SGD with ``W = (1/n) 1 1ᵀ`` (full participation, averaging every
 ``tau`` steps, server traffic ``n`` uploads + ``n`` downloads per round); DFL-GT with the GNSD
 tracker initialisation. All three run through the same per-node step functions as the gRPC
-peers, in one process (:func:`graphfl.p2p.driver.run_inprocess`).
+peers, in one process (:func:`graphfl.p2p.driver.run_network_inprocess`).
 
 Step size. The paper's ``alpha0 = 15`` is tried first on the raw inputs (up to 100); when it
 diverges (non-finite loss) the benchmark records that and applies the spec's fallback: inputs
@@ -33,10 +33,11 @@ from typing import Any
 
 import numpy as np
 
+from graphfl.common.envinfo import env_info
+from graphfl.common.results import markdown_table, plot_panels, write_json
 from graphfl.p2p.algorithms import make_algorithm
-from graphfl.p2p.driver import run_inprocess
+from graphfl.p2p.driver import run_network_inprocess
 from graphfl.p2p.oracles import ProblemSpec, make_oracle
-from graphfl.p2p.report import env_info, md_table, plot_curves, write_json
 from graphfl.p2p.topology import make_topology
 
 logger = logging.getLogger(__name__)
@@ -51,7 +52,7 @@ METHODS = ("fedavg", "dfl-sgd", "dfl-gt")
 
 
 class Diverged(RuntimeError):
-    pass
+    """A run left the finite range (the step size is too large for this method)."""
 
 
 def _oracles(seed: int, input_scale: float, batch: int = 32) -> list[Any]:
@@ -71,7 +72,7 @@ def run_method(method: str, tau: int, alpha0: float, iterations: int, seed: int,
 
     rounds = iterations // tau
     t0 = time.perf_counter()
-    res = run_inprocess(algo, _oracles(seed, input_scale), w, iterations, eval_every=max(1, rounds // eval_points),
+    res = run_network_inprocess(algo, _oracles(seed, input_scale), w, iterations, eval_every=max(1, rounds // eval_points),
                         bytes_model="server" if method == "fedavg" else "gossip", on_step=guard)
     curve = [{"round": c["round"], "test_loss": c.get("test_loss"), "avg_model_test_loss": c.get("avg_model_test_loss"),
               "train_loss": c["train_loss"],
@@ -189,7 +190,7 @@ def run(quick: bool, seed: int, out: Path) -> dict[str, Any]:
     changes = ("none" if alpha0 == PAPER_ALPHA0 and scale == 1.0 else
                f"alpha0 = 15 diverged on raw inputs; used inputs x {scale:g} (all nodes) and alpha0 = {alpha0:g}")
     lines = [
-        f"# B1: FedAvg vs DFL-SGD vs DFL-GT (5-node nonlinear regression, seed 000 Fig. 10.1)",
+        "# B1: FedAvg vs DFL-SGD vs DFL-GT (5-node nonlinear regression, seed 000 Fig. 10.1)",
         "",
         f"{iterations} iterations, seeds {seeds}, step {alpha0:g}/sqrt(t+1); changes from the paper: {changes}.",
         "",
@@ -197,8 +198,8 @@ def run(quick: bool, seed: int, out: Path) -> dict[str, Any]:
         "network average θ̄ on every node's test split (the objective of eq. 10.1). Final = mean of the last "
         "10% of evaluation points; 'over run' = mean over all evaluation points (lower = faster).",
         "",
-        md_table(["tau", "method", "own model: final", "own model: over run", "avg model: final",
-                  "avg model: over run", "consensus", "rounds", "bytes", "diverged runs"], summary_rows),
+        markdown_table(columns=["tau", "method", "own model: final", "own model: over run", "avg model: final",
+                  "avg model: over run", "consensus", "rounds", "bytes", "diverged runs"], rows=summary_rows),
         "",
         "Ordering by mean test MSE over the run (lower = faster); the paper reports fedavg < dfl-gt < dfl-sgd:",
         "",
@@ -214,7 +215,7 @@ def run(quick: bool, seed: int, out: Path) -> dict[str, Any]:
         ls = {"1": "-", "5": "--", "10": ":"}[k.split("=")[1]]
         color = {"fedavg": "C0", "dfl-sgd": "C1", "dfl-gt": "C2"}[k.split()[0]]
         style[k] = {"linestyle": ls, "color": color}
-    plot_curves(out / f"{NAME}.png", [
+    plot_panels(out / f"{NAME}.png", [
         {"x": "round", "y": "test_loss", "xlabel": "communication rounds", "ylabel": "mean local test MSE",
          "series": series_r, "logy": True, "style": style},
         {"x": "bytes", "y": "test_loss", "xlabel": "bytes on the wire", "ylabel": "mean local test MSE",

@@ -33,7 +33,6 @@ from typing import Any
 
 import numpy as np
 
-
 logger = logging.getLogger(__name__)
 
 NAME = "multicenter"
@@ -60,7 +59,7 @@ def run_method(strategy: str, task: str, nodes: int, rounds: int, seed: int,
     """One in-process run; returns its curve plus the per-round ``aggregate_train`` seconds."""
     import torch
 
-    import graphfl.strategies.bigfl  # noqa: F401  (register)
+    import graphfl.strategies.bigfl
     import graphfl.strategies.fesem  # noqa: F401
     from graphfl.common import registry
     from graphfl.common.config import parse_run_config
@@ -88,11 +87,11 @@ def run_method(strategy: str, task: str, nodes: int, rounds: int, seed: int,
         return core
 
     timed_spec = dataclasses.replace(spec, server_core=timed_core)
-    initial, keys, graph, labels = server_inputs(cfg)
+    inputs = server_inputs(cfg)
     recorder = RunRecorder(cfg, strategy, None, name=f"{NAME}-{strategy}",
                            env={**env_info(), "engine": "inprocess"})
     t0 = time.perf_counter()
-    run_federated(cfg, timed_spec, InProcessExchange(cfg), initial, keys, recorder, graph, labels)
+    run_federated(cfg, timed_spec, InProcessExchange(cfg), inputs, recorder)
     wall = time.perf_counter() - t0
     curve = recorder.document()["methods"][strategy]["curve"]
     return {"curve": curve, "aggregate_seconds": agg_seconds, "wall_seconds": wall,
@@ -106,7 +105,7 @@ def run_dfl(task: str, nodes: int, rounds: int, seed: int, train: dict[str, Any]
     with ``tau = local-steps``); step ``lr / (1 - momentum)`` constant.
     """
     from graphfl.p2p.algorithms import make_algorithm
-    from graphfl.p2p.driver import run_inprocess as run_p2p
+    from graphfl.p2p.driver import run_network_inprocess as run_p2p
     from graphfl.p2p.mixing import mixing_matrix
     from graphfl.p2p.oracles import ProblemSpec, make_oracle
     from graphfl.tasks import registry as task_registry
@@ -177,7 +176,7 @@ def run(quick: bool = False, seed: int = 0, out: Path | str = Path("runs/bench")
     from graphfl.common.envinfo import env_info
     from graphfl.common.results import atomic_write_text, write_json
 
-    
+
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     seeds = [seed] if quick else [seed, seed + 1, seed + 2]
@@ -295,37 +294,17 @@ def render_markdown(doc: dict[str, Any]) -> str:
 
 
 def plot(doc: dict[str, Any], path: Path) -> None:
-    import matplotlib
+    """Mean ± sd over seeds per round: synthetic test MSE and digits accuracy."""
+    from graphfl.common.results import plot_panels
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
-    for ax, (block, metric, title) in zip(axes, (
-        (doc["methods"], "test_loss", "synthetic multi-center: local test MSE"),
-        (doc["real_data"]["methods"], "test_acc", "digits, permuted-label groups: test accuracy"),
-    )):
-        for method, res in block.items():
-            pts = [(r["round"], r[metric], r.get(f"{metric}_sd") or 0.0) for r in res["curve"]
-                   if r.get(metric) is not None]
-            if not pts:
-                continue
-            x, y, sd = (np.array(v) for v in zip(*pts))
-            ax.plot(x, y, label=method)
-            ax.fill_between(x, y - sd, y + sd, alpha=0.2)
-        if metric == "test_loss":
-            ax.set_yscale("log")
-        ax.set_xlabel("round")
-        ax.set_ylabel(metric)
-        ax.set_title(title)
-        ax.grid(alpha=0.3)
-        ax.legend()
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    tmp.replace(path)
+    plot_panels(path, [
+        {"x": "round", "y": "test_loss", "band": "test_loss_sd", "logy": True,
+         "title": "synthetic multi-center: local test MSE",
+         "series": {m: r["curve"] for m, r in doc["methods"].items()}},
+        {"x": "round", "y": "test_acc", "band": "test_acc_sd",
+         "title": "digits, permuted-label groups: test accuracy",
+         "series": {m: r["curve"] for m, r in doc["real_data"]["methods"].items()}},
+    ])
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -32,8 +32,9 @@ from typing import Any
 
 import numpy as np
 
+from graphfl.common.envinfo import env_info
+from graphfl.common.results import markdown_table, plot_panels, write_json
 from graphfl.p2p.launcher import PeerProcesses, prepare_network
-from graphfl.p2p.report import env_info, md_table, plot_curves, write_json
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +65,7 @@ def raw_floor(d: int, n: int, repeats: int = 3) -> float:
         srv.listen(1)
         received: list[np.ndarray] = []
 
-        def reader() -> None:
+        def reader(srv: socket.socket = srv, received: list[np.ndarray] = received) -> None:
             conn, _ = srv.accept()
             with conn:
                 for _ in range(2 * n):
@@ -179,19 +180,20 @@ def run(quick: bool, seed: int, out: Path) -> dict[str, Any]:
         "env": env_info(),
     }
     write_json(out / f"{NAME}.json", doc)
-    table = md_table(
-        ["params", "peers", "TLS", "round s (median)", "floor s", "ratio", "wire/payload", "MB/round (wire)",
-         "Flower deploy s", "Flower sim s", "ok"],
-        [[r["params"], r["peers"], r["tls"], r.get("median_round_s"), r["floor_s"], r.get("ratio_to_floor"),
-          None if r.get("wire_over_payload") is None else f"{r['wire_over_payload']:.5f}", (r.get("wire_bytes_per_round") or 0) / 2**20, r["flower_deployment_round_s"],
-          r["flower_simulation_round_s"], r["ok"]] for r in rows],
+    table = markdown_table(
+        columns=["params", "peers", "TLS", "round s (median)", "floor s", "ratio", "wire/payload", "MB/round (wire)",
+                 "Flower deploy s", "Flower sim s", "ok"],
+        rows=[[r["params"], r["peers"], r["tls"], r.get("median_round_s"), r["floor_s"], r.get("ratio_to_floor"),
+               None if r.get("wire_over_payload") is None else f"{r['wire_over_payload']:.5f}",
+               (r.get("wire_bytes_per_round") or 0) / 2**20, r["flower_deployment_round_s"],
+               r["flower_simulation_round_s"], r["ok"]] for r in rows],
     )
     (out / f"{NAME}.md").write_text(
         f"# p2p throughput (ring, gossip, float32, {rounds} rounds, median of rounds 2..)\n\n{table}\n\n"
         "Floor = tobytes + plain loopback TCP + frombuffer copy + mixing sums of the same 2n messages, "
         "sequential, same run. Flower columns: FLOWER_NOTES.md §4a (same byte count per round: n down + n up).\n"
     )
-    plot_curves(out / f"{NAME}.png", [
+    plot_panels(out / f"{NAME}.png", [
         {"x": "params", "y": "seconds", "ylabel": "round time (s)", "series": {k: v["curve"] for k, v in methods.items()},
          "logx": True, "logy": True},
         {"x": "params", "y": "ratio", "ylabel": "round time / floor", "series": {k: v["curve"] for k, v in methods.items()},

@@ -11,16 +11,15 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 
-from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+
+from graphfl.common import wire
 
 logger = logging.getLogger(__name__)
 
 app = ClientApp()
-
-STATE_KEY = "graphfl-state"
 
 
 def process_age() -> float:
@@ -37,47 +36,48 @@ def _serve(msg: Message, context: Context, default_kind: str) -> Message:
     boot_seconds = process_age()  # process start -> handler: Python, flwr, message fetch
     import torch
 
-    from graphfl.client.handler import JOIN, build_runtime, handle
+    from graphfl.client.handler import build_runtime, handle
     from graphfl.common.config import parse_run_config
-    from graphfl.strategies.base import Payload
-    from graphfl.strategies.flower_adapter import (
-        EVAL_FIRST_KEY, KIND_KEY, ROUND_KEY, arrays_to_record, record_to_arrays,
-    )
+    from graphfl.common.records import arrays_to_record, record_to_arrays
+    from graphfl.common.types import Payload
 
     torch.set_num_threads(int(os.environ.get("GRAPHFL_TORCH_THREADS", "1")))
     cfg = parse_run_config(dict(context.run_config))
     node = context.node_config
-    if "partition-id" not in node or "num-partitions" not in node:
-        raise ValueError("this SuperNode has no 'partition-id'/'num-partitions' in its --node-config")
-    device = str(node["device"]) if "device" in node else None
-    runtime = build_runtime(cfg, int(node["partition-id"]), int(node["num-partitions"]), device)
+    if wire.NODE_PARTITION_ID not in node or wire.NODE_NUM_PARTITIONS not in node:
+        raise ValueError(f"this SuperNode has no '{wire.NODE_PARTITION_ID}'/'{wire.NODE_NUM_PARTITIONS}' "
+                         "in its --node-config")
+    device = str(node[wire.NODE_DEVICE]) if wire.NODE_DEVICE in node else None
+    runtime = build_runtime(cfg, int(node[wire.NODE_PARTITION_ID]), int(node[wire.NODE_NUM_PARTITIONS]), device)
 
-    config = msg.content.config_records.get("config")
-    kind = str(config.get(KIND_KEY, default_kind)) if config else default_kind
-    server_round = int(config.get(ROUND_KEY, 0)) if config else 0
-    eval_first = bool(config.get(EVAL_FIRST_KEY, False)) if config else False
-    payload_config = {k: v for k, v in (config or {}).items() if not k.startswith("graphfl.")}
-    arrays_rec = msg.content.array_records.get("arrays")
+    config = msg.content.config_records.get(wire.CONFIG)
+    kind = str(config.get(wire.KIND, default_kind)) if config else default_kind
+    server_round = int(config.get(wire.ROUND, 0)) if config else 0
+    eval_first = bool(config.get(wire.EVAL_FIRST, False)) if config else False
+    payload_config = {k: v for k, v in (config or {}).items() if not k.startswith(wire.CONTROL_PREFIX)}
+    arrays_rec = msg.content.array_records.get(wire.ARRAYS)
     payload = Payload(record_to_arrays(arrays_rec) if arrays_rec is not None else {}, payload_config)
 
-    state_rec = context.state.array_records.get(STATE_KEY)
+    state_rec = context.state.array_records.get(wire.STATE)
     state = record_to_arrays(state_rec) if state_rec is not None else {}
-    arrays, metrics = handle(runtime, kind if kind != "join" else JOIN, server_round, payload, state, eval_first)
-    context.state[STATE_KEY] = arrays_to_record(state)
+    arrays, metrics = handle(runtime, kind, server_round, payload, state, eval_first)
+    context.state[wire.STATE] = arrays_to_record(state)
 
     if cfg.engine != "simulation":  # Ray actors are long-lived: their age says nothing
-        metrics["client-boot-seconds"] = boot_seconds
-    content = RecordDict({"metrics": MetricRecord(metrics)})
+        metrics[wire.CLIENT_BOOT_SECONDS] = boot_seconds
+    content = RecordDict({wire.METRICS: MetricRecord(metrics)})
     if arrays is not None:
-        content["arrays"] = arrays_to_record(arrays)
+        content[wire.ARRAYS] = arrays_to_record(arrays)
     return Message(content, reply_to=msg)
 
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    return _serve(msg, context, "train")
+    """A train (or join) message: fit and reply with the update."""
+    return _serve(msg, context, wire.TRAIN)
 
 
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
-    return _serve(msg, context, "evaluate")
+    """An evaluate message: reply with the test metrics of the payload."""
+    return _serve(msg, context, wire.EVALUATE)

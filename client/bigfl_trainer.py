@@ -21,15 +21,22 @@ import numpy as np
 import torch
 from torch import nn
 
-from graphfl.client.base import ClientState, ClientTrainer, FitResult
 from graphfl.client.trainers import state_model, store_model
 from graphfl.client.training import evaluate_model, get_arrays, param_keys, set_arrays, sgd_steps
+from graphfl.common.arrays import select_keys
+from graphfl.common.core import ClientTrainer
+from graphfl.common.registry import ClientSpec, register_client
+from graphfl.common.types import Arrays, ClientState, FitResult, Payload
 from graphfl.strategies import bigfl_math as bm
-from graphfl.strategies.base import Arrays, Payload
 from graphfl.strategies.bigfl import (
-    A_II_KEY, HESS_KEY, M_KEY, PHI_KEY, RESERVED_PREFIX, WANT_HESS_KEY, BiGFLParams,
+    A_II_KEY,
+    HESS_KEY,
+    M_KEY,
+    PHI_KEY,
+    RESERVED_PREFIX,
+    WANT_HESS_KEY,
+    BiGFLParams,
 )
-from graphfl.strategies.fesem import select_keys
 from graphfl.tasks.partition import client_rng
 
 
@@ -134,3 +141,6 @@ class BiGFLTrainer(ClientTrainer):
         d = self.ctx.data
         return evaluate_model(model, d.x_test, d.y_test, self.loss_fn,
                               self.ctx.task.kind == "classification", device=self.ctx.device)
+
+
+register_client(ClientSpec("bigfl", BiGFLTrainer))

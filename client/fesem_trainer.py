@@ -12,12 +12,17 @@ hands out) and, once the client has trained, its last local model's loss as
 
 from __future__ import annotations
 
-from graphfl.client.base import ClientState, FitResult
 from graphfl.client.trainers import SGDTrainer, state_model, store_model
 from graphfl.client.training import (
-    evaluate_model, get_arrays, param_keys, proximal_penalty, set_arrays, sgd_steps,
+    evaluate_model,
+    get_arrays,
+    param_keys,
+    proximal_penalty,
+    set_arrays,
+    sgd_steps,
 )
-from graphfl.strategies.base import Payload
+from graphfl.common.registry import ClientSpec, register_client
+from graphfl.common.types import ClientState, FitResult, Payload
 from graphfl.strategies.fesem import STEPS_KEY, WARMUP_KEY
 
 
@@ -58,3 +63,6 @@ class FeSEMTrainer(SGDTrainer):
                 if key != "num_test":
                     out[f"local_{key}"] = value
         return out
+
+
+register_client(ClientSpec("fesem", FeSEMTrainer))

@@ -11,28 +11,33 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any
 
-from graphfl.client.base import ClientContext, ClientState, ClientTrainer
+from graphfl.common import wire
 from graphfl.common.config import RunConfig
-from graphfl.strategies.base import EVAL_PREFIX, Arrays, Payload
+from graphfl.common.core import ClientContext, ClientTrainer
+from graphfl.common.types import Arrays, ClientState, Payload
 
 logger = logging.getLogger(__name__)
-
-JOIN, TRAIN, EVALUATE = "join", "train", "evaluate"
 
 
 @dataclass
 class ClientRuntime:
-    """A client's long-lived pieces: context (task, data) and trainer."""
+    """A client's long-lived pieces: context (task, data, neighbourhood) and trainer."""
 
-    ctx: ClientContext
-    trainer: ClientTrainer
+    ctx: ClientContext[Any]
+    trainer: ClientTrainer[Any]
 
 
 def build_runtime(cfg: RunConfig, partition_id: int, num_partitions: int, device: str | None = None) -> ClientRuntime:
-    """Load the task's data for ``partition_id`` and build the algorithm's trainer."""
+    """Load the task's data for ``partition_id`` and build the algorithm's trainer.
+
+    The client's neighbourhood comes from the run's client graph (``graph-file`` if set, which
+    must then exist on this client's machine too, else the task's graph).
+    """
     from graphfl.client.training import pick_device
     from graphfl.common import registry
+    from graphfl.common.graph import neighbourhood, resolve_client_graph
     from graphfl.tasks import registry as tasks
 
     if num_partitions != cfg.nodes:
@@ -43,10 +48,13 @@ def build_runtime(cfg: RunConfig, partition_id: int, num_partitions: int, device
         raise ValueError(f"partition-id {partition_id} is outside 0..{num_partitions - 1}")
     task = tasks.create(cfg.task, data=cfg.data, data_dir=cfg.data_dir, seed=cfg.seed)
     data = task.client_data(partition_id, num_partitions)
-    ctx = ClientContext(config=cfg, params=cfg.params, partition_id=partition_id,
-                        num_partitions=num_partitions, task=task, data=data,
-                        device=pick_device(device or cfg.device))
-    spec = registry.get(cfg.strategy)
+    graph, _ = resolve_client_graph(num_partitions, task.client_graph(num_partitions), cfg.graph_file, cfg.task)
+    ctx: ClientContext[Any] = ClientContext(
+        config=cfg, params=cfg.params, partition_id=partition_id, num_partitions=num_partitions,
+        task=task, data=data, device=pick_device(device or cfg.device),
+        neighbourhood=neighbourhood(graph, partition_id),
+    )
+    spec = registry.get_client(cfg.strategy)
     return ClientRuntime(ctx, spec.client_trainer(ctx))
 
 
@@ -57,20 +65,21 @@ def handle(
     """Serve one request; returns (arrays to upload or None, metrics). ``state`` is updated in place."""
     ctx = runtime.ctx
     metrics: dict[str, float] = {
-        "partition-id": float(ctx.partition_id),
-        "num-partitions": float(ctx.num_partitions),
-        "num-examples": float(ctx.data.num_train),
+        wire.PARTITION_ID: float(ctx.partition_id),
+        wire.NUM_PARTITIONS: float(ctx.num_partitions),
+        wire.NUM_EXAMPLES: float(ctx.data.num_train),
     }
     t0 = time.perf_counter()
-    if kind in (JOIN, EVALUATE) or eval_first:
-        metrics.update({EVAL_PREFIX + k: float(v) for k, v in runtime.trainer.evaluate(payload, state).items()})
-    if kind in (JOIN, EVALUATE):
-        metrics["client-seconds"] = time.perf_counter() - t0
+    if kind not in (wire.JOIN, wire.TRAIN, wire.EVALUATE):
+        raise ValueError(f"unknown request kind {kind!r}; expected one of {[wire.JOIN, wire.TRAIN, wire.EVALUATE]}")
+    if kind in (wire.JOIN, wire.EVALUATE) or eval_first:
+        evaluation = runtime.trainer.evaluate(payload, state)
+        metrics.update({wire.EVAL_PREFIX + k: float(v) for k, v in evaluation.items()})
+    if kind in (wire.JOIN, wire.EVALUATE):
+        metrics[wire.CLIENT_SECONDS] = time.perf_counter() - t0
         return None, metrics
-    if kind != TRAIN:
-        raise ValueError(f"unknown request kind {kind!r}")
     result = runtime.trainer.fit(server_round, payload, state)
     metrics.update({k: float(v) for k, v in result.metrics.items()})
-    metrics["num-examples"] = float(result.num_examples)
-    metrics["client-seconds"] = time.perf_counter() - t0
+    metrics[wire.NUM_EXAMPLES] = float(result.num_examples)
+    metrics[wire.CLIENT_SECONDS] = time.perf_counter() - t0
     return result.arrays, metrics

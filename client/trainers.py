@@ -9,11 +9,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from graphfl.client.base import ClientContext, ClientState, ClientTrainer, FitResult
 from graphfl.client.training import (
-    evaluate_model, get_arrays, param_keys, proximal_penalty, set_arrays, sgd_steps,
+    evaluate_model,
+    get_arrays,
+    param_keys,
+    proximal_penalty,
+    set_arrays,
+    sgd_steps,
 )
-from graphfl.strategies.base import Arrays, Payload
+from graphfl.common.core import ClientContext, ClientTrainer
+from graphfl.common.registry import ClientSpec, register_client
+from graphfl.common.types import Arrays, ClientState, FitResult, Payload
 from graphfl.tasks.partition import client_rng
 
 STATE_MODEL_PREFIX = "model."
@@ -26,6 +32,7 @@ def state_model(state: ClientState) -> Arrays | None:
 
 
 def store_model(state: ClientState, arrays: Arrays) -> None:
+    """Replace the personal model kept in client state by ``arrays``."""
     for k in [k for k in state if k.startswith(STATE_MODEL_PREFIX)]:
         del state[k]
     state.update({STATE_MODEL_PREFIX + k: v for k, v in arrays.items()})
@@ -75,7 +82,8 @@ class SGDTrainer(ClientTrainer):
 
 class LocalTrainer(SGDTrainer):
     """Local-only training: the personal model lives in client state; the payload only
-    seeds it in the first round."""
+    seeds it in the first round.
+    """
 
     def start_arrays(self, payload: Payload, state: ClientState) -> Arrays:
         own = state_model(state)
@@ -90,3 +98,8 @@ class LocalTrainer(SGDTrainer):
 
     def after_fit(self, arrays: Arrays, state: ClientState) -> None:
         store_model(state, arrays)
+
+
+register_client(ClientSpec("fedavg", lambda ctx: SGDTrainer(ctx)))
+register_client(ClientSpec("fedprox", lambda ctx: SGDTrainer(ctx, mu=ctx.params.mu)))
+register_client(ClientSpec("local", lambda ctx: LocalTrainer(ctx)))

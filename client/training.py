@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from graphfl.tasks.base import ClientData
+from graphfl.common.types import ClientData
 
 
 def get_arrays(model: nn.Module) -> dict[str, np.ndarray]:

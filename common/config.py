@@ -137,6 +137,7 @@ def dataclass_to_flat(obj: Any, section: str = "") -> dict[str, Scalar]:
 
 
 def positive(**extra: Any) -> dict[str, Any]:
+    """Field metadata for a count that must be at least 1."""
     return {"min": 1, **extra}
 
 
@@ -267,9 +268,7 @@ def parse_run_config(flat: Mapping[str, Any], *, ignore_other_strategies: bool =
         data=build_dataclass(DataConfig, sections["data"], "data"),
         params=build_dataclass(spec.params, strategy_sections.get(strategy, {}), section=strategy),
     )
-    from graphfl.tasks import registry as task_registry
-
-    task_registry.get(cfg.task)  # raises ConfigError listing valid task names
+    registry.check_task(cfg.task)  # raises ConfigError listing valid task names
     return cfg
 
 
@@ -313,9 +312,37 @@ def all_defaults_flat() -> dict[str, Scalar]:
     return out
 
 
-def config_hash(cfg: RunConfig) -> str:
-    """Stable short hash of a resolved config (used in handshakes and result names)."""
+def stable_hash(obj: Any) -> str:
+    """Short SHA-256 of ``obj``'s canonical JSON (sorted keys): the one config-hash function.
+
+    Used for run configs (:func:`config_hash`), p2p run settings (compared in handshakes) and
+    topology fingerprints.
+    """
     import hashlib
 
-    blob = json.dumps(cfg.to_flat(), sort_keys=True, default=str).encode()
+    blob = json.dumps(obj, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:12]
+
+
+def config_hash(cfg: RunConfig) -> str:
+    """Stable short hash of a resolved run config (written next to its results)."""
+    return stable_hash(cfg.to_flat())
+
+
+def dump_toml(doc: Mapping[str, Any]) -> str:
+    """TOML text of a nested mapping (``tomli-w``, the one TOML writer of graphfl)."""
+    import tomli_w
+
+    return tomli_w.dumps(doc)
+
+
+def nest(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """Inverse of :func:`flatten`: ``{"train.lr": 0.1}`` -> ``{"train": {"lr": 0.1}}``."""
+    out: dict[str, Any] = {}
+    for key, value in flat.items():
+        node = out
+        *heads, last = key.split(".")
+        for head in heads:
+            node = node.setdefault(head, {})
+        node[last] = value
+    return out

@@ -33,7 +33,7 @@ def env_info(device: str | None = None) -> dict[str, object]:
             device = "cuda" if torch.cuda.is_available() else "cpu"
             if device == "cuda":
                 info["gpu"] = torch.cuda.get_device_name(0)
-        except Exception:  # pragma: no cover - torch always present in practice
+        except (ImportError, RuntimeError):  # pragma: no cover - torch is a dependency
             device = "cpu"
     info["device"] = device
     return info

@@ -7,6 +7,10 @@ Schema (DESIGN.md "Result files")::
 
 Writes are atomic (temp file + rename), so a crash never leaves a truncated file, and a
 run writes its JSON after every round: data already written is never lost.
+
+This is the one report writer of graphfl: Flower runs, p2p runs and every benchmark write
+their JSON with :func:`write_json`, their tables with :func:`markdown_table` and their plots
+with :func:`plot_panels` (or :func:`plot_curves` for the standard document shape).
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import logging
 import math
 import os
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +46,7 @@ def _clean(value: Any) -> Any:
 
 
 def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and a rename (never half-written)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -53,8 +58,10 @@ def atomic_write_text(path: Path, text: str) -> None:
         raise
 
 
-def write_json(path: Path, doc: Mapping[str, Any]) -> None:
-    atomic_write_text(path, json.dumps(_clean(doc), indent=2, sort_keys=False) + "\n")
+def write_json(path: Path, doc: Any) -> Path:
+    """Atomic JSON write; NaN/Inf become ``null`` (strict JSON), numpy scalars plain numbers."""
+    atomic_write_text(path, json.dumps(_clean(doc), indent=2, sort_keys=False, allow_nan=False) + "\n")
+    return path
 
 
 def _fmt(value: Any) -> str:
@@ -67,10 +74,12 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def markdown_table(rows: Iterable[Mapping[str, Any]], columns: list[str]) -> str:
+def markdown_table(rows: Iterable[Mapping[str, Any] | Sequence[Any]], columns: Sequence[str]) -> str:
+    """A Markdown table; each row is a mapping (looked up by column) or a sequence (in column order)."""
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for row in rows:
-        lines.append("| " + " | ".join(_fmt(row.get(c)) for c in columns) + " |")
+        cells = [row.get(c) for c in columns] if isinstance(row, Mapping) else list(row)
+        lines.append("| " + " | ".join(_fmt(v) for v in cells) + " |")
     return "\n".join(lines)
 
 
@@ -101,41 +110,69 @@ def render_markdown(doc: Mapping[str, Any]) -> str:
     return "\n".join(out)
 
 
-def plot_curves(doc: Mapping[str, Any], path: Path, keys: tuple[str, ...] = CURVE_KEYS,
-                x_key: str = "round") -> bool:
-    """One panel per metric in ``keys`` that any method reports, one line per method."""
+def plot_panels(path: Path, panels: Sequence[Mapping[str, Any]], title: str = "") -> bool:
+    """Draw one subplot per panel and save ``path`` atomically; returns whether anything was drawn.
+
+    A panel is ``{"x": key, "y": key, "series": {label: curve}, "xlabel", "ylabel", "title",
+    "logy", "logx", "band": key of a ± band (e.g. the sd over seeds), "style": {label: kwargs}}``;
+    a curve is a list of dicts and points whose ``y`` is missing are skipped.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    methods: Mapping[str, Any] = doc.get("methods", {})
-    present = [k for k in keys if any(p.get(k) is not None for m in methods.values() for p in m.get("curve", []))]
-    if not present:
-        return False
-    fig, axes = plt.subplots(1, len(present), figsize=(5.5 * len(present), 4), squeeze=False)
-    for ax, key in zip(axes[0], present):
-        for method, res in methods.items():
-            pts = [(p[x_key], p[key]) for p in res.get("curve", []) if p.get(key) is not None and p.get(x_key) is not None]
-            if pts:
-                xs, ys = zip(*pts)
-                ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, label=method)
-        ax.set_xlabel(x_key)
-        ax.set_ylabel(key)
-        if key.endswith("loss") and all(
-            p.get(key) is None or p[key] > 0 for m in methods.values() for p in m.get("curve", [])
-        ):
+    drawn = False
+    fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(5.5 * max(1, len(panels)), 4.2), squeeze=False)
+    for ax, panel in zip(axes[0], panels):
+        x_key, y_key, band = panel["x"], panel["y"], panel.get("band")
+        for label, curve in panel["series"].items():
+            pts = [(r[x_key], r[y_key], (r.get(band) or 0.0) if band else 0.0)
+                   for r in curve if r.get(y_key) is not None and r.get(x_key) is not None]
+            if not pts:
+                continue
+            xs, ys, sds = (list(v) for v in zip(*pts))
+            style = dict(panel.get("style", {}).get(label, {}))
+            style.setdefault("marker", "o" if len(xs) < 30 else None)
+            ax.plot(xs, ys, label=label, **style)
+            if band:
+                ax.fill_between(xs, [y - e for y, e in zip(ys, sds)], [y + e for y, e in zip(ys, sds)], alpha=0.2)
+            drawn = True
+        ax.set_xlabel(panel.get("xlabel", x_key))
+        ax.set_ylabel(panel.get("ylabel", y_key))
+        if panel.get("title"):
+            ax.set_title(panel["title"])
+        if panel.get("logy"):
             ax.set_yscale("log")
+        if panel.get("logx"):
+            ax.set_xscale("log")
         ax.grid(alpha=0.3)
-        ax.legend()
-    fig.suptitle(str(doc.get("name", "")))
+        if 0 < len(panel["series"]) <= 12:
+            ax.legend(fontsize=7)
+    if title:
+        fig.suptitle(title)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp.png")
     fig.savefig(tmp, dpi=110)
     plt.close(fig)
     os.replace(tmp, path)
-    return True
+    return drawn
+
+
+def plot_curves(doc: Mapping[str, Any], path: Path, keys: tuple[str, ...] = CURVE_KEYS,
+                x_key: str = "round") -> bool:
+    """One panel per metric in ``keys`` that any method reports, one line per method."""
+    methods: Mapping[str, Any] = doc.get("methods", {})
+    curves = {m: res.get("curve", []) for m, res in methods.items()}
+    present = [k for k in keys if any(p.get(k) is not None for c in curves.values() for p in c)]
+    if not present:
+        return False
+    panels = []
+    for key in present:
+        positive = all(p.get(key) is None or p[key] > 0 for c in curves.values() for p in c)
+        panels.append({"x": x_key, "y": key, "series": curves, "logy": key.endswith("loss") and positive})
+    return plot_panels(path, panels, str(doc.get("name", "")))
 
 
 def write_results(out_dir: str | Path, doc: Mapping[str, Any], plot: bool = True) -> dict[str, Path]:
@@ -149,6 +186,6 @@ def write_results(out_dir: str | Path, doc: Mapping[str, Any], plot: bool = True
         try:
             if plot_curves(doc, out / f"{name}.png"):
                 paths["png"] = out / f"{name}.png"
-        except Exception:  # a plotting problem must not lose the JSON/MD already written
+        except Exception:
             logger.exception("could not draw %s.png", name)
     return paths

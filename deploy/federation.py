@@ -19,8 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from graphfl.deploy.certs import TlsFiles, generate_tls
-from graphfl.deploy.processes import ProcessGroup, free_port, port_open, tail
+from graphfl.common.certs import ServerTlsFiles, generate_tls
+from graphfl.common.config import dump_toml
+from graphfl.common.ports import free_port, port_open
+from graphfl.deploy.processes import ProcessGroup, tail
 
 logger = logging.getLogger(__name__)
 
@@ -31,8 +33,9 @@ class FederationError(RuntimeError):
     """The federation or the run failed; the message says where to look."""
 
 
-def superlink_argv(host: str, port: int, tls: TlsFiles | None, simulation: bool = False,
+def superlink_argv(host: str, port: int, tls: ServerTlsFiles | None, simulation: bool = False,
                    database: Path | None = None, node_auth: bool = False) -> list[str]:
+    """Command line of a ``flower-superlink`` with graphfl's defaults (no runtime installs)."""
     argv = ["flower-superlink", "--host", host, "--port", str(port),
             "--disable-runtime-dependency-installation"]
     if tls is None:
@@ -52,6 +55,7 @@ def superlink_argv(host: str, port: int, tls: TlsFiles | None, simulation: bool 
 def supernode_argv(superlink: str, port: int, partition_id: int, num_partitions: int,
                    ca_cert: Path | None, device: str | None = None, auth_key: Path | None = None,
                    max_wait_time: float | None = None, host: str = "127.0.0.1") -> list[str]:
+    """Command line of a ``flower-supernode`` serving partition ``partition_id`` of ``num_partitions``."""
     node_config = f"partition-id={partition_id} num-partitions={num_partitions}"
     if device:
         node_config += f" device='{device}'"
@@ -68,12 +72,12 @@ def supernode_argv(superlink: str, port: int, partition_id: int, num_partitions:
 def write_connection(flwr_home: Path, address: str, ca_cert: Path | None, name: str = CONNECTION) -> None:
     """Write ``$FLWR_HOME/config.toml`` with one SuperLink connection (the default)."""
     flwr_home.mkdir(parents=True, exist_ok=True)
-    lines = ["[superlink]", f'default = "{name}"', "", f"[superlink.{name}]", f'address = "{address}"']
+    connection: dict[str, Any] = {"address": address}
     if ca_cert is None:
-        lines.append("insecure = true")
+        connection["insecure"] = True
     else:
-        lines.append(f'root-certificates = "{Path(ca_cert).resolve()}"')
-    (flwr_home / "config.toml").write_text("\n".join(lines) + "\n")
+        connection["root-certificates"] = str(Path(ca_cert).resolve())
+    (flwr_home / "config.toml").write_text(dump_toml({"superlink": {"default": name, name: connection}}))
 
 
 def flwr_cli(args: list[str], env: dict[str, str], timeout: float) -> dict[str, Any]:
@@ -99,6 +103,8 @@ def flwr_cli(args: list[str], env: dict[str, str], timeout: float) -> dict[str, 
 
 @dataclass
 class RunHandle:
+    """A submitted run: its Flower run id and the folder its ServerApp writes to."""
+
     run_id: int
     out_dir: Path
 
@@ -134,7 +140,8 @@ class Submitter:
     def wait_status(self, run_id: int, timeout: float,
                     on_event: Callable[[dict[str, Any]], None] | None = None, interval: float = 3.0) -> None:
         """Poll ``flwr list`` until the run finishes (for SuperLinks on other machines, whose
-        ServerApp writes its progress file there); bounded by ``timeout``."""
+        ServerApp writes its progress file there); bounded by ``timeout``.
+        """
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             status = self.status(run_id)
@@ -220,7 +227,7 @@ class LocalFederation:
     env: dict[str, str] = field(default_factory=dict)
     superlink_port: int = 0
     group: ProcessGroup = field(init=False)
-    tls_files: TlsFiles | None = field(init=False, default=None)
+    tls_files: ServerTlsFiles | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.run_dir = Path(self.run_dir).resolve()
@@ -232,7 +239,7 @@ class LocalFederation:
     def address(self) -> str:
         return f"127.0.0.1:{self.superlink_port}"
 
-    def __enter__(self) -> "LocalFederation":
+    def __enter__(self) -> LocalFederation:
         try:
             self.start()
         except BaseException:
@@ -268,8 +275,9 @@ class LocalFederation:
 
     def register_node_keys(self, count: int, first: int = 0) -> list[Path]:
         """Generate ``count`` SuperNode key pairs and register their public keys with the
-        SuperLink (``flwr supernode register``); returns the private key paths."""
-        from graphfl.deploy.certs import generate_node_keys
+        SuperLink (``flwr supernode register``); returns the private key paths.
+        """
+        from graphfl.common.certs import generate_node_keys
 
         pairs = generate_node_keys(self.run_dir / "certs" / "keys", count, first=first)
         sub = self.submitter()

@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
 import subprocess
 import time
 import uuid
@@ -33,36 +32,10 @@ QUIET_FLOWER_ENV = {
 }
 
 
-def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-    """``n`` distinct TCP ports that were free a moment ago (bound together to :0, then
-    released; a small race remains)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            socks.append(s)
-            s.bind((host, 0))
-        return [int(s.getsockname()[1]) for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago."""
-    return free_ports(1, host)[0]
-
-
-def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return True
-    except OSError:
-        return False
-
-
 @dataclass
 class Managed:
+    """A started process and the name it is logged under."""
+
     name: str
     popen: subprocess.Popen
     log_path: Path
@@ -175,6 +148,7 @@ def pids_with_env(name: str, value: str) -> list[int]:
 
 
 def tail(path: Path, lines: int = 15) -> str:
+    """The last ``lines`` lines of a log file (empty if it cannot be read)."""
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:

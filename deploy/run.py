@@ -24,29 +24,22 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from graphfl.common.config import RunConfig
+from graphfl.common.config import RunConfig, dump_toml, nest
+from graphfl.common.ports import port_open
 from graphfl.deploy.federation import FederationError, LocalFederation, Submitter, write_connection
-from graphfl.deploy.processes import ProcessGroup, port_open
+from graphfl.deploy.processes import ProcessGroup
 
 logger = logging.getLogger(__name__)
 
 
 def default_out_dir(base: str | Path = "runs") -> Path:
+    """``runs/<timestamp with milliseconds>``: a new folder per run."""
     return Path(base) / datetime.now().strftime("%Y%m%d-%H%M%S-%f")[:-3]
 
 
 def write_overrides(path: Path, cfg: RunConfig) -> Path:
     """The resolved config as a Flower ``--run-config`` TOML file (dotted keys)."""
-    lines = []
-    for key, value in cfg.to_flat().items():
-        if isinstance(value, bool):
-            text = "true" if value else "false"
-        elif isinstance(value, (int, float)):
-            text = repr(value)
-        else:
-            text = json.dumps(str(value))
-        lines.append(f"{key} = {text}")
-    path.write_text("\n".join(lines) + "\n")
+    path.write_text(dump_toml(nest(cfg.to_flat())))
     return path
 
 
@@ -88,9 +81,9 @@ def run_experiment(
     if superlink is None:
         preflight(cfg)
     if superlink is None and cfg.engine == "inprocess":
-        from graphfl.server.inprocess import run_inprocess
+        from graphfl.server.inprocess import run_federated_inprocess
 
-        run_inprocess(cfg, out, progress=on_event)
+        run_federated_inprocess(cfg, out, progress=on_event)
         return out
 
     from graphfl.server.flower_app import write_app_dir

@@ -6,7 +6,6 @@ Also runnable without the main CLI: ``python -m graphfl.p2p peer ...`` / ``pytho
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -28,7 +27,7 @@ def peer_command(
     peer_id: int = typer.Option(..., "--id", help="this peer's id in the network file"),
     out: Path = typer.Option(Path("runs/p2p"), "--out", help="directory for peer-<id>.json/.npz"),
     insecure: bool = typer.Option(False, "--insecure", help="plaintext gRPC (no TLS); must be explicit"),
-    set_: Optional[list[str]] = typer.Option(None, "--set", help="override a \\[run] key, e.g. --set rounds=50"),
+    set_: list[str] | None = typer.Option(None, "--set", help="override a \\[run] key, e.g. --set rounds=50"),
 ) -> None:
     """Run one p2p peer process (one per device)."""
     from graphfl.p2p.peer import main
@@ -44,16 +43,16 @@ def peer_command(
 def p2p_command(
     algorithm: str = typer.Option("dfl-gt", "--algorithm", help="dfl-gt | dfl-sgd | gossip"),
     topology: str = typer.Option("ring", "--topology", help=TOPOLOGY_HELP),
-    peers: Optional[int] = typer.Option(None, "--peers", help="number of peers (generators); default 5"),
+    peers: int | None = typer.Option(None, "--peers", help="number of peers (generators); default 5"),
     rounds: int = typer.Option(100, "--rounds", help="communication rounds"),
-    out: Optional[Path] = typer.Option(None, "--out", help="output directory (default runs/p2p-<timestamp>)"),
+    out: Path | None = typer.Option(None, "--out", help="output directory (default runs/p2p-<timestamp>)"),
     tau: int = typer.Option(1, "--tau", help="gossip every tau local steps"),
     problem: str = typer.Option("synthetic-dfl", "--problem", help="a task name, or linreg | vector"),
     mixing: str = typer.Option("metropolis", "--mixing", help="metropolis | max-degree | laplacian"),
     seed: int = typer.Option(0, "--seed"),
     insecure: bool = typer.Option(False, "--insecure", help="plaintext (default: a fresh CA and mutual TLS)"),
     timeout: float = typer.Option(0.0, "--timeout", help="overall bound in seconds (0 = derived from rounds)"),
-    set_: Optional[list[str]] = typer.Option(None, "--set", help="override a \\[run] key, e.g. --set round-timeout=5"),
+    set_: list[str] | None = typer.Option(None, "--set", help="override a \\[run] key, e.g. --set round-timeout=5"),
     quiet: bool = typer.Option(False, "--quiet", help="no progress display"),
 ) -> None:
     """Launch N local peer processes on 127.0.0.1, collect results into <out>/p2p.{json,md,png}."""
@@ -81,6 +80,7 @@ def register(app: typer.Typer) -> None:
 
 
 def make_app() -> typer.Typer:
+    """A stand-alone Typer app with the ``peer`` and ``p2p`` commands (``python -m graphfl.p2p``)."""
     app = typer.Typer(add_completion=False, no_args_is_help=True, help="graphfl peer-to-peer layer")
     register(app)
     return app

@@ -9,16 +9,23 @@ here, into frozen dataclasses; unknown keys are errors.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from graphfl.common.config import ConfigError, build_dataclass, dataclass_to_flat, flatten, load_toml, normalize_key
+from graphfl.common.certs import PeerTlsFiles
+from graphfl.common.config import (
+    ConfigError,
+    build_dataclass,
+    dataclass_to_flat,
+    dump_toml,
+    flatten,
+    load_toml,
+    normalize_key,
+    stable_hash,
+)
 from graphfl.p2p.topology import Topology, topology_from_dict
-from graphfl.p2p.tls import TlsFiles
 
 P2P_ALGORITHMS = ("dfl-sgd", "dfl-gt", "gossip")
 
@@ -60,20 +67,11 @@ class P2PConfig:
 
     def hash(self) -> str:
         """Stable short hash of the settings (compared in handshakes)."""
-        blob = json.dumps(asdict(self), sort_keys=True).encode()
-        return hashlib.sha256(blob).hexdigest()[:12]
+        return stable_hash(asdict(self))
 
-    def to_toml(self) -> str:
-        lines = ["[run]"]
-        for k, v in dataclass_to_flat(self).items():
-            if isinstance(v, bool):
-                text = "true" if v else "false"
-            elif isinstance(v, str):
-                text = json.dumps(v)
-            else:
-                text = repr(v)
-            lines.append(f"{k} = {text}")
-        return "\n".join(lines) + "\n"
+    def to_doc(self) -> dict[str, Any]:
+        """The ``[run]`` table (flat keys, as in a network file)."""
+        return {"run": dataclass_to_flat(self)}
 
 
 def parse_p2p_config(values: Mapping[str, Any], base: P2PConfig | None = None) -> P2PConfig:
@@ -85,6 +83,8 @@ def parse_p2p_config(values: Mapping[str, Any], base: P2PConfig | None = None) -
 
 @dataclass(frozen=True)
 class TlsSection:
+    """The ``[tls]`` table of a network file (paths may contain ``{id}``)."""
+
     ca: str = ""
     cert: str = ""
     key: str = ""
@@ -100,8 +100,8 @@ class NetworkFile:
     run: P2PConfig
     tls: TlsSection
 
-    def tls_files(self, peer_id: int) -> TlsFiles | None:
-        """This peer's TLS files (paths relative to the network file), or ``None`` if insecure.
+    def tls_files(self, peer_id: int) -> PeerTlsFiles | None:
+        """TLS files of peer ``peer_id`` (paths relative to the network file), or ``None`` if insecure.
 
         Raises
         ------
@@ -120,9 +120,9 @@ class NetworkFile:
             q = Path(p.replace("{id}", str(peer_id)))
             return q if q.is_absolute() else self.path.parent / q
 
-        return TlsFiles(resolve(self.tls.ca), resolve(self.tls.cert), resolve(self.tls.key))
+        return PeerTlsFiles(resolve(self.tls.ca), resolve(self.tls.cert), resolve(self.tls.key))
 
-    def with_run(self, **changes: Any) -> "NetworkFile":
+    def with_run(self, **changes: Any) -> NetworkFile:
         return replace(self, run=replace(self.run, **changes))
 
 
@@ -145,10 +145,6 @@ def load_network_file(path: str | Path, overrides: Mapping[str, Any] | None = No
 def write_network_file(path: str | Path, topology: Topology, run: P2PConfig, tls: TlsSection) -> Path:
     """Write a network file readable by :func:`load_network_file`."""
     p = Path(path)
-    tls_lines = ["[tls]"]
-    if tls.insecure:
-        tls_lines.append("insecure = true")
-    else:
-        tls_lines += [f'ca = "{tls.ca}"', f'cert = "{tls.cert}"', f'key = "{tls.key}"']
-    p.write_text(topology.to_toml() + "\n" + run.to_toml() + "\n" + "\n".join(tls_lines) + "\n")
+    tls_table: dict[str, Any] = {"insecure": True} if tls.insecure else {"ca": tls.ca, "cert": tls.cert, "key": tls.key}
+    p.write_text(dump_toml({**topology.to_doc(), **run.to_doc(), "tls": tls_table}))
     return p

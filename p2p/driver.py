@@ -1,6 +1,6 @@
 """Drivers of the per-node step functions of :mod:`graphfl.p2p.algorithms`.
 
-* :func:`run_inprocess` — all nodes in one process, in lock-step, no threads and no sockets
+* :func:`run_network_inprocess` — all nodes in one process, in lock-step, no threads and no sockets
   (benchmarks, tests). Mixing uses the full matrix ``W`` row by row through
   :func:`graphfl.p2p.mixing.mix`.
 * :func:`run_node` — one node's loop over an :class:`~graphfl.p2p.exchange.Exchange` (any
@@ -22,7 +22,7 @@ import numpy as np
 
 from graphfl.p2p import codec
 from graphfl.p2p.algorithms import DFLAlgorithm, GradientOracle, NodeState
-from graphfl.p2p.exchange import Exchange
+from graphfl.p2p.exchange import NeighbourExchange
 from graphfl.p2p.mixing import mix, mixing_row
 
 logger = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ class InProcessResult:
     payload_bytes_per_round: int
 
 
-def run_inprocess(
+def run_network_inprocess(
     algo: DFLAlgorithm,
     oracles: Sequence[GradientOracle],
     w: np.ndarray,
@@ -132,7 +132,7 @@ class NodeRun:
 def run_node(
     algo: DFLAlgorithm,
     oracle: GradientOracle,
-    exchange: Exchange,
+    exchange: NeighbourExchange,
     iterations: int,
     *,
     start_t: int = 0,

@@ -67,7 +67,7 @@ class ExchangeInfo:
     local_disagreement: float = float("nan")
 
 
-class Exchange:
+class NeighbourExchange:
     """Gossip of one node: ``exchange(t, outgoing) -> (mixed, info)``."""
 
     def __init__(self, transport: Transport, row: Mapping[int, float], policy: FailurePolicy) -> None:

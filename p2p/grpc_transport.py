@@ -27,11 +27,11 @@ from dataclasses import dataclass
 import grpc
 import numpy as np
 
+from graphfl.common.certs import PeerTlsFiles, peer_name
 from graphfl.p2p import codec
 from graphfl.p2p.codec import WireError
 from graphfl.p2p.proto import graphfl_p2p_pb2 as pb
 from graphfl.p2p.proto import graphfl_p2p_pb2_grpc as pb_grpc
-from graphfl.p2p.tls import TlsFiles, peer_name
 from graphfl.p2p.topology import Topology
 from graphfl.p2p.transport import HandshakeRefused, Mailbox, SendResult, Transport, TransportError
 
@@ -64,7 +64,7 @@ class Identity:
 
 
 class _Servicer(pb_grpc.PeerServicer):
-    def __init__(self, transport: "GrpcTransport") -> None:
+    def __init__(self, transport: GrpcTransport) -> None:
         self.t = transport
 
     def _tls_name_ok(self, context: grpc.ServicerContext, claimed: int) -> str:
@@ -77,7 +77,7 @@ class _Servicer(pb_grpc.PeerServicer):
             return f"certificate common name {got} does not match the claimed peer id {claimed} ({want.decode()})"
         return ""
 
-    def Handshake(self, request: pb.Hello, context: grpc.ServicerContext) -> pb.HelloReply:  # noqa: N802
+    def Handshake(self, request: pb.Hello, context: grpc.ServicerContext) -> pb.HelloReply:
         t = self.t
         me = t.identity
         reason = ""
@@ -99,7 +99,7 @@ class _Servicer(pb_grpc.PeerServicer):
                 logger.info("peer %d: handshake from peer %d accepted", me.peer_id, request.peer_id)
         return reply
 
-    def Push(self, request_iterator: Iterator[pb.Frame], context: grpc.ServicerContext) -> pb.Ack:  # noqa: N802
+    def Push(self, request_iterator: Iterator[pb.Frame], context: grpc.ServicerContext) -> pb.Ack:
         t = self.t
         asm = codec.Assembler(t.max_message_bytes)
         try:
@@ -153,7 +153,7 @@ class GrpcTransport(Transport):
         self,
         identity: Identity,
         topology: Topology,
-        tls: TlsFiles | None,
+        tls: PeerTlsFiles | None,
         *,
         horizon: int = 64,
         chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES,

@@ -27,12 +27,13 @@ from typing import Any
 
 import numpy as np
 
+from graphfl.common.certs import generate_network_certs
 from graphfl.common.config import ConfigError
+from graphfl.common.envinfo import env_info
+from graphfl.common.ports import free_ports
+from graphfl.common.results import markdown_table, plot_panels, write_json
 from graphfl.p2p.config import P2PConfig, TlsSection, load_network_file, parse_p2p_config, write_network_file
-from graphfl.p2p.report import env_info, md_table, plot_curves, write_json
-from graphfl.p2p.tls import generate_network_certs
 from graphfl.p2p.topology import make_topology
-from graphfl.deploy.processes import free_ports  # noqa: F401  (re-exported for tests)
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +94,7 @@ class PeerProcesses:
 
     def start(self, i: int) -> subprocess.Popen:
         (self.out / "logs").mkdir(parents=True, exist_ok=True)
-        log = open(self.out / "logs" / f"peer-{i}.log", "ab")  # noqa: SIM115 - closed in stop_all
+        log = open(self.out / "logs" / f"peer-{i}.log", "ab")
         cmd = [sys.executable, "-m", "graphfl.p2p", "peer", "--topology", str(self.network_file), "--id", str(i),
                "--out", str(self.out)]
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True,
@@ -147,7 +148,7 @@ class PeerProcesses:
         for log in self.logs.values():
             log.close()
 
-    def __enter__(self) -> "PeerProcesses":
+    def __enter__(self) -> PeerProcesses:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -252,17 +253,17 @@ def write_report(out: Path, result: dict[str, Any]) -> None:
         f"rounds {cfg['run']['rounds']}, tau {cfg['run']['tau']}, problem {cfg['run']['problem']}, "
         f"mixing {cfg['mixing']}, on-missing {cfg['run']['on_missing']}",
         "",
-        md_table(["mean test loss", "mean train loss", "consensus distance", "bytes sent (wire)", "payload sent",
-                  "wall s", "peers done"],
+        markdown_table(columns=["mean test loss", "mean train loss", "consensus distance", "bytes sent (wire)", "payload sent",
+                  "wall s", "peers done"], rows=
                  [[fin["test_loss"], fin["train_loss"], fin["consensus"], fin["bytes_sent"], fin["payload_sent"],
                    fin["seconds"], fin["peers_done"]]]),
         "",
-        md_table(["peer", "outcome", "rounds", "test loss", "train loss", "bytes sent", "compute s", "comm s",
-                  "rounds with skips", "error"], rows),
+        markdown_table(columns=["peer", "outcome", "rounds", "test loss", "train loss", "bytes sent", "compute s", "comm s",
+                  "rounds with skips", "error"], rows=rows),
         "",
     ]
     (out / "p2p.md").write_text("\n".join(text))
-    plot_curves(out / "p2p.png", [
+    plot_panels(out / "p2p.png", [
         {"x": "round", "y": "test_loss", "ylabel": "mean local test loss", "series": {algo: m["curve"]}, "logy": True},
         {"x": "bytes", "y": "test_loss", "xlabel": "bytes sent (all peers)", "ylabel": "mean local test loss",
          "series": {algo: m["curve"]}, "logy": True},

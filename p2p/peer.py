@@ -32,7 +32,7 @@ from graphfl.common.results import atomic_write_text
 from graphfl.p2p.algorithms import make_algorithm
 from graphfl.p2p.config import NetworkFile, load_network_file
 from graphfl.p2p.driver import run_node
-from graphfl.p2p.exchange import Exchange, FailurePolicy, RoundFailed
+from graphfl.p2p.exchange import FailurePolicy, NeighbourExchange, RoundFailed
 from graphfl.p2p.grpc_transport import GrpcTransport, Identity
 from graphfl.p2p.mixing import mixing_row
 from graphfl.p2p.oracles import BUILTIN_PROBLEMS, ProblemSpec, make_oracle
@@ -108,7 +108,7 @@ def run_peer(network_file: str | Path, peer_id: int, out_dir: str | Path, overri
             logger.info("peer %d rejoins the network at iteration %d", peer_id, start_t)
             transport.advance(start_t)
         policy = FailurePolicy(run.on_missing, run.reweight, run.round_timeout, run.send_timeout)
-        exchange = Exchange(transport, mixing_row(w, peer_id), policy)
+        exchange = NeighbourExchange(transport, mixing_row(w, peer_id), policy)
         result["outcome"] = "running"
 
         def on_round(rec: dict[str, Any]) -> None:

@@ -8,8 +8,6 @@ or an edge-list file). Peer ids are ``0 .. n-1``; they index the rows of the mix
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import math
 from collections.abc import Mapping, Sequence
@@ -20,7 +18,8 @@ from typing import Any
 import networkx as nx
 import numpy as np
 
-from graphfl.common.config import ConfigError, load_toml
+from graphfl.common.config import ConfigError, dump_toml, load_toml, stable_hash
+from graphfl.common.graph import read_edge_list
 
 logger = logging.getLogger(__name__)
 
@@ -105,39 +104,28 @@ class Topology:
     @property
     def fingerprint(self) -> str:
         """``"<version>:<hash of peers, edges and mixing rule>"``, compared in handshakes."""
-        blob = json.dumps(
-            {
-                "peers": [[p.id, p.address, p.partition] for p in self.peers],
-                "edges": [[i, j, w] for i, j, w in self.edges],
-                "mixing": [self.mixing, self.mixing_variant, self.mixing_epsilon],
-            },
-            sort_keys=True,
-        ).encode()
-        return f"{self.version}:{hashlib.sha256(blob).hexdigest()[:12]}"
+        digest = stable_hash({
+            "peers": [[p.id, p.address, p.partition] for p in self.peers],
+            "edges": [[i, j, w] for i, j, w in self.edges],
+            "mixing": [self.mixing, self.mixing_variant, self.mixing_epsilon],
+        })
+        return f"{self.version}:{digest}"
+
+    def to_doc(self) -> dict[str, Any]:
+        """The ``[network]``, ``[[peers]]``, ``[[edges]]`` tables (see :func:`topology_from_dict`)."""
+        doc: dict[str, Any] = {
+            "network": {"name": self.name, "version": self.version, "mixing": self.mixing,
+                        "mixing-variant": self.mixing_variant, "mixing-epsilon": self.mixing_epsilon},
+            "peers": [{"id": p.id, "address": p.address, "partition": p.partition, "device": p.device}
+                      for p in self.peers],
+        }
+        if self.edges:
+            doc["edges"] = [{"nodes": [i, j], "weight": w} for i, j, w in self.edges]
+        return doc
 
     def to_toml(self) -> str:
-        """The ``[network]``, ``[[peers]]``, ``[[edges]]`` tables as TOML text."""
-        lines = [
-            "[network]",
-            f'name = "{self.name}"',
-            f"version = {self.version}",
-            f'mixing = "{self.mixing}"',
-            f'mixing-variant = "{self.mixing_variant}"',
-            f'mixing-epsilon = "{self.mixing_epsilon}"',
-            "",
-        ]
-        for p in self.peers:
-            lines += [
-                "[[peers]]",
-                f"id = {p.id}",
-                f'address = "{p.address}"',
-                f"partition = {p.partition}",
-                f'device = "{p.device}"',
-                "",
-            ]
-        for i, j, w in self.edges:
-            lines += ["[[edges]]", f"nodes = [{i}, {j}]", f"weight = {w!r}", ""]
-        return "\n".join(lines)
+        """:meth:`to_doc` as TOML text."""
+        return dump_toml(self.to_doc())
 
 
 def _edges_from_graph(g: nx.Graph) -> tuple[tuple[int, int, float], ...]:
@@ -201,35 +189,6 @@ def generate_graph(kind: str, n: int, *, seed: int = 0, p: float = 0.5, k: int =
     return g
 
 
-def read_edge_list(path: str | Path) -> tuple[int, tuple[tuple[int, int, float], ...]]:
-    """Read ``i j [weight]`` lines (``#`` comments). Returns ``(n, edges)``, ``n = max id + 1``."""
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"edge-list file not found: {p}")
-    edges: dict[tuple[int, int], float] = {}
-    n = 0
-    for lineno, raw in enumerate(p.read_text().splitlines(), 1):
-        line = raw.split("#", 1)[0].strip()
-        if not line:
-            continue
-        parts = line.replace(",", " ").split()
-        try:
-            i, j = int(parts[0]), int(parts[1])
-            w = float(parts[2]) if len(parts) > 2 else 1.0
-            if len(parts) > 3:
-                raise ValueError
-        except (ValueError, IndexError):
-            raise ConfigError(f"{p}:{lineno}: expected 'i j [weight]', got {raw!r}") from None
-        if i < 0 or j < 0:
-            raise ConfigError(f"{p}:{lineno}: peer ids must be >= 0")
-        key = (min(i, j), max(i, j))
-        if key in edges:
-            raise ConfigError(f"{p}:{lineno}: edge {key} listed twice")
-        edges[key] = w
-        n = max(n, i + 1, j + 1)
-    return n, tuple((i, j, w) for (i, j), w in sorted(edges.items()))
-
-
 def make_topology(
     kind: str,
     n: int | None = None,
@@ -255,7 +214,8 @@ def make_topology(
             raise ConfigError(
                 f"unknown topology {kind!r}; choose one of {list(GENERATORS)}, a network .toml or an edge-list file"
             )
-        m, edges = read_edge_list(path)
+        parsed = read_edge_list(path)
+        m, edges = parsed.num_nodes, parsed.edges
         if n is not None and n < m:
             raise ConfigError(f"{path} names peers up to {m - 1} but only {n} were asked for")
         n = n if n is not None else m
@@ -316,7 +276,7 @@ def topology_from_dict(doc: Mapping[str, Any], where: str = "network file", base
         ef = Path(net["edge-list"])
         if base is not None and not ef.is_absolute():
             ef = base / ef
-        _, edges_t = read_edge_list(ef)
+        edges_t = read_edge_list(ef).edges
         edges.extend(edges_t)
     for idx, re_ in enumerate(doc.get("edges", [])):
         re_ = _norm(re_)

@@ -242,7 +242,7 @@ class InProcessHub:
         self.mailboxes: dict[int, Mailbox] = {}
         self.down: set[int] = set()
 
-    def transport(self, peer_id: int, neighbours: Sequence[int], horizon: int = 64) -> "InProcessTransport":
+    def transport(self, peer_id: int, neighbours: Sequence[int], horizon: int = 64) -> InProcessTransport:
         t = InProcessTransport(self, peer_id, list(neighbours), horizon)
         self.mailboxes[peer_id] = t.mailbox
         return t

@@ -12,10 +12,12 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
-from flwr.app import ArrayRecord, Context
+from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 logger = logging.getLogger(__name__)
@@ -26,6 +28,7 @@ PROGRESS_FILE = "progress.jsonl"
 
 
 def resolve_out_dir(out_dir: str) -> Path:
+    """The run's output folder (``out-dir``, else ``./runs/<timestamp>`` in the ServerApp's cwd)."""
     if out_dir:
         path = Path(out_dir)
         if not path.is_absolute():
@@ -36,7 +39,9 @@ def resolve_out_dir(out_dir: str) -> Path:
     return path
 
 
-def progress_writer(path: Path):
+def progress_writer(path: Path) -> Callable[[dict[str, Any]], None]:
+    """A callback that appends one JSON line per progress event to ``path``."""
+
     def write(event: dict) -> None:
         with path.open("a") as fh:
             fh.write(json.dumps({"time": time.time(), **event}, default=str) + "\n")
@@ -46,14 +51,16 @@ def progress_writer(path: Path):
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
+    """The ServerApp: parse the run config, run the strategy, write the results."""
     import torch
 
     from graphfl.common import registry
     from graphfl.common.config import parse_run_config
     from graphfl.common.envinfo import env_info
+    from graphfl.common.records import arrays_to_record
+    from graphfl.server.flower_adapter import CoreStrategy
     from graphfl.server.inprocess import server_inputs
     from graphfl.server.rounds import RunRecorder
-    from graphfl.strategies.flower_adapter import CoreStrategy, arrays_to_record
 
     cfg = parse_run_config(dict(context.run_config))
     out = resolve_out_dir(cfg.out_dir)
@@ -62,11 +69,11 @@ def main(grid: Grid, context: Context) -> None:
     try:
         torch.set_num_threads(1)
         spec = registry.get(cfg.strategy)
-        initial, keys, graph, labels = server_inputs(cfg)
+        inputs = server_inputs(cfg)
         recorder = RunRecorder(cfg, cfg.strategy, out, env={**env_info(), "engine": cfg.engine},
                                progress=progress)
-        strategy = CoreStrategy(cfg, spec, recorder, keys, graph, labels)
-        strategy.start(grid=grid, initial_arrays=arrays_to_record(initial), num_rounds=cfg.rounds)
+        strategy = CoreStrategy(cfg, spec, recorder, inputs)
+        strategy.start(grid=grid, initial_arrays=arrays_to_record(inputs.initial_arrays), num_rounds=cfg.rounds)
     except BaseException as exc:
         progress({"event": "error", "error": f"{type(exc).__name__}: {exc}"})
         raise

@@ -9,7 +9,6 @@ wheel too; the repository's own ``pyproject.toml`` carries the same section for
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from graphfl import __version__
@@ -19,53 +18,26 @@ SERVERAPP = "graphfl.server.app:app"
 CLIENTAPP = "graphfl.client.app:app"
 
 
-def _toml_value(value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    return json.dumps(str(value))
+def config_section(defaults: dict[str, object] | None = None) -> dict[str, object]:
+    """``[tool.flwr.app.config]`` as nested tables per section (``train``, ``fedprox``, ...)."""
+    from graphfl.common.config import all_defaults_flat, nest
 
-
-def config_section(defaults: dict[str, object] | None = None) -> str:
-    """``[tool.flwr.app.config]`` with nested tables per section (``train``, ``fedprox``, ...)."""
-    from graphfl.common.config import all_defaults_flat
-
-    flat = all_defaults_flat() if defaults is None else defaults
-    top = {k: v for k, v in flat.items() if "." not in k}
-    sections: dict[str, dict[str, object]] = {}
-    for key, value in flat.items():
-        if "." in key:
-            head, rest = key.split(".", 1)
-            sections.setdefault(head, {})[rest] = value
-    lines = ["[tool.flwr.app.config]"]
-    lines += [f"{k} = {_toml_value(v)}" for k, v in top.items()]
-    for head in sorted(sections):
-        lines += ["", f"[tool.flwr.app.config.{head}]"]
-        lines += [f"{k} = {_toml_value(v)}" for k, v in sections[head].items()]
-    return "\n".join(lines) + "\n"
+    return nest(all_defaults_flat() if defaults is None else defaults)
 
 
 def app_pyproject() -> str:
     """A complete ``pyproject.toml`` for a graphfl Flower App (FAB)."""
-    return f"""[build-system]
-requires = ["setuptools>=69"]
-build-backend = "setuptools.build_meta"
+    from graphfl.common.config import dump_toml
 
-[project]
-name = "graphfl-app"
-version = "{__version__}"
-description = "graphfl run (components come from the installed graphfl package)"
-dependencies = []
-
-[tool.flwr.app]
-publisher = "{PUBLISHER}"
-
-[tool.flwr.app.components]
-serverapp = "{SERVERAPP}"
-clientapp = "{CLIENTAPP}"
-
-{config_section()}"""
+    return dump_toml({
+        "build-system": {"requires": ["setuptools>=69"], "build-backend": "setuptools.build_meta"},
+        "project": {"name": "graphfl-app", "version": __version__,
+                    "description": "graphfl run (components come from the installed graphfl package)",
+                    "dependencies": []},
+        "tool": {"flwr": {"app": {"publisher": PUBLISHER,
+                                  "components": {"serverapp": SERVERAPP, "clientapp": CLIENTAPP},
+                                  "config": config_section()}}},
+    })
 
 
 def write_app_dir(path: Path) -> Path:

@@ -11,11 +11,12 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from graphfl.client.base import ClientState
-from graphfl.client.handler import EVALUATE, JOIN, TRAIN, ClientRuntime, build_runtime, handle
+from graphfl.client.handler import ClientRuntime, build_runtime, handle
+from graphfl.common import wire
 from graphfl.common.config import RunConfig
-from graphfl.server.rounds import Reply, RunRecorder, run_federated
-from graphfl.strategies.base import Payload, ServerCore
+from graphfl.common.core import ServerCore
+from graphfl.common.types import ClientState, Payload
+from graphfl.server.rounds import Reply, RunRecorder, ServerInputs, run_federated
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +35,7 @@ class InProcessExchange:
         self.fail = dict(fail or {})
 
     def runtime(self, pid: int) -> ClientRuntime:
+        """The client's runtime, built on first use (its data stays loaded)."""
         if pid not in self.runtimes:
             self.runtimes[pid] = build_runtime(self.cfg, pid, self.cfg.nodes)
             self.states[pid] = {}
@@ -45,7 +47,7 @@ class InProcessExchange:
             return Reply(pid, error="injected failure")
         try:
             arrays, metrics = handle(self.runtime(pid), kind, r, payload, self.states[pid], eval_first)
-        except Exception as exc:  # a client error becomes a failed reply, as in Flower
+        except Exception as exc:
             logger.exception("client %d failed in round %d", pid, r)
             return Reply(pid, error=f"{type(exc).__name__}: {exc}")
         if mode == "nan" and arrays:
@@ -55,34 +57,31 @@ class InProcessExchange:
         return Reply(pid, arrays, metrics)
 
     def join(self, initial: Payload, num_clients: int) -> dict[int, Reply]:
-        return {pid: self._call(JOIN, 0, pid, initial, False) for pid in range(num_clients)}
+        """Every client evaluates the initial model and reports its partition and size."""
+        return {pid: self._call(wire.JOIN, 0, pid, initial, False) for pid in range(num_clients)}
 
     def send(self, kind: str, server_round: int, payloads: Mapping[int, Payload], eval_first: bool) -> dict[int, Reply]:
-        k = TRAIN if kind == "train" else EVALUATE
-        return {pid: self._call(k, server_round, pid, p, eval_first) for pid, p in payloads.items()}
+        """Serve ``payloads`` one client after the other (partition-id order)."""
+        return {pid: self._call(kind, server_round, pid, p, eval_first) for pid, p in payloads.items()}
 
 
-def server_inputs(cfg: RunConfig):
-    """Initial arrays, parameter keys, client graph and cluster labels for ``cfg``'s task."""
+def server_inputs(cfg: RunConfig) -> ServerInputs:
+    """Initial arrays, parameter keys, the resolved client graph and cluster labels of ``cfg``'s task."""
     from graphfl.client.training import get_arrays, param_keys
+    from graphfl.common.graph import resolve_client_graph
     from graphfl.tasks import registry as tasks
-    from graphfl.tasks.graphs import load_edge_list, validate_adjacency
 
     task = tasks.create(cfg.task, data=cfg.data, data_dir=cfg.data_dir, seed=cfg.seed)
     model = task.build_model()
-    graph = task.client_graph(cfg.nodes)
-    if cfg.graph_file:
-        graph = load_edge_list(cfg.graph_file, cfg.nodes)
-    if graph is not None:
-        graph = validate_adjacency(graph, cfg.nodes, source=cfg.graph_file or f"{cfg.task} client graph")
-    return get_arrays(model), param_keys(model), graph, task.cluster_labels(cfg.nodes)
+    graph, source = resolve_client_graph(cfg.nodes, task.client_graph(cfg.nodes), cfg.graph_file, cfg.task)
+    return ServerInputs(get_arrays(model), param_keys(model), graph, source, task.cluster_labels(cfg.nodes))
 
 
-def run_inprocess(
+def run_federated_inprocess(
     cfg: RunConfig, out_dir: str | Path | None = None, name: str = "run",
     progress: Callable[[dict[str, Any]], None] | None = None,
     fail: Mapping[tuple[int, int], str] | None = None,
-) -> tuple[dict[str, Any], ServerCore]:
+) -> tuple[dict[str, Any], ServerCore[Any]]:
     """Run ``cfg`` in this process; return (result document, final server core)."""
     import torch
 
@@ -91,8 +90,8 @@ def run_inprocess(
 
     torch.set_num_threads(1)
     spec = registry.get(cfg.strategy)
-    initial, keys, graph, labels = server_inputs(cfg)
+    inputs = server_inputs(cfg)
     recorder = RunRecorder(cfg, cfg.strategy, Path(out_dir) if out_dir else None, name=name,
                            env={**env_info(), "engine": "inprocess"}, progress=progress)
-    core = run_federated(cfg, spec, InProcessExchange(cfg, fail), initial, keys, recorder, graph, labels)
+    core = run_federated(cfg, spec, InProcessExchange(cfg, fail), inputs, recorder)
     return recorder.document(), core

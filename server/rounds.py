@@ -1,6 +1,6 @@
 """The federated round loop, shared by the Flower ServerApp and the in-process driver.
 
-Only the *exchange* differs between engines: an :class:`Exchange` sends one payload to each
+Only the *exchange* differs between engines: a :class:`ClientExchange` sends one payload to each
 selected client and returns their replies (or errors). Everything else — the join round,
 sampling, validation of replies (shapes, NaN/Inf), piggy-backed evaluation, recording of
 per-round metrics and writing result files — happens here once.
@@ -29,11 +29,12 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from graphfl.common import wire
+from graphfl.common.arrays import validate_update
 from graphfl.common.config import RunConfig
+from graphfl.common.core import ServerContext, ServerCore
 from graphfl.common.registry import AlgorithmSpec
-from graphfl.strategies.base import (
-    EVAL_PREFIX, Arrays, ClientUpdate, Payload, ServerContext, ServerCore, validate_update,
-)
+from graphfl.common.types import Arrays, ClientUpdate, Payload
 
 logger = logging.getLogger(__name__)
 
@@ -50,13 +51,13 @@ class Reply:
 
     @property
     def num_examples(self) -> int:
-        return int(self.metrics.get("num-examples", 0))
+        return int(self.metrics.get(wire.NUM_EXAMPLES, 0))
 
     def eval_metrics(self) -> dict[str, float]:
-        return {k[len(EVAL_PREFIX):]: v for k, v in self.metrics.items() if k.startswith(EVAL_PREFIX)}
+        return {k[len(wire.EVAL_PREFIX):]: v for k, v in self.metrics.items() if k.startswith(wire.EVAL_PREFIX)}
 
 
-class Exchange(Protocol):
+class ClientExchange(Protocol):
     """Engine-specific transport of one round's messages."""
 
     def join(self, initial: Payload, num_clients: int) -> dict[int, Reply]:
@@ -66,7 +67,8 @@ class Exchange(Protocol):
         self, kind: str, server_round: int, payloads: Mapping[int, Payload], eval_first: bool
     ) -> dict[int, Reply]:
         """Send ``payloads`` (``kind`` is ``"train"`` or ``"evaluate"``); return one reply per pid
-        (a reply with ``error`` set for a client that failed or did not answer in time)."""
+        (a reply with ``error`` set for a client that failed or did not answer in time).
+        """
 
 
 class RunError(RuntimeError):
@@ -128,7 +130,7 @@ class RunRecorder:
         row["bytes_up"] = bytes_up
         row["bytes_down"] = bytes_down
         row["clients_ok"] = len(ok)
-        for key, name in (("client-seconds", "client_seconds"), ("client-boot-seconds", "client_boot_seconds")):
+        for key, name in ((wire.CLIENT_SECONDS, "client_seconds"), (wire.CLIENT_BOOT_SECONDS, "client_boot_seconds")):
             value = _mean([rep.metrics.get(key) for rep in ok])
             if value is not None:
                 row[name] = value
@@ -175,34 +177,43 @@ class RunRecorder:
                 logger.debug("progress callback failed", exc_info=True)
 
 
-def build_server_context(
-    cfg: RunConfig, initial: Arrays, param_keys: tuple[str, ...], num_examples: Mapping[int, int],
-    client_graph: np.ndarray | None, cluster_labels: np.ndarray | None,
-) -> ServerContext:
+@dataclass(frozen=True)
+class ServerInputs:
+    """What the server knows before the join round: the initial model and the task's structure.
+
+    Built once per run by :func:`graphfl.server.inprocess.server_inputs` (every engine).
+    """
+
+    initial_arrays: Arrays
+    param_keys: tuple[str, ...]
+    client_graph: np.ndarray | None = None
+    graph_source: str = ""
+    cluster_labels: np.ndarray | None = None
+
+
+def build_server_context(cfg: RunConfig, inputs: ServerInputs, num_examples: Mapping[int, int]) -> ServerContext[Any]:
+    """The :class:`ServerContext` a core is built from, once the clients have joined."""
     return ServerContext(
-        config=cfg, params=cfg.params, num_clients=cfg.nodes, initial_arrays=initial,
-        param_keys=param_keys, num_examples=dict(num_examples), client_graph=client_graph,
-        cluster_labels=cluster_labels, seed=cfg.seed,
+        config=cfg, params=cfg.params, num_clients=cfg.nodes, initial_arrays=inputs.initial_arrays,
+        param_keys=inputs.param_keys, num_examples=dict(num_examples), client_graph=inputs.client_graph,
+        cluster_labels=inputs.cluster_labels, seed=cfg.seed, graph_source=inputs.graph_source,
     )
 
 
 def run_federated(
     cfg: RunConfig,
-    spec: AlgorithmSpec,
-    exchange: Exchange,
-    initial: Arrays,
-    param_keys: tuple[str, ...],
+    spec: AlgorithmSpec[Any],
+    exchange: ClientExchange,
+    inputs: ServerInputs,
     recorder: RunRecorder,
-    client_graph: np.ndarray | None = None,
-    cluster_labels: np.ndarray | None = None,
-) -> ServerCore:
+) -> ServerCore[Any]:
     """Run ``cfg.rounds`` rounds of ``spec`` over ``exchange``; return the final core.
 
     Results are flushed to ``recorder.out_dir`` after every round, and with a plot at the
     end; on failure the status ``failed`` and the reason are written before re-raising.
     """
     try:
-        core = _run(cfg, spec, exchange, initial, param_keys, recorder, client_graph, cluster_labels)
+        core = _run(cfg, spec, exchange, inputs, recorder)
     except BaseException as exc:
         recorder.status = "failed"
         recorder.extra["error"] = f"{type(exc).__name__}: {exc}"
@@ -213,8 +224,11 @@ def run_federated(
     return core
 
 
-def _run(cfg, spec, exchange, initial, param_keys, recorder, client_graph, cluster_labels) -> ServerCore:
+def _run(
+    cfg: RunConfig, spec: AlgorithmSpec[Any], exchange: ClientExchange, inputs: ServerInputs, recorder: RunRecorder,
+) -> ServerCore[Any]:
     n = cfg.nodes
+    initial = inputs.initial_arrays
     t0 = time.perf_counter()
     joined = exchange.join(Payload(initial), n)
     ok = {pid: rep for pid, rep in joined.items() if rep.error is None}
@@ -232,7 +246,7 @@ def _run(cfg, spec, exchange, initial, param_keys, recorder, client_graph, clust
     recorder.emit(_event("round", 0, cfg.rounds, row0, row0, 0))
 
     num_examples = {pid: rep.num_examples for pid, rep in ok.items()}
-    ctx = build_server_context(cfg, initial, param_keys, num_examples, client_graph, cluster_labels)
+    ctx = build_server_context(cfg, inputs, num_examples)
     core = spec.server_core(ctx)
     rng = random.Random(cfg.seed)
     active = sorted(ok)
@@ -242,7 +256,7 @@ def _run(cfg, spec, exchange, initial, param_keys, recorder, client_graph, clust
         t_round = time.perf_counter()
         selected = sample_clients(active, cfg.fraction_train, rng)
         payloads = {pid: p for pid in selected if (p := core.configure_train(r, pid)) is not None}
-        replies = exchange.send("train", r, payloads, eval_first=piggyback and r > 1)
+        replies = exchange.send(wire.TRAIN, r, payloads, eval_first=piggyback and r > 1)
         updates: dict[int, ClientUpdate] = {}
         rejected: dict[int, str] = {}
         for pid, rep in sorted(replies.items()):
@@ -255,7 +269,7 @@ def _run(cfg, spec, exchange, initial, param_keys, recorder, client_graph, clust
                 rejected[pid] = why
                 continue
             updates[pid] = ClientUpdate(pid, rep.arrays, rep.num_examples,
-                                        {k: v for k, v in rep.metrics.items() if not k.startswith(EVAL_PREFIX)})
+                                        {k: v for k, v in rep.metrics.items() if not k.startswith(wire.EVAL_PREFIX)})
         server_metrics = core.aggregate_train(r, updates)
         if piggyback and r > 1:
             recorder.record_eval(r - 1, {pid: rep.eval_metrics() for pid, rep in replies.items()
@@ -264,7 +278,7 @@ def _run(cfg, spec, exchange, initial, param_keys, recorder, client_graph, clust
         bytes_up = sum(sum(a.nbytes for a in rep.arrays.values()) for rep in replies.values()
                        if rep.arrays is not None)
         if not piggyback:
-            eval_replies = exchange.send("evaluate", r, {pid: core.evaluation_payload(pid) for pid in active},
+            eval_replies = exchange.send(wire.EVALUATE, r, {pid: core.evaluation_payload(pid) for pid in active},
                                          eval_first=False)
             recorder.record_eval(r, {pid: rep.eval_metrics() for pid, rep in eval_replies.items()
                                      if rep.error is None})
@@ -277,7 +291,7 @@ def _run(cfg, spec, exchange, initial, param_keys, recorder, client_graph, clust
 
     if piggyback:
         t_eval = time.perf_counter()
-        final = exchange.send("evaluate", cfg.rounds + 1, {pid: core.evaluation_payload(pid) for pid in active},
+        final = exchange.send(wire.EVALUATE, cfg.rounds + 1, {pid: core.evaluation_payload(pid) for pid in active},
                               eval_first=False)
         recorder.record_eval(cfg.rounds, {pid: rep.eval_metrics() for pid, rep in final.items()
                                           if rep.error is None})
@@ -290,7 +304,8 @@ def _run(cfg, spec, exchange, initial, param_keys, recorder, client_graph, clust
 def _event(kind: str, r: int, rounds: int, train_row: Mapping[str, Any], eval_row: Mapping[str, Any],
            eval_round: int) -> dict[str, Any]:
     """A progress event: round ``r``'s training numbers and the newest evaluation, which with
-    piggy-backed evaluation is that of the model after round ``eval_round = r - 1``."""
+    piggy-backed evaluation is that of the model after round ``eval_round = r - 1``.
+    """
     return {"event": kind, "round": r, "rounds": rounds,
             "train_loss": train_row.get("train_loss"), "seconds": train_row.get("seconds"),
             "eval_round": eval_round, "test_loss": eval_row.get("test_loss"), "test_acc": eval_row.get("test_acc")}

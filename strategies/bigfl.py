@@ -39,14 +39,19 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from graphfl.common.config import ConfigError
-from graphfl.common.registry import AlgorithmSpec, register
-from graphfl.strategies import bigfl_math as bm
-from graphfl.strategies.base import (
-    Arrays, ClientUpdate, MetricValue, Payload, ServerContext, ServerCore, flatten_params,
-    unflatten_params, weighted_average, validate_update,
+from graphfl.common.arrays import (
+    flatten_params,
+    select_keys,
+    unflatten_params,
+    validate_update,
+    weighted_average,
 )
-from graphfl.strategies.fesem import select_keys
+from graphfl.common.config import ConfigError
+from graphfl.common.core import ServerContext, ServerCore
+from graphfl.common.graph import fallback_graph, gcn_propagation
+from graphfl.common.registry import AlgorithmSpec, register
+from graphfl.common.types import Arrays, ClientUpdate, MetricValue, Payload
+from graphfl.strategies import bigfl_math as bm
 
 logger = logging.getLogger(__name__)
 
@@ -113,48 +118,12 @@ class BiGFLParams:
     phi_dtype: str = field(default="float32", metadata={"choices": ("float32", "float16")})
 
 
-def resolve_graph(ctx: ServerContext, policy: str) -> tuple[np.ndarray, str]:
-    """The client adjacency (n×n) and where it came from (task, graph file, or fallback).
-
-    Raises
-    ------
-    ConfigError
-        The graph does not match ``ctx.num_clients`` or is malformed, the graph file is
-        missing/invalid, or there is no graph and ``policy == "error"``.
-    """
-    from graphfl.tasks.graphs import load_edge_list, validate_adjacency
-
-    n = int(ctx.num_clients)
-    graph_file = str(getattr(ctx.config, "graph_file", "") or "")
-    try:
-        if ctx.client_graph is not None:
-            return validate_adjacency(ctx.client_graph, n, "the task's client graph"), "task"
-        if graph_file:
-            adj = load_edge_list(graph_file, n)
-            return validate_adjacency(adj, n, f"graph file {graph_file}"), f"file {graph_file}"
-    except (ValueError, FileNotFoundError) as exc:
-        raise ConfigError(f"bigfl: {exc}") from None
-    task = getattr(ctx.config, "task", "?")
-    if policy == "error":
-        raise ConfigError(
-            f"bigfl needs a client graph: task {task!r} has none and graph_file is not set "
-            "(give graph_file = 'edges.txt' with lines 'i j [weight]', or set "
-            "bigfl.missing-graph = complete|isolated)"
-        )
-    logger.warning("bigfl: task %r has no client graph and graph_file is not set; using the "
-                   "%s graph on %d clients (bigfl.missing-graph)", task, policy, n)
-    if policy == "complete":
-        return np.ones((n, n)) - np.eye(n), "complete (fallback)"
-    return np.zeros((n, n)), "isolated (fallback)"
-
 
 class BiGFLCore(ServerCore):
     """Server half of BiG-FL (see the module docstring)."""
 
     def __init__(self, ctx: ServerContext) -> None:
         super().__init__(ctx)
-        from graphfl.tasks.graphs import gcn_propagation
-
         p: BiGFLParams = ctx.params if ctx.params is not None else BiGFLParams()
         self.params = p
         self.n = int(ctx.num_clients)
@@ -167,7 +136,10 @@ class BiGFLCore(ServerCore):
         self.other_keys = tuple(k for k in self.template if k not in self.keys)
         self.dim = int(sum(np.asarray(self.template[k]).size for k in self.keys))
 
-        adj, self.graph_source = resolve_graph(ctx, p.missing_graph)
+        if ctx.client_graph is not None:
+            adj, self.graph_source = ctx.client_graph, ctx.graph_source
+        else:
+            adj, self.graph_source = fallback_graph(self.n, p.missing_graph, "bigfl")
         self.adj = adj
         self.a_hat = torch.as_tensor(gcn_propagation(adj), dtype=torch.float64)
         self.a_diag = np.diag(gcn_propagation(adj)).copy()
@@ -312,13 +284,7 @@ def unflatten_params_many(theta: np.ndarray, template: Arrays, keys: tuple[str, 
     return [unflatten_params(row, sub, keys) for row in theta]
 
 
-def _trainer(ctx):
-    from graphfl.client.bigfl_trainer import BiGFLTrainer
-
-    return BiGFLTrainer(ctx)
-
-
 register(AlgorithmSpec(
-    "bigfl", BiGFLParams, BiGFLCore, _trainer,
+    "bigfl", BiGFLParams, BiGFLCore,
     "BiG-FL: bilevel graph-aided FL (GCN phi on the client graph, cosine link-prediction UL)",
 ))

@@ -11,8 +11,10 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from graphfl.common.arrays import weighted_average
+from graphfl.common.core import ServerContext, ServerCore
 from graphfl.common.registry import AlgorithmSpec, register
-from graphfl.strategies.base import ClientUpdate, Payload, ServerContext, ServerCore, weighted_average
+from graphfl.common.types import Arrays, ClientUpdate, MetricValue, Payload
 
 logger = logging.getLogger(__name__)
 
@@ -32,10 +34,10 @@ class FedProxParams:
     weighted: bool = True
 
 
-class FedAvgCore(ServerCore):
+class FedAvgCore(ServerCore["FedAvgParams | FedProxParams"]):
     """Global-model averaging; the same payload object goes to every client."""
 
-    def __init__(self, ctx: ServerContext) -> None:
+    def __init__(self, ctx: ServerContext[FedAvgParams | FedProxParams]) -> None:
         super().__init__(ctx)
         self.global_arrays = dict(ctx.initial_arrays)
         self._payload = Payload(self.global_arrays)
@@ -43,12 +45,12 @@ class FedAvgCore(ServerCore):
     def configure_train(self, server_round: int, partition_id: int) -> Payload:
         return self._payload
 
-    def aggregate_train(self, server_round: int, updates: Mapping[int, ClientUpdate]) -> dict:
+    def aggregate_train(self, server_round: int, updates: Mapping[int, ClientUpdate]) -> dict[str, MetricValue]:
         if not updates:
             logger.warning("round %d: no valid client update; the global model is unchanged", server_round)
             return {"clients_aggregated": 0}
         ups = list(updates.values())
-        weights = [u.num_examples if self.ctx.params.weighted else 1.0 for u in ups]
+        weights = [u.num_examples if self.params.weighted else 1.0 for u in ups]
         self.global_arrays = weighted_average([u.arrays for u in ups], weights)
         self._payload = Payload(self.global_arrays)
         return {"clients_aggregated": len(ups)}
@@ -56,23 +58,11 @@ class FedAvgCore(ServerCore):
     def evaluation_payload(self, partition_id: int) -> Payload:
         return self._payload
 
-    def final_arrays(self):
+    def final_arrays(self) -> Arrays:
         return self.global_arrays
 
 
-def _fedavg_trainer(ctx):
-    from graphfl.client.trainers import SGDTrainer
-
-    return SGDTrainer(ctx)
-
-
-def _fedprox_trainer(ctx):
-    from graphfl.client.trainers import SGDTrainer
-
-    return SGDTrainer(ctx, mu=ctx.params.mu)
-
-
-register(AlgorithmSpec("fedavg", FedAvgParams, FedAvgCore, _fedavg_trainer,
+register(AlgorithmSpec("fedavg", FedAvgParams, FedAvgCore,
                        "FedAvg: sample-weighted averaging of local SGD models"))
-register(AlgorithmSpec("fedprox", FedProxParams, FedAvgCore, _fedprox_trainer,
+register(AlgorithmSpec("fedprox", FedProxParams, FedAvgCore,
                        "FedProx: FedAvg with a proximal term mu/2 |theta - global|^2"))

@@ -29,17 +29,15 @@ with NaN/Inf or wrong shapes are excluded (logged). All center statistics are ov
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from graphfl.common.config import ConfigError
+from graphfl.common.arrays import flatten_params, select_keys, unflatten_params
+from graphfl.common.core import ServerContext, ServerCore
 from graphfl.common.registry import AlgorithmSpec, register
-from graphfl.strategies.base import (
-    Arrays, ClientUpdate, MetricValue, Payload, ServerContext, ServerCore, flatten_params,
-    unflatten_params,
-)
+from graphfl.common.types import Arrays, ClientUpdate, MetricValue, Payload
 
 logger = logging.getLogger(__name__)
 
@@ -102,25 +100,6 @@ class FeSEMParams:
 # pure math
 # ---------------------------------------------------------------------------------------
 
-
-def select_keys(param_keys: Sequence[str], spec: str) -> tuple[str, ...]:
-    """Parameter keys named by ``spec`` (comma-separated exact keys or prefixes).
-
-    An empty ``spec`` selects all of ``param_keys``. A name that matches nothing is a
-    :class:`ConfigError` listing the valid keys.
-    """
-    names = [s.strip() for s in spec.split(",") if s.strip()]
-    if not names:
-        return tuple(param_keys)
-    chosen: list[str] = []
-    for name in names:
-        hits = [k for k in param_keys if k == name or k.startswith(name + ".")]
-        if not hits:
-            raise ConfigError(
-                f"layer {name!r} matches no trainable parameter; valid keys: {list(param_keys)}"
-            )
-        chosen.extend(h for h in hits if h not in chosen)
-    return tuple(k for k in param_keys if k in chosen)  # keep registration order
 
 
 def squared_distances(points: np.ndarray, centers: np.ndarray) -> np.ndarray:
@@ -426,13 +405,7 @@ class FeSEMCore(ServerCore):
         ]
 
 
-def _trainer(ctx):
-    from graphfl.client.fesem_trainer import FeSEMTrainer
-
-    return FeSEMTrainer(ctx)
-
-
 register(AlgorithmSpec(
-    "fesem", FeSEMParams, FeSEMCore, _trainer,
+    "fesem", FeSEMParams, FeSEMCore,
     "FeSEM: multi-center FL by federated stochastic EM (K centers, nearest-center assignment)",
 ))

@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from graphfl.common.core import ServerContext, ServerCore
 from graphfl.common.registry import AlgorithmSpec, register
-from graphfl.strategies.base import ClientUpdate, Payload, ServerContext, ServerCore
+from graphfl.common.types import ClientUpdate, MetricValue, Payload
 
 
 @dataclass(frozen=True)
@@ -19,10 +20,10 @@ class LocalParams:
     """Local training has no hyperparameters beyond ``[train]``."""
 
 
-class LocalCore(ServerCore):
+class LocalCore(ServerCore[LocalParams]):
     """Keeps the latest uploaded model of each client only for reporting."""
 
-    def __init__(self, ctx: ServerContext) -> None:
+    def __init__(self, ctx: ServerContext[LocalParams]) -> None:
         super().__init__(ctx)
         self._init = Payload(dict(ctx.initial_arrays))
         self._empty = Payload({})
@@ -31,7 +32,7 @@ class LocalCore(ServerCore):
     def configure_train(self, server_round: int, partition_id: int) -> Payload:
         return self._empty if partition_id in self.trained else self._init
 
-    def aggregate_train(self, server_round: int, updates: Mapping[int, ClientUpdate]) -> dict:
+    def aggregate_train(self, server_round: int, updates: Mapping[int, ClientUpdate]) -> dict[str, MetricValue]:
         self.trained.update(updates)
         return {"clients_trained": len(updates)}
 
@@ -39,11 +40,5 @@ class LocalCore(ServerCore):
         return self._empty if partition_id in self.trained else self._init
 
 
-def _trainer(ctx):
-    from graphfl.client.trainers import LocalTrainer
-
-    return LocalTrainer(ctx)
-
-
-register(AlgorithmSpec("local", LocalParams, LocalCore, _trainer,
+register(AlgorithmSpec("local", LocalParams, LocalCore,
                        "Local-only training (no communication after round 1)"))

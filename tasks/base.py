@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
+from graphfl.common.types import ClientData
+
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
@@ -23,22 +25,6 @@ class DataError(FileNotFoundError):
     """A data file is missing or malformed; the message names the file and how to get it."""
 
 
-@dataclass(frozen=True)
-class ClientData:
-    """One client's local data, already split into train and test (numpy, float32 / int64)."""
-
-    x_train: np.ndarray
-    y_train: np.ndarray
-    x_test: np.ndarray
-    y_test: np.ndarray
-
-    @property
-    def num_train(self) -> int:
-        return int(len(self.x_train))
-
-    @property
-    def num_test(self) -> int:
-        return int(len(self.x_test))
 
 
 @dataclass(frozen=True)
@@ -57,7 +43,7 @@ class Task(ABC):
 
     spec: TaskSpec
 
-    def __init__(self, data: "DataConfig | None" = None, data_dir: str = "", seed: int = 0) -> None:
+    def __init__(self, data: DataConfig | None = None, data_dir: str = "", seed: int = 0) -> None:
         from graphfl.common.config import DataConfig
 
         self.data = data if data is not None else DataConfig()
@@ -81,10 +67,10 @@ class Task(ABC):
         """
 
     @abstractmethod
-    def build_model(self) -> "torch.nn.Module":
+    def build_model(self) -> torch.nn.Module:
         """A freshly initialised model; identical for identical ``self.seed``."""
 
-    def loss_fn(self) -> "torch.nn.Module":
+    def loss_fn(self) -> torch.nn.Module:
         import torch
 
         return torch.nn.CrossEntropyLoss() if self.kind == "classification" else torch.nn.MSELoss()

@@ -12,6 +12,7 @@ import io
 import logging
 import os
 import tarfile
+import zlib
 from functools import lru_cache
 from pathlib import Path
 
@@ -159,8 +160,19 @@ def _require(path: Path, what: str) -> Path:
 
 
 def read_idx(path: Path, offset: int) -> np.ndarray:
-    with gzip.open(path, "rb") as fh:
-        return np.frombuffer(fh.read(), np.uint8, offset=offset)
+    """The bytes of a gzipped IDX file after its ``offset``-byte header, as uint8.
+
+    A truncated or corrupt file is a :class:`DataError` naming it (never a bare zlib error).
+    """
+    try:
+        with gzip.open(path, "rb") as fh:
+            raw = fh.read()
+    except (OSError, EOFError, zlib.error) as exc:
+        raise DataError(f"{path} is not a readable gzip file ({type(exc).__name__}: {exc}); "
+                        "re-copy it from the dataset's source") from None
+    if len(raw) < offset:
+        raise DataError(f"{path} is {len(raw)} bytes after decompression, shorter than its {offset}-byte IDX header")
+    return np.frombuffer(raw, np.uint8, offset=offset)
 
 
 class MNIST(LabeledPoolTask):

@@ -32,7 +32,8 @@ class MLP(nn.Module):
 
 def multicenter_net() -> MLP:
     """The seed's LL model (ALGORITHMS.md §5.9): 8×16, 16×16, 16×8 weights, no biases
-    (512 parameters), sigmoid after the two hidden layers, linear output."""
+    (512 parameters), sigmoid after the two hidden layers, linear output.
+    """
     return MLP(8, (16, 16), 8, activation=nn.Sigmoid, bias=False)
 
 

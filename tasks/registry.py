@@ -22,10 +22,12 @@ def register_task(cls: type[Task]) -> type[Task]:
 
 
 def names() -> list[str]:
+    """Names of all registered tasks, sorted."""
     return sorted(_TASKS)
 
 
 def get(name: str) -> type[Task]:
+    """The task class called ``name``; an unknown name is a ConfigError listing the valid ones."""
     try:
         return _TASKS[name]
     except KeyError:

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from functools import cached_property
-
 import numpy as np
 
+from graphfl.common.graph import knn_graph
 from graphfl.tasks.base import ClientData, Task, TaskSpec
-from graphfl.tasks.graphs import knn_graph
 
 # ALGORITHMS.md §2.10: node-specific input intervals and nonlinearities, in this order.
 DFL_INTERVALS = ((-30.0, 30.0), (40.0, 100.0), (-55.0, -50.0), (-1.0, 1.0), (-0.1, 0.1))

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from graphfl.client.base import ClientTrainer, FitResult
-from graphfl.common.registry import AlgorithmSpec, register
-from graphfl.strategies.base import Payload, ServerCore
+from graphfl.common.core import ClientTrainer, ServerCore
+from graphfl.common.registry import AlgorithmSpec, ClientSpec, register, register_client
+from graphfl.common.types import FitResult, Payload
 
 
 @dataclass(frozen=True)
@@ -66,4 +66,5 @@ class ProbeTrainer(ClientTrainer):
         return {"test_loss": float(state.get("count", np.zeros(())).item()), "num_test": 1.0}
 
 
-register(AlgorithmSpec("probe", ProbeParams, ProbeCore, ProbeTrainer, "test probe"))
+register(AlgorithmSpec("probe", ProbeParams, ProbeCore, "test probe"))
+register_client(ClientSpec("probe", ProbeTrainer))

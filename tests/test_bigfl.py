@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
 
 from graphfl.strategies import bigfl_math as bm
-
 
 
 @pytest.fixture(autouse=True)
@@ -242,8 +243,9 @@ def test_unknown_mode_is_an_error(problem):
 # ---------------------------------------------------------------------------------------
 
 from graphfl.common.config import ConfigError, RunConfig  # noqa: E402
+from graphfl.common.core import ServerContext  # noqa: E402
+from graphfl.common.types import ClientUpdate  # noqa: E402
 from graphfl.strategies import bigfl as bg  # noqa: E402
-from graphfl.strategies.base import ClientUpdate, ServerContext  # noqa: E402
 
 TEMPLATE = {"l1.weight": np.zeros((2, 2), dtype=np.float32), "l2.weight": np.ones(3, dtype=np.float32)}
 
@@ -306,13 +308,16 @@ def test_core_excludes_nan_and_survives_empty_round(caplog):
 
 
 def test_graph_sources_and_errors(tmp_path, caplog):
+    """The run's graph is resolved once (common.graph); BiG-FL falls back per missing-graph."""
     import logging
 
+    from graphfl.common.graph import resolve_client_graph
+
     with pytest.raises(ConfigError, match="shape"):
-        bg.BiGFLCore(_core_ctx(_adj(3, [(0, 1)]), n=4))
+        resolve_client_graph(4, _adj(3, [(0, 1)]))
     with pytest.raises(ConfigError, match="needs a client graph"):
         bg.BiGFLCore(_core_ctx(None, missing_graph="error"))
-    with caplog.at_level(logging.WARNING, logger="graphfl.strategies.bigfl"):
+    with caplog.at_level(logging.WARNING, logger="graphfl.common.graph"):
         core = bg.BiGFLCore(_core_ctx(None))
     assert core.graph_source.startswith("complete") and "no client graph" in caplog.text
     assert core.pos.shape[0] == 12
@@ -320,11 +325,12 @@ def test_graph_sources_and_errors(tmp_path, caplog):
     assert iso.pos.shape[0] == 0 and np.allclose(iso.a_diag, 1.0)
     edges = tmp_path / "edges.txt"
     edges.write_text("# ring\n0 1\n1 2\n2 3\n3 0\n")
-    core = bg.BiGFLCore(_core_ctx(None, cfg=RunConfig(graph_file=str(edges))))
+    adj, source = resolve_client_graph(4, _adj(4, [(0, 1)]), str(edges))  # the file wins over the task
+    core = bg.BiGFLCore(dataclasses.replace(_core_ctx(adj), graph_source=source))
     assert core.graph_source.startswith("file") and core.pos.shape[0] == 8
     edges.write_text("0 7\n")
     with pytest.raises(ConfigError, match="outside"):
-        bg.BiGFLCore(_core_ctx(None, cfg=RunConfig(graph_file=str(edges))))
+        resolve_client_graph(4, None, str(edges))
 
 
 def test_layer_subset_and_local_others():
@@ -355,12 +361,12 @@ def test_layer_subset_and_local_others():
 def test_inprocess_two_rounds_neumann_with_nan_reply():
     import graphfl.strategies.bigfl  # noqa: F401  (registers "bigfl")
     from graphfl.common.config import parse_run_config
-    from graphfl.server.inprocess import run_inprocess
+    from graphfl.server.inprocess import run_federated_inprocess
 
     cfg = parse_run_config({"strategy": "bigfl", "task": "synthetic-multicenter", "nodes": 8,
                             "rounds": 2, "engine": "inprocess", "train.local-steps": 3,
                             "bigfl.alpha": 0.5})
-    doc, core = run_inprocess(cfg, fail={(2, 3): "nan"})
+    doc, core = run_federated_inprocess(cfg, fail={(2, 3): "nan"})
     curve = doc["methods"]["bigfl"]["curve"]
     assert core.graph_source == "task" and core.dim == 512
     assert core.want_hessian and float(core.hessians[0].abs().sum()) > 0

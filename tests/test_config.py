@@ -1,10 +1,17 @@
+import dataclasses
 import tomllib
 from pathlib import Path
 
 import pytest
 
 from graphfl.common.config import (
-    ConfigError, RunConfig, all_defaults_flat, flatten, load_toml, parse_assignment, parse_run_config,
+    ConfigError,
+    RunConfig,
+    all_defaults_flat,
+    flatten,
+    load_toml,
+    parse_assignment,
+    parse_run_config,
 )
 
 REPO = Path(__file__).resolve().parent.parent
@@ -13,8 +20,8 @@ REPO = Path(__file__).resolve().parent.parent
 def test_defaults_parse_to_frozen_config():
     cfg = parse_run_config({})
     assert cfg.strategy == "fedavg" and cfg.task == "digits" and cfg.nodes == 4
-    with pytest.raises(Exception):
-        cfg.rounds = 3  # frozen
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.rounds = 3  # type: ignore[misc]  # frozen
     assert cfg.params.weighted is True
 
 

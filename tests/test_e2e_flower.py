@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 
 from graphfl.common.config import parse_run_config
+from graphfl.common.ports import free_port
 from graphfl.deploy.federation import LocalFederation
-from graphfl.deploy.processes import free_port, pids_with_env
+from graphfl.deploy.processes import pids_with_env
 from graphfl.deploy.run import run_experiment
-from graphfl.server.inprocess import run_inprocess
+from graphfl.server.inprocess import run_federated_inprocess
 
 pytestmark = pytest.mark.e2e
 
@@ -39,7 +40,7 @@ def assert_no_processes_left(out: Path) -> None:
 
 
 def assert_matches_inprocess(out: Path, cfg_values: dict, method: str = "fedavg") -> None:
-    ref, _ = run_inprocess(parse_run_config({**cfg_values, "engine": "inprocess"}))
+    ref, _ = run_federated_inprocess(parse_run_config({**cfg_values, "engine": "inprocess"}))
     got = curve(out, method)
     want = ref["methods"][method]["curve"]
     assert [r["round"] for r in got] == [r["round"] for r in want]
@@ -219,7 +220,7 @@ def test_ctrl_c_stops_every_process(tmp_path):
 def test_supernode_authentication_admits_only_registered_keys(tmp_path):
     """`graphfl certs --node-keys` material + `flwr supernode register`: registered SuperNodes
     join (start() waits for their ids); an unregistered key is refused."""
-    from graphfl.deploy.certs import generate_node_keys
+    from graphfl.common.certs import generate_node_keys
     from graphfl.deploy.federation import supernode_argv
 
     with LocalFederation(tmp_path, 2, tls=True, node_auth=True) as fed:

@@ -7,9 +7,11 @@ import logging
 import numpy as np
 import pytest
 
+from graphfl.common.arrays import select_keys
 from graphfl.common.config import ConfigError, RunConfig
+from graphfl.common.core import ServerContext
+from graphfl.common.types import ClientUpdate
 from graphfl.strategies import fesem as fs
-from graphfl.strategies.base import ClientUpdate, ServerContext
 
 PTS = np.array([[0.0, 0.0], [1.0, 0.0], [10.0, 0.0], [11.0, 0.0]])
 
@@ -62,11 +64,11 @@ def test_kmeanspp_picks_distinct_groups():
 
 def test_select_keys():
     keys = ("net.0.weight", "net.2.weight", "net.4.weight")
-    assert fs.select_keys(keys, "") == keys
-    assert fs.select_keys(keys, "net.4") == ("net.4.weight",)
-    assert fs.select_keys(keys, "net.4.weight, net.0") == ("net.0.weight", "net.4.weight")
+    assert select_keys(keys, "") == keys
+    assert select_keys(keys, "net.4") == ("net.4.weight",)
+    assert select_keys(keys, "net.4.weight, net.0") == ("net.0.weight", "net.4.weight")
     with pytest.raises(ConfigError, match="net.0.weight"):
-        fs.select_keys(keys, "fc9")
+        select_keys(keys, "fc9")
 
 
 # ---------------------------------------------------------------------------------------
@@ -203,11 +205,11 @@ def test_weighted_mstep_uses_num_examples():
 def _run(strategy: str, task: str, rounds: int, nodes: int, seed: int = 0, fail=None, **extra):
     import graphfl.strategies.fesem  # noqa: F401  (registers "fesem")
     from graphfl.common.config import parse_run_config
-    from graphfl.server.inprocess import run_inprocess
+    from graphfl.server.inprocess import run_federated_inprocess
 
     cfg = parse_run_config({"strategy": strategy, "task": task, "nodes": nodes, "rounds": rounds,
                             "engine": "inprocess", "seed": seed, **extra})
-    doc, core = run_inprocess(cfg, fail=fail)
+    doc, core = run_federated_inprocess(cfg, fail=fail)
     return doc["methods"][strategy]["curve"], core
 
 

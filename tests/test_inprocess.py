@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from graphfl.common import registry
+from graphfl.common.arrays import flatten_params, unflatten_params, weighted_average
 from graphfl.common.config import parse_run_config
-from graphfl.server.inprocess import run_inprocess
+from graphfl.server.inprocess import run_federated_inprocess
 from graphfl.server.rounds import validate_update
-from graphfl.strategies.base import flatten_params, unflatten_params, weighted_average
 
 
 def small(strategy="fedavg", **kw):
@@ -47,7 +47,7 @@ def test_validate_update_rejects_nan_and_shapes():
 
 
 def test_fedavg_learns_and_curve_is_complete(tmp_path):
-    doc, core = run_inprocess(small(rounds=4, **{"train.local-steps": 20}), out_dir=tmp_path)
+    doc, core = run_federated_inprocess(small(rounds=4, **{"train.local-steps": 20}), out_dir=tmp_path)
     curve = doc["methods"]["fedavg"]["curve"]
     assert [row["round"] for row in curve] == [0, 1, 2, 3, 4]
     assert all(row.get("test_acc") is not None for row in curve)
@@ -59,12 +59,12 @@ def test_fedavg_learns_and_curve_is_complete(tmp_path):
 
 def test_fedavg_global_model_is_the_weighted_mean_of_client_models():
     from graphfl.client.handler import build_runtime, handle
+    from graphfl.common.types import Payload
     from graphfl.server.inprocess import server_inputs
-    from graphfl.strategies.base import Payload
 
     cfg = small(rounds=1)
-    _, core = run_inprocess(cfg)
-    initial, *_ = server_inputs(cfg)
+    _, core = run_federated_inprocess(cfg)
+    initial = server_inputs(cfg).initial_arrays
     ups, ns = [], []
     for pid in range(3):  # replay round 1 by hand
         arrays, metrics = handle(build_runtime(cfg, pid, 3), "train", 1, Payload(initial), {})
@@ -76,16 +76,16 @@ def test_fedavg_global_model_is_the_weighted_mean_of_client_models():
 
 
 def test_local_keeps_personal_models_in_client_state():
-    doc, _ = run_inprocess(small("local", rounds=3))
+    doc, _ = run_federated_inprocess(small("local", rounds=3))
     curve = doc["methods"]["local"]["curve"]
     assert curve[1]["bytes_down"] > 0 and curve[2]["bytes_down"] == 0   # model only sent in round 1
     assert curve[3]["test_acc"] > curve[0]["test_acc"]
 
 
 def test_same_seed_same_results_different_seed_different():
-    a, _ = run_inprocess(small(rounds=2))
-    b, _ = run_inprocess(small(rounds=2))
-    c, _ = run_inprocess(small(rounds=2, seed=1))
+    a, _ = run_federated_inprocess(small(rounds=2))
+    b, _ = run_federated_inprocess(small(rounds=2))
+    c, _ = run_federated_inprocess(small(rounds=2, seed=1))
     la = [r["test_loss"] for r in a["methods"]["fedavg"]["curve"]]
     assert la == [r["test_loss"] for r in b["methods"]["fedavg"]["curve"]]
     assert la != [r["test_loss"] for r in c["methods"]["fedavg"]["curve"]]
@@ -94,7 +94,7 @@ def test_same_seed_same_results_different_seed_different():
 def test_probe_gets_per_node_payloads_and_state():
     import graphfl.tests.probe_strategy  # noqa: F401  registers "probe"
 
-    doc, _ = run_inprocess(small("probe", rounds=3))
+    doc, _ = run_federated_inprocess(small("probe", rounds=3))
     curve = doc["methods"]["probe"]["curve"]
     for r in (1, 2, 3):
         server = curve[r]["server"]
@@ -109,7 +109,7 @@ CONTRACT_FAILURES = {(1, 0): "error", (2, 1): "nan", **{(3, pid): "error" for pi
 def test_every_strategy_survives_failed_nan_and_empty_rounds(name):
     """Contract: a failed reply, a NaN reply and a round with no valid reply are survived."""
     cfg = small(name, nodes=4, rounds=4, **{"train.local-steps": 2})
-    doc, _ = run_inprocess(cfg, fail=CONTRACT_FAILURES)
+    doc, _ = run_federated_inprocess(cfg, fail=CONTRACT_FAILURES)
     curve = doc["methods"][name]["curve"]
     assert doc["status"] == "completed"
     assert curve[1]["failed"] == {"0": "injected failure"}
@@ -144,7 +144,7 @@ def test_sgd_update_equals_torch_sgd(momentum, wd):
 
 
 def test_core_strategy_refuses_flowers_stock_loop_clearly():
-    from graphfl.strategies.flower_adapter import CoreStrategy
+    from graphfl.server.flower_adapter import CoreStrategy
 
     strategy = CoreStrategy(small(), registry.get("fedavg"), None, ())
     with pytest.raises(NotImplementedError, match="call CoreStrategy.start"):

@@ -9,9 +9,9 @@ import pytest
 
 from graphfl.common.config import ConfigError
 from graphfl.p2p.algorithms import DFLGT, DFLSGD, StepSize, make_algorithm
-from graphfl.p2p.driver import consensus_distance, run_inprocess, run_node
-from graphfl.p2p.exchange import Exchange, FailurePolicy, RoundFailed
-from graphfl.p2p.mixing import mixing_matrix, mixing_row
+from graphfl.p2p.driver import consensus_distance, run_network_inprocess, run_node
+from graphfl.p2p.exchange import FailurePolicy, NeighbourExchange, RoundFailed
+from graphfl.p2p.mixing import mixing_row
 from graphfl.p2p.oracles import ProblemSpec, make_oracle
 from graphfl.p2p.topology import make_topology
 from graphfl.p2p.transport import InProcessHub
@@ -46,10 +46,10 @@ def test_dfl_sgd_hand_computed_first_steps():
     # 2 nodes, W = [[.5,.5],[.5,.5]] (complete graph), constant step 0.5, c = (2, -2) in 1-D.
     oracles = [Quadratic([2.0]), Quadratic([-2.0])]
     algo = DFLSGD(tau=1, step=StepSize(0.5, "constant"))
-    res = run_inprocess(algo, oracles, np.full((2, 2), 0.5), 1)
+    res = run_network_inprocess(algo, oracles, np.full((2, 2), 0.5), 1)
     # θ^1 = W θ^0 − α ∇f_i(θ^0) = 0 − 0.5 * (0 − c_i) = c_i / 2
     assert [float(s.theta[0]) for s in res.states] == [1.0, -1.0]
-    res = run_inprocess(algo, oracles, np.full((2, 2), 0.5), 2)
+    res = run_network_inprocess(algo, oracles, np.full((2, 2), 0.5), 2)
     # θ^2 = mean(θ^1) − 0.5 (θ^1 − c_i) = 0 − 0.5 * (1 − 2) = 0.5 for node 0
     assert [float(s.theta[0]) for s in res.states] == [0.5, -0.5]
 
@@ -58,13 +58,13 @@ def test_dfl_gt_hand_computed_first_step_and_zero_init():
     oracles = [Quadratic([2.0]), Quadratic([-2.0])]
     w = np.full((2, 2), 0.5)
     gt = DFLGT(tau=1, step=StepSize(0.5, "constant"))
-    res = run_inprocess(gt, oracles, w, 1)
+    res = run_network_inprocess(gt, oracles, w, 1)
     # ϑ^0 = g^0 = −c_i; θ^1 = 0 − 0.5 ϑ^0 = c_i/2; ϑ^1 = mean(ϑ^0) + g(θ^1) − g^0 = 0 + (c/2 − c) + c = c/2
     assert [float(s.theta[0]) for s in res.states] == [1.0, -1.0]
     assert [float(s.tracker[0]) for s in res.states] == [1.0, -1.0]
     # seed-literal zero tracker with identical starts never moves (ALGORITHMS §3.3)
     zero = DFLGT(tau=1, step=StepSize(0.5, "constant"), init_tracker="zero")
-    res = run_inprocess(zero, [Quadratic([2.0]), Quadratic([2.0])], w, 5)
+    res = run_network_inprocess(zero, [Quadratic([2.0]), Quadratic([2.0])], w, 5)
     assert all(float(s.theta[0]) == 0.0 for s in res.states)
     with pytest.raises(ConfigError):
         DFLGT(init_tracker="random")
@@ -83,12 +83,12 @@ def test_tracker_invariant(tau):
         gp = np.mean([s.g_prev for s in states], axis=0)
         gaps.append(float(np.max(np.abs(tr - gp))))
 
-    run_inprocess(algo, oracles, ring_w(5), 60, on_step=check)
+    run_network_inprocess(algo, oracles, ring_w(5), 60, on_step=check)
     assert len(gaps) == 60 and max(gaps) < 1e-10
     # and with the seed's zero init the invariant is off by the initial mean gradient
     gaps.clear()
     oracles = [make_oracle(i, spec) for i in range(5)]
-    run_inprocess(DFLGT(tau=tau, step=StepSize(0.02, "constant"), init_tracker="zero"), oracles, ring_w(5), 5, on_step=check)
+    run_network_inprocess(DFLGT(tau=tau, step=StepSize(0.02, "constant"), init_tracker="zero"), oracles, ring_w(5), 5, on_step=check)
     assert max(gaps) > 1e-3
 
 
@@ -98,8 +98,8 @@ def test_gt_reaches_the_average_optimum_where_sgd_is_biased():
     target = np.mean(cs, axis=0)
     step = StepSize(0.3, "constant")
     w = ring_w(5)
-    gt = run_inprocess(DFLGT(1, step), [Quadratic(c) for c in cs], w, 1000)
-    sgd = run_inprocess(DFLSGD(1, step), [Quadratic(c) for c in cs], w, 1000)
+    gt = run_network_inprocess(DFLGT(1, step), [Quadratic(c) for c in cs], w, 1000)
+    sgd = run_network_inprocess(DFLSGD(1, step), [Quadratic(c) for c in cs], w, 1000)
     gt_err = max(float(np.abs(s.theta - target).max()) for s in gt.states)
     sgd_err = max(float(np.abs(s.theta - target).max()) for s in sgd.states)
     assert gt_err < 1e-8
@@ -110,7 +110,7 @@ def test_gt_reaches_the_average_optimum_where_sgd_is_biased():
 def test_fedavg_is_dfl_sgd_with_uniform_w_and_tau():
     spec = ProblemSpec("linreg", num_nodes=4, dim=5, seed=2)
     oracles = [make_oracle(i, spec) for i in range(4)]
-    res = run_inprocess(DFLSGD(tau=5, step=StepSize(0.01, "constant")), oracles, np.full((4, 4), 0.25), 20,
+    res = run_network_inprocess(DFLSGD(tau=5, step=StepSize(0.01, "constant")), oracles, np.full((4, 4), 0.25), 20,
                         bytes_model="server")
     assert [r["round"] for r in res.curve] == [1, 2, 3, 4]
     # right after an averaging step all models coincide: θ^{t+1} = θ̄ − α g_i differs only by gradients
@@ -142,7 +142,7 @@ def _threaded(algo_name, n, iterations, spec, policy=None, down=(), tau=1):
 
     def go(i):
         try:
-            ex = Exchange(transports[i], mixing_row(w, i), policy or FailurePolicy(round_timeout=10))
+            ex = NeighbourExchange(transports[i], mixing_row(w, i), policy or FailurePolicy(round_timeout=10))
             runs[i] = run_node(algo, oracles[i], ex, iterations)
         except Exception as exc:  # noqa: BLE001
             errors[i] = exc
@@ -162,7 +162,7 @@ def test_threaded_transport_matches_inprocess(algo_name, tau):
     spec = ProblemSpec("linreg", num_nodes=4, dim=7, batch_size=5, seed=3)
     runs, errors, w = _threaded(algo_name, 4, 30, spec, tau=tau)
     assert not errors
-    ref = run_inprocess(make_algorithm(algo_name, tau=tau, alpha0=0.05), [make_oracle(i, spec) for i in range(4)], w, 30)
+    ref = run_network_inprocess(make_algorithm(algo_name, tau=tau, alpha0=0.05), [make_oracle(i, spec) for i in range(4)], w, 30)
     for i in range(4):
         np.testing.assert_array_equal(runs[i].state.theta, ref.states[i].theta)
     rec = runs[0].records[-1]

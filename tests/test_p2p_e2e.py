@@ -15,7 +15,7 @@ import pytest
 
 from graphfl.p2p.algorithms import make_algorithm
 from graphfl.p2p.config import load_network_file
-from graphfl.p2p.driver import run_inprocess
+from graphfl.p2p.driver import run_network_inprocess
 from graphfl.p2p.launcher import PeerProcesses, launch, prepare_network
 from graphfl.p2p.oracles import make_oracle
 from graphfl.p2p.peer import EXIT_REFUSED, problem_spec
@@ -54,7 +54,7 @@ def test_ring_of_4_processes_matches_inprocess_driver(tmp_path):
     try:
         algo = make_algorithm("dfl-gt", tau=1, alpha0=0.3)
         oracles = [make_oracle(i, problem_spec(net, i), partition=i) for i in range(4)]
-        ref = run_inprocess(algo, oracles, net.topology.mixing_matrix(), net.run.iterations)
+        ref = run_network_inprocess(algo, oracles, net.topology.mixing_matrix(), net.run.iterations)
     finally:
         torch.set_num_threads(threads)
     for i in range(4):

@@ -6,12 +6,12 @@ import grpc
 import numpy as np
 import pytest
 
+from graphfl.common.certs import PeerTlsFiles, generate_network_certs, make_peer_cert, write_ca
+from graphfl.common.ports import free_ports
 from graphfl.p2p import codec
 from graphfl.p2p.grpc_transport import GrpcTransport, Identity
-from graphfl.p2p.launcher import free_ports
 from graphfl.p2p.proto import graphfl_p2p_pb2 as pb
 from graphfl.p2p.proto import graphfl_p2p_pb2_grpc as pb_grpc
-from graphfl.p2p.tls import TlsFiles, generate_network_certs, make_ca, make_peer_cert
 from graphfl.p2p.topology import make_topology
 from graphfl.p2p.transport import HandshakeRefused
 
@@ -36,7 +36,7 @@ def certs(tmp_path):
 
 
 def files(d, i):
-    return TlsFiles(d / "ca.crt", d / f"peer-{i}.crt", d / f"peer-{i}.key")
+    return PeerTlsFiles(d / "ca.crt", d / f"peer-{i}.crt", d / f"peer-{i}.key")
 
 
 def test_plaintext_exchange_and_early_message_buffering(topo):
@@ -115,10 +115,10 @@ def test_mutual_tls_accepts_network_certs(topo, certs):
 
 def test_certificate_from_another_ca_is_refused(topo, certs, tmp_path):
     rogue = tmp_path / "rogue"
-    ca_cert, ca_key = make_ca(rogue, name="rogue-ca")
-    make_peer_cert(rogue, 1, ca_cert, ca_key)
+    ca_key, ca_cert = write_ca(rogue, name="rogue-ca")
+    make_peer_cert(rogue, 1, ca_key, ca_cert)
     # the intruder trusts the network CA but presents a certificate signed by its own CA
-    bad = TlsFiles(certs / "ca.crt", rogue / "peer-1.crt", rogue / "peer-1.key")
+    bad = PeerTlsFiles(certs / "ca.crt", rogue / "peer-1.crt", rogue / "peer-1.key")
     a, b = peer(topo, 0, files(certs, 0)), peer(topo, 1, bad)
     try:
         assert b.start(1.5) == set()

@@ -3,9 +3,9 @@ import pytest
 import torch
 
 from graphfl.common.config import ConfigError, DataConfig
+from graphfl.common.graph import gcn_propagation, knn_graph, load_adjacency, validate_adjacency
 from graphfl.tasks import registry
 from graphfl.tasks.base import DataError
-from graphfl.tasks.graphs import gcn_propagation, knn_graph, load_edge_list, validate_adjacency
 
 
 def test_registry_lists_tasks_and_rejects_unknown():
@@ -98,10 +98,10 @@ def test_graph_utilities(tmp_path):
     np.testing.assert_allclose(a_hat, np.full((2, 2), 0.5))
     f = tmp_path / "g.txt"
     f.write_text("# ring\n0 1\n1 2 2.5\n")
-    g = load_edge_list(f, 3)
+    g = load_adjacency(f, 3)
     assert g[1, 2] == 2.5 and g[2, 1] == 2.5 and g[0, 2] == 0
     f.write_text("0 5\n")
-    with pytest.raises(ValueError, match="g.txt:1: client id 5"):
-        load_edge_list(f, 3)
+    with pytest.raises(ValueError, match="g.txt:1: node id 5"):
+        load_adjacency(f, 3)
     with pytest.raises(ValueError, match="shape"):
         validate_adjacency(np.zeros((2, 2)), 3)

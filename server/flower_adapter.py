@@ -1,6 +1,6 @@
 """One Flower ``Strategy`` for every graphfl algorithm: it translates messages to arrays.
 
-:class:`CoreStrategy` wraps any registered :class:`~graphfl.strategies.base.ServerCore`.
+:class:`CoreStrategy` wraps any registered :class:`~graphfl.common.core.ServerCore`.
 It addresses clients by *partition id* (learned in a join round; node ids change when a
 SuperNode restarts, partition ids do not), gives each client its own ``ArrayRecord``
 (identical payloads share one record, so Flower uploads them once), validates replies
@@ -14,37 +14,25 @@ with its own push/pull polling (``poll_interval``, default 0.05 s) instead of
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Iterable, Mapping
+from typing import Any
 
-import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
+from graphfl.common import wire
 from graphfl.common.config import RunConfig
+from graphfl.common.core import ServerCore
+from graphfl.common.records import arrays_to_record, record_to_arrays
 from graphfl.common.registry import AlgorithmSpec
-from graphfl.server.rounds import Reply, RunRecorder, RunError, run_federated
-from graphfl.strategies.base import Arrays, Payload, ServerCore
+from graphfl.common.types import Arrays, Payload
+from graphfl.server.rounds import Reply, RunError, RunRecorder, ServerInputs, run_federated
 
 logger = logging.getLogger(__name__)
-
-ROUND_KEY = "graphfl.round"
-KIND_KEY = "graphfl.kind"
-EVAL_FIRST_KEY = "graphfl.eval-first"
-
-
-def arrays_to_record(arrays: Arrays) -> ArrayRecord:
-    """numpy dict -> ``ArrayRecord`` (order kept)."""
-    rec = ArrayRecord()
-    for key, value in arrays.items():
-        rec[key] = Array(np.ascontiguousarray(value))
-    return rec
-
-
-def record_to_arrays(record: ArrayRecord) -> Arrays:
-    return {key: arr.numpy() for key, arr in record.items()}
 
 
 def reply_from_message(msg: Message, partition_id: int | None = None) -> Reply:
@@ -56,12 +44,12 @@ def reply_from_message(msg: Message, partition_id: int | None = None) -> Reply:
     metrics: dict[str, float] = {}
     for rec in content.metric_records.values():
         metrics.update({k: float(v) for k, v in rec.items() if isinstance(v, (int, float))})
-    pid = int(metrics.get("partition-id", -1 if partition_id is None else partition_id))
+    pid = int(metrics.get(wire.PARTITION_ID, -1 if partition_id is None else partition_id))
     arrays = None
-    if "arrays" in content.array_records:
+    if wire.ARRAYS in content.array_records:
         try:
-            arrays = record_to_arrays(content.array_records["arrays"])
-        except Exception as exc:  # undecodable arrays: treat as a failed reply
+            arrays = record_to_arrays(content.array_records[wire.ARRAYS])
+        except (ValueError, TypeError) as exc:  # undecodable arrays: treat as a failed reply
             return Reply(pid, error=f"undecodable arrays: {exc}")
     return Reply(pid, arrays, metrics)
 
@@ -85,11 +73,11 @@ class GridExchange:
 
     def message(self, node_id: int, kind: str, server_round: int, payload: Payload, eval_first: bool) -> Message:
         config = ConfigRecord(dict(payload.config))
-        config[ROUND_KEY] = int(server_round)
-        config[KIND_KEY] = kind
-        config[EVAL_FIRST_KEY] = bool(eval_first)
-        mtype = MessageType.TRAIN if kind == "train" else MessageType.EVALUATE
-        content = RecordDict({"arrays": self._record(payload.arrays), "config": config})
+        config[wire.ROUND] = int(server_round)
+        config[wire.KIND] = kind
+        config[wire.EVAL_FIRST] = bool(eval_first)
+        mtype = MessageType.TRAIN if kind == wire.TRAIN else MessageType.EVALUATE
+        content = RecordDict({wire.ARRAYS: self._record(payload.arrays), wire.CONFIG: config})
         return Message(content, dst_node_id=int(node_id), message_type=mtype, group_id=str(server_round))
 
     def _exchange(self, messages: dict[int, Message], timeout: float) -> dict[int, Message]:
@@ -132,8 +120,9 @@ class GridExchange:
     def _join_nodes(self, node_ids: list[int], initial: Payload, rejoin: bool = False) -> dict[int, Reply]:
         """Ask ``node_ids`` for their partition ids. Two nodes claiming one partition is a
         configuration error at the start; later (``rejoin``) the newer node replaces the old
-        one, which the SuperLink may still list after a crash."""
-        msgs = {nid: self.message(nid, "join", 0, initial, False) for nid in node_ids}
+        one, which the SuperLink may still list after a crash.
+        """
+        msgs = {nid: self.message(nid, wire.JOIN, 0, initial, False) for nid in node_ids}
         replies = self._exchange(msgs, self.cfg.round_timeout)
         out: dict[int, Reply] = {}
         for nid in node_ids:
@@ -143,7 +132,7 @@ class GridExchange:
             rep = reply_from_message(replies[nid])
             if rep.error is not None:
                 raise RunError(f"node {nid} failed to join: {rep.error}")
-            nparts = int(rep.metrics.get("num-partitions", -1))
+            nparts = int(rep.metrics.get(wire.NUM_PARTITIONS, -1))
             if nparts != self.cfg.nodes:
                 raise RunError(f"node {nid} has num-partitions={nparts} but the run has nodes={self.cfg.nodes}")
             previous = self.node_of.get(rep.partition_id)
@@ -203,15 +192,12 @@ class CoreStrategy(Strategy):
     per-round hooks of Flower's stock loop raise ``NotImplementedError`` with that advice.
     """
 
-    def __init__(self, cfg: RunConfig, spec: AlgorithmSpec, recorder: RunRecorder,
-                 param_keys: tuple[str, ...], client_graph=None, cluster_labels=None,
+    def __init__(self, cfg: RunConfig, spec: AlgorithmSpec[Any], recorder: RunRecorder, inputs: ServerInputs,
                  poll_interval: float = 0.05) -> None:
         self.cfg = cfg
         self.spec = spec
         self.recorder = recorder
-        self.param_keys = param_keys
-        self.client_graph = client_graph
-        self.cluster_labels = cluster_labels
+        self.inputs = inputs
         self.poll_interval = poll_interval
         self.core: ServerCore | None = None
         self.exchange: GridExchange | None = None
@@ -223,10 +209,9 @@ class CoreStrategy(Strategy):
     def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int | None = None,
               timeout: float | None = None, **_: object) -> Result:
         self.summary()
-        initial = record_to_arrays(initial_arrays)
+        inputs = dataclasses.replace(self.inputs, initial_arrays=record_to_arrays(initial_arrays))
         self.exchange = GridExchange(grid, self.cfg, self.poll_interval)
-        self.core = run_federated(self.cfg, self.spec, self.exchange, initial, self.param_keys,
-                                  self.recorder, self.client_graph, self.cluster_labels)
+        self.core = run_federated(self.cfg, self.spec, self.exchange, inputs, self.recorder)
         result = Result()
         final = self.core.final_arrays()
         if final is not None:

@@ -11,7 +11,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -33,6 +33,7 @@ BENCHMARKS = {
 
 
 def setup_logging(verbose: bool = False) -> None:
+    """Rich log handler for the command line; graphfl at INFO (DEBUG with ``verbose``), others at WARNING."""
     level = logging.DEBUG if verbose else logging.INFO
     logging.basicConfig(level=logging.WARNING, format="%(message)s", datefmt="[%X]",
                         handlers=[RichHandler(console=console, show_path=False)], force=True)
@@ -40,6 +41,7 @@ def setup_logging(verbose: bool = False) -> None:
 
 
 def fail(message: str, code: int = 2) -> None:
+    """Print ``error: message`` and exit with ``code``."""
     console.print(f"[bold red]error:[/] {message}")
     raise typer.Exit(code)
 
@@ -49,8 +51,8 @@ def _main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug log
     setup_logging(verbose)
 
 
-def build_config(config_file: Optional[Path], sets: list[str], flags: dict[str, Any]):
-    """defaults < --config FILE < --set key=value < explicit flags; validated once."""
+def build_config(config_file: Path | None, sets: list[str], flags: dict[str, Any]):
+    """Defaults < --config FILE < --set key=value < explicit flags; validated once."""
     from graphfl.common.config import flatten, load_toml, parse_assignment, parse_run_config
 
     values: dict[str, Any] = {}
@@ -106,18 +108,18 @@ class RoundPrinter:
 
 @app.command()
 def run(
-    strategy: Optional[str] = typer.Option(None, help="Algorithm name (see `graphfl list`)."),
-    task: Optional[str] = typer.Option(None, help="Task name (see `graphfl list`)."),
-    nodes: Optional[int] = typer.Option(None, help="Number of clients / SuperNodes."),
-    rounds: Optional[int] = typer.Option(None, help="Federated rounds."),
-    engine: Optional[str] = typer.Option(None, help="local-deployment | simulation | inprocess."),
-    config: Optional[Path] = typer.Option(None, "--config", help="TOML file with run-config keys."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Output folder (default ./runs/<timestamp>)."),
-    seed: Optional[int] = typer.Option(None, help="Random seed."),
-    data_dir: Optional[Path] = typer.Option(None, help="Data folder (default $GRAPHFL_DATA)."),
+    strategy: str | None = typer.Option(None, help="Algorithm name (see `graphfl list`)."),
+    task: str | None = typer.Option(None, help="Task name (see `graphfl list`)."),
+    nodes: int | None = typer.Option(None, help="Number of clients / SuperNodes."),
+    rounds: int | None = typer.Option(None, help="Federated rounds."),
+    engine: str | None = typer.Option(None, help="local-deployment | simulation | inprocess."),
+    config: Path | None = typer.Option(None, "--config", help="TOML file with run-config keys."),
+    out: Path | None = typer.Option(None, "--out", help="Output folder (default ./runs/<timestamp>)."),
+    seed: int | None = typer.Option(None, help="Random seed."),
+    data_dir: Path | None = typer.Option(None, help="Data folder (default $GRAPHFL_DATA)."),
     set_: list[str] = typer.Option([], "--set", help="Override any key: --set train.lr=0.1 (repeatable)."),
-    superlink: Optional[str] = typer.Option(None, help="Submit to an existing SuperLink HOST:PORT."),
-    root_certificates: Optional[Path] = typer.Option(None, help="CA certificate of --superlink."),
+    superlink: str | None = typer.Option(None, help="Submit to an existing SuperLink HOST:PORT."),
+    root_certificates: Path | None = typer.Option(None, help="CA certificate of --superlink."),
     insecure: bool = typer.Option(False, help="Plain HTTP to --superlink (no TLS)."),
     node_auth: bool = typer.Option(False, help="Local deployment: SuperNodes authenticate with registered keys."),
 ) -> None:
@@ -140,11 +142,11 @@ def run(
             out_dir = run_experiment(cfg, printer, superlink=superlink,
                                      root_certificates=str(root_certificates) if root_certificates else None,
                                      insecure=insecure, node_auth=node_auth)
-    except (FederationError, DataError, ConfigError, TimeoutError, ValueError) as exc:
+    except (FederationError, DataError, ConfigError, TimeoutError) as exc:
         fail(str(exc), code=1)
     except KeyboardInterrupt:
         console.print("[yellow]interrupted; all processes were stopped[/]")
-        raise typer.Exit(130)
+        raise typer.Exit(130) from None
     if superlink:
         console.print(f"run finished on {superlink}; results are on the SuperLink host under {cfg.out_dir or 'its out-dir'}")
         return
@@ -199,7 +201,7 @@ def certs(
     days: int = typer.Option(365, help="Validity in days."),
 ) -> None:
     """Generate a CA, a SuperLink certificate and optional SuperNode authentication keys."""
-    from graphfl.deploy.certs import generate_node_keys, generate_tls
+    from graphfl.common.certs import generate_node_keys, generate_tls
 
     files = generate_tls(out, host, days=days)
     console.print(f"CA {files.ca_cert}\nserver certificate {files.server_cert} (key {files.server_key})")
@@ -213,19 +215,19 @@ def certs(
 def superlink(
     host: str = typer.Option("127.0.0.1", help="Address to bind (0.0.0.0 for other machines)."),
     port: int = typer.Option(9091, help="Port for Fleet, Control and Runtime APIs."),
-    certs_dir: Optional[Path] = typer.Option(None, "--certs", help="Folder from `graphfl certs` (TLS)."),
+    certs_dir: Path | None = typer.Option(None, "--certs", help="Folder from `graphfl certs` (TLS)."),
     insecure: bool = typer.Option(False, help="No TLS (only on trusted networks)."),
     simulation: bool = typer.Option(False, help="Simulation SuperLink (Ray)."),
-    database: Optional[Path] = typer.Option(None, help="SQLite state file (default in memory)."),
+    database: Path | None = typer.Option(None, help="SQLite state file (default in memory)."),
     node_auth: bool = typer.Option(False, help="Only registered SuperNodes may connect."),
 ) -> None:
     """Start a Flower SuperLink with graphfl's defaults (no runtime installs, no telemetry)."""
-    from graphfl.deploy.certs import TlsFiles
+    from graphfl.common.certs import ServerTlsFiles
     from graphfl.deploy.federation import superlink_argv
 
     if not insecure and certs_dir is None:
         fail("give --certs DIR (see `graphfl certs`) or --insecure")
-    tls = None if insecure else TlsFiles(certs_dir / "ca.crt", certs_dir / "server.pem", certs_dir / "server.key")
+    tls = None if insecure else ServerTlsFiles(certs_dir / "ca.crt", certs_dir / "server.pem", certs_dir / "server.key")
     if tls:
         for p in (tls.ca_cert, tls.server_cert, tls.server_key):
             if not p.is_file():
@@ -238,12 +240,12 @@ def supernode(
     superlink_addr: str = typer.Option(..., "--superlink", help="SuperLink HOST:PORT."),
     partition_id: int = typer.Option(..., help="This client's partition (0..N-1)."),
     num_partitions: int = typer.Option(..., help="Number of partitions N (= run's nodes)."),
-    device: Optional[str] = typer.Option(None, help="cuda | cpu (default: cuda if available)."),
-    root_certificates: Optional[Path] = typer.Option(None, help="CA certificate of the SuperLink."),
+    device: str | None = typer.Option(None, help="cuda | cpu (default: cuda if available)."),
+    root_certificates: Path | None = typer.Option(None, help="CA certificate of the SuperLink."),
     insecure: bool = typer.Option(False, help="Plain HTTP (only if the SuperLink is --insecure)."),
     port: int = typer.Option(9094, help="Local ClientApp API port (distinct per SuperNode on one host)."),
-    auth_key: Optional[Path] = typer.Option(None, help="Private key for SuperNode authentication."),
-    max_wait_time: Optional[float] = typer.Option(None, help="Give up after S seconds without the SuperLink."),
+    auth_key: Path | None = typer.Option(None, help="Private key for SuperNode authentication."),
+    max_wait_time: float | None = typer.Option(None, help="Give up after S seconds without the SuperLink."),
 ) -> None:
     """Start a Flower SuperNode serving one graphfl partition."""
     from graphfl.deploy.federation import supernode_argv
@@ -276,7 +278,7 @@ def bench(
     name: str = typer.Argument(..., help="Benchmark: " + ", ".join(sorted(BENCHMARKS))),
     quick: bool = typer.Option(False, help="Small version that finishes in minutes."),
     seed: int = typer.Option(0, help="Base random seed."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Output folder (default ./runs/bench-NAME-<ts>)."),
+    out: Path | None = typer.Option(None, "--out", help="Output folder (default ./runs/bench-NAME-<ts>)."),
 ) -> None:
     """Reproduce a paper experiment; writes <out>/<name>.json/.md/.png."""
     from graphfl.deploy.run import default_out_dir
@@ -307,6 +309,7 @@ _register_plugins()
 
 
 def main() -> None:
+    """Entry point of the ``graphfl`` command."""
     try:
         app()
     except ConfigError as exc:

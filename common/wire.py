@@ -1,0 +1,42 @@
+"""Names of the fields that cross a process boundary between the server and a client.
+
+One spelling each, used by the Flower adapter, the ClientApp, the request handler and the
+round loop (a typo in one of them would otherwise fail silently as a missing metric).
+"""
+
+from __future__ import annotations
+
+# Records of a message's RecordDict
+ARRAYS = "arrays"
+"""ArrayRecord with the payload (server -> client) or the update (client -> server)."""
+CONFIG = "config"
+"""ConfigRecord with the payload's scalars and the graphfl control keys below."""
+METRICS = "metrics"
+"""MetricRecord of a reply."""
+STATE = "graphfl-state"
+"""ArrayRecord in the ClientApp's ``context.state`` holding the client's persistent state."""
+
+# Control keys inside the config record (prefixed so payload scalars cannot collide)
+CONTROL_PREFIX = "graphfl."
+ROUND = "graphfl.round"
+KIND = "graphfl.kind"
+EVAL_FIRST = "graphfl.eval-first"
+PHASE = "graphfl.phase"
+
+# Request kinds
+JOIN, TRAIN, EVALUATE = "join", "train", "evaluate"
+
+# Reply metrics
+PARTITION_ID = "partition-id"
+NUM_PARTITIONS = "num-partitions"
+NUM_EXAMPLES = "num-examples"
+CLIENT_SECONDS = "client-seconds"
+CLIENT_BOOT_SECONDS = "client-boot-seconds"
+EVAL_PREFIX = "eval."
+"""Reply metrics under this prefix are a client's evaluation (``eval.test_loss``); the others
+describe its training."""
+
+# SuperNode node-config keys
+NODE_PARTITION_ID = "partition-id"
+NODE_NUM_PARTITIONS = "num-partitions"
+NODE_DEVICE = "device"
