@@ -225,9 +225,12 @@ def superlink(
     from graphfl.common.certs import ServerTlsFiles
     from graphfl.deploy.federation import superlink_argv
 
-    if not insecure and certs_dir is None:
-        fail("give --certs DIR (see `graphfl certs`) or --insecure")
-    tls = None if insecure else ServerTlsFiles(certs_dir / "ca.crt", certs_dir / "server.pem", certs_dir / "server.key")
+    tls = None
+    if not insecure:
+        if certs_dir is None:
+            fail("give --certs DIR (see `graphfl certs`) or --insecure")
+            return
+        tls = ServerTlsFiles(certs_dir / "ca.crt", certs_dir / "server.pem", certs_dir / "server.key")
     if tls:
         for p in (tls.ca_cert, tls.server_cert, tls.server_key):
             if not p.is_file():

@@ -113,6 +113,8 @@ def run_dfl(task: str, nodes: int, rounds: int, seed: int, train: dict[str, Any]
     tau = int(train["train.local-steps"])
     alpha = float(train["train.lr"]) / (1.0 - float(train.get("train.momentum", 0.0)))
     adj = task_registry.create(task, seed=seed).client_graph(nodes)
+    if adj is None:
+        raise ValueError(f"task {task!r} has no client graph for DFL")
     w = mixing_matrix(adj, "metropolis")
     spec = ProblemSpec(task, num_nodes=nodes, seed=seed, batch_size=int(train["train.batch-size"]))
     algo = make_algorithm("dfl-sgd", tau=tau, alpha0=alpha, step_rule="constant")
@@ -138,7 +140,7 @@ def _combine(runs: list[dict[str, Any]], metric: str) -> dict[str, Any]:
     rounds = sorted({row["round"] for r in runs for row in r["curve"]})
     curve = []
     for rd in rounds:
-        rows = [next((row for row in r["curve"] if row["round"] == rd), {}) for r in runs]
+        rows: list[dict[str, Any]] = [next((row for row in r["curve"] if row["round"] == rd), {}) for r in runs]
         mean, sd = _stats([row.get(metric) for row in rows])
         entry: dict[str, Any] = {"round": rd, metric: mean, f"{metric}_sd": sd}
         for key in ("seconds", "bytes_up", "bytes_down"):

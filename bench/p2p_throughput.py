@@ -107,11 +107,11 @@ def measure_ring(out: Path, d: int, n: int, rounds: int, insecure: bool, timeout
     with PeerProcesses(net, out, range(n)) as procs:
         ok = procs.wait_all(t0 + timeout)
         codes = procs.exit_codes()
-    peers = []
+    peers: list[dict[str, Any]] = []
     for i in range(n):
         f = out / f"peer-{i}.json"
         peers.append(json.loads(f.read_text()) if f.is_file() else {"outcome": "missing", "records": []})
-    done = [p for p in peers if p.get("outcome") == "done"]
+    done: list[dict[str, Any]] = [p for p in peers if p.get("outcome") == "done"]
     result: dict[str, Any] = {"params": d, "peers": n, "tls": not insecure, "ok": ok and len(done) == n,
                               "exit_codes": codes}
     if not done:
@@ -160,8 +160,10 @@ def run(quick: bool, seed: int, out: Path) -> dict[str, Any]:
         res["floor_s"] = floor
         res["ratio_to_floor"] = res["median_round_s"] / floor if res.get("median_round_s") else None
         key = min(FLOWER_ROUND_S.get(("deployment", n), {}), key=lambda p: abs(p - d), default=None)
-        flower = FLOWER_ROUND_S.get(("deployment", n), {}).get(key) if key and abs(key - d) < 0.1 * d else None
-        flower_sim = FLOWER_ROUND_S.get(("simulation", n), {}).get(key) if flower else None
+        flower = flower_sim = None
+        if key is not None and abs(key - d) < 0.1 * d:
+            flower = FLOWER_ROUND_S.get(("deployment", n), {}).get(key)
+            flower_sim = FLOWER_ROUND_S.get(("simulation", n), {}).get(key) if flower else None
         res["flower_deployment_round_s"] = flower
         res["flower_simulation_round_s"] = flower_sim
         rows.append(res)

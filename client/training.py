@@ -6,7 +6,7 @@ Every function is deterministic given its ``rng``; trainers derive that generato
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -104,7 +104,7 @@ def sgd_steps(
 
 
 @torch.no_grad()
-def sgd_update(params: list[torch.Tensor], buffers: list[torch.Tensor | None], lr: float,
+def sgd_update(params: Sequence[torch.Tensor], buffers: list[torch.Tensor | None], lr: float,
                momentum: float = 0.0, weight_decay: float = 0.0) -> None:
     """One step of PyTorch's SGD (dampening 0, no Nesterov), in place.
 
@@ -119,11 +119,12 @@ def sgd_update(params: list[torch.Tensor], buffers: list[torch.Tensor | None], l
         if weight_decay:
             g = g.add(p, alpha=weight_decay)
         if momentum:
-            if buffers[i] is None:
-                buffers[i] = g.detach().clone()
+            buf = buffers[i]
+            if buf is None:
+                buf = buffers[i] = g.detach().clone()
             else:
-                buffers[i].mul_(momentum).add_(g)
-            g = buffers[i]
+                buf.mul_(momentum).add_(g)
+            g = buf
         p.add_(g, alpha=-lr)
 
 

@@ -260,7 +260,7 @@ def parse_run_config(flat: Mapping[str, Any], *, ignore_other_strategies: bool =
             raise ConfigError(
                 f"section [{name}] configures strategy {name!r} but strategy = {strategy!r}"
             )
-    cfg = build_dataclass(
+    cfg: RunConfig = build_dataclass(
         RunConfig,
         top,
         section="",

@@ -242,7 +242,10 @@ def _decode_cifar_tar(path: Path) -> tuple[np.ndarray, np.ndarray]:
             cls = Path(member.name).parent.name
             if cls not in CIFAR_CLASSES:
                 raise DataError(f"cifar10: unexpected class folder {cls!r} in {path}")
-            data = tar.extractfile(member).read()
+            fh = tar.extractfile(member)
+            if fh is None:
+                raise DataError(f"cifar10: {path} member {member.name} cannot be read")
+            data = fh.read()
             img = Image.open(io.BytesIO(data)).convert("RGB")
             images.append(np.asarray(img, dtype=np.uint8).transpose(2, 0, 1))
             labels.append(CIFAR_CLASSES.index(cls))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from graphfl.common.graph import knn_graph
@@ -11,7 +13,7 @@ from graphfl.tasks.base import ClientData, Task, TaskSpec
 DFL_INTERVALS = ((-30.0, 30.0), (40.0, 100.0), (-55.0, -50.0), (-1.0, 1.0), (-0.1, 0.1))
 DFL_NONLINEARITIES = ("tanh", "sigmoid", "relu", "sin", "cos")
 
-_NONLIN = {
+_NONLIN: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "tanh": np.tanh,
     "sigmoid": lambda z: 1.0 / (1.0 + np.exp(-np.clip(z, -500, 500))),
     "relu": lambda z: np.maximum(z, 0.0),
