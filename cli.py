@@ -122,6 +122,7 @@ def run(
     root_certificates: Path | None = typer.Option(None, help="CA certificate of --superlink."),
     insecure: bool = typer.Option(False, help="Plain HTTP to --superlink (no TLS)."),
     node_auth: bool = typer.Option(False, help="Local deployment: SuperNodes authenticate with registered keys."),
+    overwrite: bool = typer.Option(False, help="Replace a previous run's files in --out (default: refuse a non-empty --out)."),
 ) -> None:
     """Run one experiment and write run.json / run.md / run.png."""
     from graphfl.deploy.federation import FederationError
@@ -141,11 +142,12 @@ def run(
         with RoundPrinter(cfg.rounds) as printer:
             out_dir = run_experiment(cfg, printer, superlink=superlink,
                                      root_certificates=str(root_certificates) if root_certificates else None,
-                                     insecure=insecure, node_auth=node_auth)
+                                     insecure=insecure, node_auth=node_auth, overwrite=overwrite)
     except (FederationError, DataError, ConfigError, TimeoutError) as exc:
         fail(str(exc), code=1)
     except KeyboardInterrupt:
-        console.print("[yellow]interrupted; all processes were stopped[/]")
+        console.print("[yellow]interrupted: the run's processes were stopped and run.json marks the run "
+                      "'interrupted'[/]")
         raise typer.Exit(130) from None
     if superlink:
         console.print(f"run finished on {superlink}; results are on the SuperLink host under {cfg.out_dir or 'its out-dir'}")

@@ -163,11 +163,15 @@ class Submitter:
         Raises :class:`FederationError` when the run fails or stops reporting.
         """
         progress = handle.out_dir / "progress.jsonl"
+
+        def read() -> list[dict[str, Any]]:
+            return events_of_run(_read_events(progress), handle.run_id)
+
         seen = 0
         deadline = time.monotonic() + timeout
         next_status = time.monotonic() + status_every
         while True:
-            events = _read_events(progress)
+            events = read()
             for ev in events[seen:]:
                 if on_event is not None:
                     on_event(ev)
@@ -182,7 +186,7 @@ class Submitter:
             if now >= next_status:
                 status = self.status(handle.run_id)
                 if status.startswith("finished"):
-                    events = _read_events(progress)
+                    events = read()
                     if events and events[-1].get("event") == "done":
                         continue
                     raise FederationError(
@@ -193,6 +197,11 @@ class Submitter:
                 self.stop(handle.run_id)
                 raise FederationError(f"run {handle.run_id} did not finish within {timeout:.0f} s")
             time.sleep(0.2)
+
+
+def events_of_run(events: list[dict[str, Any]], run_id: int) -> list[dict[str, Any]]:
+    """The progress events written by the ServerApp of Flower run ``run_id`` (others are ignored)."""
+    return [ev for ev in events if ev.get("run_id") == run_id]
 
 
 def _read_events(path: Path) -> list[dict[str, Any]]:

@@ -9,13 +9,15 @@ left behind, also after Ctrl-C or a failure.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import subprocess
+import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -92,8 +94,14 @@ class ProcessGroup:
     def stop(self, grace: float = 10.0) -> list[int]:
         """SIGTERM everything, wait up to ``grace`` s, then SIGKILL what carries the marker.
 
-        Returns the pids that had to be killed.
+        Teardown is bounded (``grace`` + a few seconds) and is not abandoned by a second Ctrl-C:
+        SIGINT is deferred while it runs (in the main thread). Processes still alive afterwards
+        are logged as an error with their pids. Returns the pids that had to be killed.
         """
+        with deferred_sigint():
+            return self._stop(grace)
+
+    def _stop(self, grace: float) -> list[int]:
         for p in reversed(self.procs):
             if p.popen.poll() is None:
                 try:
@@ -119,7 +127,30 @@ class ProcessGroup:
                 p.popen.kill()
         if killed:
             logger.info("killed %d leftover process(es) after %.0f s: %s", len(killed), grace, killed)
+        survivors = marked_pids(self.launch_id)
+        if survivors:
+            logger.error("processes of this launch survived SIGKILL (pids %s); stop them by hand", survivors)
         return killed
+
+
+@contextlib.contextmanager
+def deferred_sigint() -> Iterator[None]:
+    """Ignore Ctrl-C (with a note) while the block runs; restore the previous handler after.
+
+    Only the main thread can set signal handlers; elsewhere the block runs unchanged.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def note(signum: int, frame: object) -> None:
+        logger.warning("stopping the run's processes (bounded); please wait")
+
+    previous = signal.signal(signal.SIGINT, note)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def marked_pids(launch_id: str) -> list[int]:

@@ -24,7 +24,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from graphfl.common.config import RunConfig, dump_toml, nest
+from graphfl.common.config import ConfigError, RunConfig, dump_toml, nest
 from graphfl.common.ports import port_open
 from graphfl.deploy.federation import FederationError, LocalFederation, Submitter, write_connection
 from graphfl.deploy.processes import ProcessGroup
@@ -43,13 +43,83 @@ def write_overrides(path: Path, cfg: RunConfig) -> Path:
     return path
 
 
-def prepare(cfg: RunConfig) -> tuple[RunConfig, Path]:
+RUN_FILES = ("config.json", "run.json", "run.md", "run.png", "progress.jsonl", "run-config.toml",
+             "logs", "certs", "app", ".flwr")
+"""What a run writes into its output folder (``--overwrite`` removes exactly these)."""
+
+
+def claim_out_dir(out: Path, overwrite: bool = False) -> Path:
+    """Create the run's output folder, or refuse one that is unusable or holds another run.
+
+    A run never reuses an older run's files as its own: a non-empty folder is refused unless
+    ``overwrite`` is set, and then only graphfl's own run files (:data:`RUN_FILES`) are removed;
+    a folder with anything else in it is refused even then.
+
+    Raises
+    ------
+    ConfigError
+        The path is a file, lies under a file, cannot be created or written, or holds files.
+    """
+    import shutil
+
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out}: exists and is not a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"--out {out}: cannot create the folder ({exc.strerror or exc})") from None
+    present = sorted(p.name for p in out.iterdir())
+    if present:
+        foreign = [name for name in present if name not in RUN_FILES]
+        if not overwrite:
+            raise ConfigError(
+                f"--out {out} already holds {', '.join(present[:6])}{' ...' if len(present) > 6 else ''}; "
+                "choose a new folder, or pass --overwrite to replace a previous run's files"
+            )
+        if foreign:
+            raise ConfigError(f"--out {out} holds files that are not a graphfl run's ({', '.join(foreign[:6])}); "
+                              "--overwrite only replaces run files: choose another folder")
+        for name in present:
+            path = out / name
+            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+        logger.warning("--overwrite: removed the previous run's files from %s", out)
+    probe = out / ".graphfl-write-test"
+    try:
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(f"--out {out}: cannot write there ({exc.strerror or exc})") from None
+    return out
+
+
+def finalize_status(out: Path, status: str, reason: str, cfg: RunConfig | None = None) -> None:
+    """Make ``run.json`` say how the run ended when its ServerApp could not (Ctrl-C, crash).
+
+    A ``run.json`` that still says ``running`` gets ``status`` and ``error = reason``; a missing
+    one is written with just the config, the status and the reason. A finished run's file is
+    left as it is.
+    """
+    from graphfl.common.results import write_json
+
+    path = out / "run.json"
+    try:
+        doc = json.loads(path.read_text()) if path.is_file() else None
+    except (OSError, ValueError):
+        doc = None
+    if doc is not None and doc.get("status") not in (None, "running"):
+        return
+    if doc is None:
+        doc = {"name": "run", "config": cfg.to_json() if cfg is not None else {}, "methods": {}}
+    doc["status"] = status
+    doc["error"] = reason
+    write_json(path, doc)
+
+
+def prepare(cfg: RunConfig, overwrite: bool = False) -> tuple[RunConfig, Path]:
     """Resolve out-dir (absolute; it is written by the ServerApp in another cwd) and data-dir."""
     import os
 
-    out = Path(cfg.out_dir) if cfg.out_dir else default_out_dir()
-    out = out.resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    out = claim_out_dir((Path(cfg.out_dir) if cfg.out_dir else default_out_dir()).resolve(), overwrite)
     data_dir = cfg.data_dir or os.environ.get("GRAPHFL_DATA", "")
     if data_dir:
         data_dir = str(Path(data_dir).resolve())
@@ -59,9 +129,16 @@ def prepare(cfg: RunConfig) -> tuple[RunConfig, Path]:
 
 
 def preflight(cfg: RunConfig) -> None:
-    """Fail fast, before any process starts, when the task's data cannot be loaded."""
+    """Fail fast, before any process starts or any file is written, on a run that cannot work.
+
+    Checks the algorithm's minimum number of clients and that the task's data loads.
+    """
+    from graphfl.common import registry
     from graphfl.tasks import registry as tasks
 
+    spec = registry.get(cfg.strategy)
+    if cfg.nodes < spec.min_clients:
+        raise ConfigError(f"{cfg.strategy} needs at least {spec.min_clients} clients, got nodes = {cfg.nodes}")
     task = tasks.create(cfg.task, data=cfg.data, data_dir=cfg.data_dir, seed=cfg.seed)
     task.client_data(0, cfg.nodes)
 
@@ -74,17 +151,39 @@ def run_experiment(
     insecure: bool = False,
     run_timeout: float | None = None,
     node_auth: bool = False,
+    overwrite: bool = False,
 ) -> Path:
-    """Run ``cfg``; return the output folder (holding ``run.json``, ``run.md``, ``run.png``)."""
-    cfg, out = prepare(cfg)
-    timeout = run_timeout or (cfg.connect_timeout + (cfg.rounds + 2) * cfg.round_timeout)
+    """Run ``cfg``; return the output folder (holding ``run.json``, ``run.md``, ``run.png``).
+
+    The output folder must be new or empty (``overwrite`` replaces a previous run's files).
+    When the run is interrupted (Ctrl-C) or its federation fails, ``run.json`` says so
+    (``status`` ``interrupted`` / ``failed`` and the reason) before the error propagates.
+    """
     if superlink is None:
         preflight(cfg)
+    cfg, out = prepare(cfg, overwrite)
+    timeout = run_timeout or (cfg.connect_timeout + (cfg.rounds + 2) * cfg.round_timeout)
+    try:
+        _launch(cfg, out, timeout, on_event, superlink, root_certificates, insecure, node_auth)
+    except KeyboardInterrupt:
+        finalize_status(out, "interrupted", "stopped by the user (Ctrl-C) before the run finished", cfg)
+        raise
+    except (FederationError, TimeoutError) as exc:
+        finalize_status(out, "failed", str(exc), cfg)
+        raise
+    return out
+
+
+def _launch(
+    cfg: RunConfig, out: Path, timeout: float, on_event: Callable[[dict[str, Any]], None] | None,
+    superlink: str | None, root_certificates: str | None, insecure: bool, node_auth: bool,
+) -> None:
+    """Run ``cfg`` on the chosen engine (in-process, a local federation, or a remote SuperLink)."""
     if superlink is None and cfg.engine == "inprocess":
         from graphfl.server.inprocess import run_federated_inprocess
 
         run_federated_inprocess(cfg, out, progress=on_event)
-        return out
+        return
 
     from graphfl.server.flower_app import write_app_dir
 
@@ -108,7 +207,7 @@ def run_experiment(
         logger.info("submitted run %d to %s; results are written on the SuperLink host under %s",
                     handle.run_id, superlink, cfg.out_dir)
         sub.wait_status(handle.run_id, timeout, on_event)
-        return out
+        return
 
     simulation = cfg.engine == "simulation"
     with LocalFederation(out, cfg.nodes, tls=True, simulation=simulation, node_auth=node_auth and not simulation,
@@ -119,4 +218,3 @@ def run_experiment(
         if on_event:
             on_event({"event": "submitted", "run_id": handle.run_id, "superlink": fed.address})
         sub.wait(handle, on_event, timeout=timeout, health=fed.health)
-    return out

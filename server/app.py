@@ -39,12 +39,14 @@ def resolve_out_dir(out_dir: str) -> Path:
     return path
 
 
-def progress_writer(path: Path) -> Callable[[dict[str, Any]], None]:
-    """A callback that appends one JSON line per progress event to ``path``."""
+def progress_writer(path: Path, run_id: int) -> Callable[[dict[str, Any]], None]:
+    """A callback that appends one JSON line per progress event to ``path``, stamped with the
+    Flower ``run_id`` (the launcher follows only its own run's events).
+    """
 
-    def write(event: dict) -> None:
+    def write(event: dict[str, Any]) -> None:
         with path.open("a") as fh:
-            fh.write(json.dumps({"time": time.time(), **event}, default=str) + "\n")
+            fh.write(json.dumps({"time": time.time(), "run_id": run_id, **event}, default=str) + "\n")
 
     return write
 
@@ -65,7 +67,7 @@ def main(grid: Grid, context: Context) -> None:
     cfg = parse_run_config(dict(context.run_config))
     out = resolve_out_dir(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    progress = progress_writer(out / PROGRESS_FILE)
+    progress = progress_writer(out / PROGRESS_FILE, int(context.run_id))
     try:
         torch.set_num_threads(1)
         spec = registry.get(cfg.strategy)
