@@ -17,6 +17,7 @@ Engines
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import logging
 from collections.abc import Callable
@@ -136,6 +137,9 @@ def preflight(cfg: RunConfig) -> None:
     from graphfl.common import registry
     from graphfl.tasks import registry as tasks
 
+    if cfg.engine == "simulation" and importlib.util.find_spec("ray") is None:
+        raise ConfigError("engine = simulation needs Ray, which edge installs leave out: "
+                          "pip install 'graphfl[simulation]'")
     spec = registry.get(cfg.strategy)
     if cfg.nodes < spec.min_clients:
         raise ConfigError(f"{cfg.strategy} needs at least {spec.min_clients} clients, got nodes = {cfg.nodes}")
