@@ -8,8 +8,9 @@ paper reports (qualitatively) FedAvg fastest and DFL-GT faster than DFL-SGD.
 Set-up (ALGORITHMS §2.10 reconstructions): ring ``C_5`` with Metropolis weights (all 1/3);
 minibatch 32; FedAvg = DFL-SGD with ``W = (1/n) 1 1ᵀ`` (full participation, averaging every
 ``tau`` steps, server traffic ``n`` uploads + ``n`` downloads per round); DFL-GT with the GNSD
-tracker initialisation. All three run through the same per-node step functions as the gRPC
-peers, in one process (:func:`graphfl.p2p.driver.run_network_inprocess`).
+tracker initialisation. All three run through the same per-node code as the gRPC peers (the
+registered p2p algorithms, :mod:`graphfl.p2p.algorithms`), in one process
+(:func:`graphfl.p2p.driver.run_network_inprocess`).
 
 Step size. The paper's ``alpha0 = 15`` is tried first on the raw inputs (up to 100); when it
 diverges (non-finite loss) the benchmark records that and applies the spec's fallback: inputs
@@ -35,7 +36,7 @@ import numpy as np
 
 from graphfl.common.envinfo import env_info
 from graphfl.common.results import markdown_table, plot_panels, write_json
-from graphfl.p2p.algorithms import make_algorithm
+from graphfl.p2p.algorithms import registry
 from graphfl.p2p.driver import run_network_inprocess
 from graphfl.p2p.oracles import ProblemSpec, make_oracle
 from graphfl.p2p.topology import make_topology
@@ -64,7 +65,7 @@ def run_method(method: str, tau: int, alpha0: float, iterations: int, seed: int,
                eval_points: int = 40) -> dict[str, Any]:
     """One run; raises :class:`Diverged` as soon as a loss is non-finite."""
     w = np.full((N_NODES, N_NODES), 1.0 / N_NODES) if method == "fedavg" else make_topology("ring", N_NODES).mixing_matrix()
-    algo = make_algorithm("dfl-sgd" if method == "fedavg" else method, tau=tau, alpha0=alpha0)
+    algo = registry.create("dfl-sgd" if method == "fedavg" else method, tau=tau, alpha0=alpha0)
 
     def guard(t: int, states: list) -> None:
         if not all(math.isfinite(s.loss) for s in states) or any(s.loss > 1e6 for s in states):

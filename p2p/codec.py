@@ -66,6 +66,17 @@ def _le(arr: np.ndarray) -> np.ndarray:
     return a.astype(a.dtype.newbyteorder("<"), order="C", copy=False)  # keeps 0-d arrays 0-d
 
 
+def check_encodable(channel: str, arrays: Mapping[str, np.ndarray]) -> None:
+    """Raise :class:`WireError` (naming the tensor) if a tensor of ``arrays`` cannot go on the wire."""
+    if not channel:
+        raise WireError("a message needs a non-empty channel name")
+    for name, a in arrays.items():
+        dt = np.asarray(a).dtype
+        if dt.name not in SUPPORTED_DTYPES:
+            raise WireError(f"channel {channel!r}: tensor {name!r} has dtype {dt}, which the wire cannot carry; "
+                            f"supported: {list(SUPPORTED_DTYPES)}")
+
+
 def encode(
     sender: int,
     round_: int,

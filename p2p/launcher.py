@@ -20,7 +20,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -82,21 +82,24 @@ def _pdeathsig() -> None:  # pragma: no cover - runs in the child
 class PeerProcesses:
     """The peer processes of one local network; a context manager that always tears down."""
 
-    def __init__(self, network_file: Path, out: Path, ids: Iterable[int], env: Mapping[str, str] | None = None) -> None:
+    def __init__(self, network_file: Path, out: Path, ids: Iterable[int], env: Mapping[str, str] | None = None,
+                 args: Sequence[str] = ()) -> None:
         self.network_file = Path(network_file)
         self.out = Path(out)
-        self.procs: dict[int, subprocess.Popen] = {}
+        self.args = list(args)
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.logs: dict[int, Any] = {}
         self.env = {**os.environ, "GRAPHFL_TORCH_THREADS": "1", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
                     **(env or {})}
         for i in ids:
             self.start(i)
 
-    def start(self, i: int) -> subprocess.Popen:
+    def start(self, i: int, args: Sequence[str] | None = None) -> subprocess.Popen[bytes]:
+        """Start peer ``i`` (``graphfl peer``) with the common ``args`` (e.g. ``--resume``) or ``args``."""
         (self.out / "logs").mkdir(parents=True, exist_ok=True)
         log = open(self.out / "logs" / f"peer-{i}.log", "ab")
         cmd = [sys.executable, "-m", "graphfl.p2p", "peer", "--topology", str(self.network_file), "--id", str(i),
-               "--out", str(self.out)]
+               "--out", str(self.out), *(self.args if args is None else args)]
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True,
                                 preexec_fn=_pdeathsig if sys.platform.startswith("linux") else None)
         self.procs[i], self.logs[i] = proc, log
@@ -250,7 +253,7 @@ def write_report(out: Path, result: dict[str, Any]) -> None:
     text = [
         f"# p2p run: {algo} on {cfg['network']} ({cfg['peers']} peers, {'mutual TLS' if cfg['tls'] else 'plaintext'})",
         "",
-        f"rounds {cfg['run']['rounds']}, tau {cfg['run']['tau']}, problem {cfg['run']['problem']}, "
+        f"rounds {cfg['run']['rounds']}, parameters {cfg['run']['params']}, problem {cfg['run']['problem']}, "
         f"mixing {cfg['mixing']}, on-missing {cfg['run']['on_missing']}",
         "",
         markdown_table(columns=["mean test loss", "mean train loss", "consensus distance", "bytes sent (wire)", "payload sent",

@@ -1,7 +1,8 @@
 """Regression: the p2p algorithms' iterates are those of the code before the contract redesign.
 
 ``REFERENCE`` was recorded at commit f01e231 (the last commit with ``p2p/algorithms.py``'s
-``make_algorithm`` and the mixing-only ``run_network_inprocess``) on small linreg / vector
+``make_algorithm`` and the mixing-only ``run_network_inprocess``; gossip then took the same
+step-size keys as DFL-SGD and ignored them) on small linreg / vector
 problems: final ``theta`` (and ``tracker``), snapshots after iterations 0 and ``T // 2``, the
 driver's curve (losses, consensus, bytes) and the bytes per round. Every value must be
 reproduced to 1e-12 (float64) by the current code.
@@ -12,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from graphfl.p2p.algorithms import make_algorithm
+from graphfl.p2p.algorithms import registry
 from graphfl.p2p.driver import run_network_inprocess
 from graphfl.p2p.oracles import ProblemSpec, make_oracle
 from graphfl.p2p.topology import make_topology
@@ -694,9 +695,10 @@ def _run(c):
     oracles = [make_oracle(i, spec) for i in range(c["n"])]
     n = c["n"]
     w = np.full((n, n), 1.0 / n) if c.get("w") == "uniform" else make_topology("ring", n).mixing_matrix()
-    algo = make_algorithm(c["name"], tau=c["tau"], alpha0=c["alpha0"], step_rule=c["step_rule"],
-                          init_tracker=c.get("init_tracker", "gnsd"),
-                          same_batch_difference=c.get("same_batch_difference", False))
+    settings = {"tau": c["tau"], "alpha0": c["alpha0"], "step-rule": c["step_rule"],
+                "init-tracker": c.get("init_tracker", "gnsd"), "same-batch-difference": c.get("same_batch_difference", False)}
+    spec = registry.get(c["name"])
+    algo = spec.create(spec.make_params({k: v for k, v in settings.items() if k in spec.param_keys()}))
     snaps = {}
 
     def on_step(t, states):

@@ -69,11 +69,13 @@ def header(**spec) -> pb.Frame:
         ([header(name="t", dtype="float32", shape=[-1], nbytes=0)], "invalid shape"),
         ([header(name="t", dtype="float32", shape=[2], nbytes=8)], "ended early"),
         (
-            [header(name="t", dtype="float32", shape=[1], nbytes=4), pb.Frame(sender=1, round=0, channel="params", data=b"12345")],
+            [header(name="t", dtype="float32", shape=[1], nbytes=4),
+             pb.Frame(sender=1, round=0, channel="params", data=b"12345")],
             "more bytes",
         ),
         (
-            [header(name="t", dtype="float32", shape=[1], nbytes=4), pb.Frame(sender=2, round=0, channel="params", data=b"1234")],
+            [header(name="t", dtype="float32", shape=[1], nbytes=4),
+             pb.Frame(sender=2, round=0, channel="params", data=b"1234")],
             "inside a message",
         ),
         ([pb.Frame(sender=1, round=0, channel="", header=pb.Header())], "empty channel"),
