@@ -113,6 +113,8 @@ def run_dfl(task: str, nodes: int, rounds: int, seed: int, train: dict[str, Any]
     tau = int(train["train.local-steps"])
     alpha = float(train["train.lr"]) / (1.0 - float(train.get("train.momentum", 0.0)))
     adj = task_registry.create(task, seed=seed).client_graph(nodes)
+    if adj is None:
+        raise ValueError(f"task {task!r} has no client graph; run_dfl gossips over it")
     w = mixing_matrix(adj, "metropolis")
     spec = ProblemSpec(task, num_nodes=nodes, seed=seed, batch_size=int(train["train.batch-size"]))
     algo = p2p_registry.create("dfl-sgd", tau=tau, alpha0=alpha, step_rule="constant")

@@ -47,6 +47,17 @@ class CheckpointError(ConfigError):
     """A checkpoint is missing, inconsistent, or belongs to another node / algorithm / config."""
 
 
+savez: Any = np.savez
+"""``numpy.savez`` (its stub's ``allow_pickle`` keyword clashes with ``**arrays``; npz never pickles numeric arrays)."""
+
+
+def params_dict(params: Any) -> dict[str, Any]:
+    """An algorithm's params dataclass as a JSON-ready dict."""
+    if dataclasses.is_dataclass(params) and not isinstance(params, type):
+        return dataclasses.asdict(params)
+    return dict(params)
+
+
 def json_path(directory: str | Path, node: int) -> Path:
     """``<directory>/peer-<node>.ckpt.json``."""
     return Path(directory) / f"peer-{node}.ckpt.json"
@@ -148,7 +159,7 @@ def save(
     fd, tmp = tempfile.mkstemp(dir=d, prefix=f".{npz.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:
-            np.savez(fh, **arrays)
+            savez(fh, **arrays)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, npz)
@@ -159,7 +170,7 @@ def save(
         "format": FORMAT,
         "node": node,
         "algorithm": algorithm,
-        "params": dataclasses.asdict(params) if dataclasses.is_dataclass(params) else params,
+        "params": params_dict(params),
         "t": int(state.t),
         "round": int(round_),
         "loss": None if not math.isfinite(state.loss) else float(state.loss),
@@ -204,7 +215,7 @@ class Checkpoint:
         if algorithm != self.algorithm:
             raise CheckpointError(f"peer {self.node}: checkpoint is of algorithm {self.algorithm!r}, "
                                   f"this run is {algorithm!r}")
-        mine = dataclasses.asdict(params) if dataclasses.is_dataclass(params) else params
+        mine = params_dict(params)
         if mine != self.params:
             diff = sorted(k for k in set(mine) | set(self.params) if mine.get(k) != self.params.get(k))
             raise CheckpointError(f"peer {self.node}: checkpoint was written with other {algorithm} settings "

@@ -98,7 +98,7 @@ def encode(
     )
     yield pb.Frame(sender=sender, round=round_, channel=channel, header=header)
     for _, a in prepared:
-        view = memoryview(a.reshape(-1).view(np.uint8))
+        view = a.reshape(-1).view(np.uint8).data
         for start in range(0, a.nbytes, chunk_bytes):
             yield pb.Frame(sender=sender, round=round_, channel=channel, data=bytes(view[start : start + chunk_bytes]))
 
@@ -199,6 +199,7 @@ class Assembler:
             name: np.frombuffer(buf, dtype=dt).reshape(shape).astype(dt.newbyteorder("="), copy=False)
             for (name, dt, shape, _), buf in zip(self._specs, self._bufs)
         }
+        assert self.round is not None  # set together with sender by header()
         return Message(self.sender, self.round, str(self.channel), arrays, dict(self.scalars), self.wire_bytes)
 
 

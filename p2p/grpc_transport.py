@@ -225,7 +225,7 @@ class GrpcTransport(Transport):
         server.start()
         self._server = server
         logger.info("peer %d listening on %s (%s)", self.peer_id, addr, "mutual TLS" if self.tls else "plaintext")
-        return port
+        return int(port)
 
     # -- client -------------------------------------------------------------------------
     def _stub(self, j: int) -> pb_grpc.PeerStub:
@@ -244,7 +244,7 @@ class GrpcTransport(Transport):
     def handshake(self, j: int, timeout: float) -> pb.HelloReply:
         """One handshake with neighbour ``j`` (raises ``grpc.RpcError`` if unreachable)."""
         me = self.identity
-        reply = self._stub(j).Handshake(
+        reply: pb.HelloReply = self._stub(j).Handshake(
             pb.Hello(peer_id=me.peer_id, algorithm=me.algorithm, config_hash=me.config_hash,
                      topology_version=me.topology_version, network=me.network),
             timeout=timeout,

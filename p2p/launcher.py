@@ -20,7 +20,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -106,10 +106,12 @@ class PeerProcesses:
         return proc
 
     def status(self, i: int) -> dict[str, Any]:
+        """Peer ``i``'s last status file (``{}`` before it wrote one)."""
         try:
-            return json.loads((self.out / f"peer-{i}.status.json").read_text())
+            st: dict[str, Any] = json.loads((self.out / f"peer-{i}.status.json").read_text())
         except (OSError, ValueError):
             return {}
+        return st
 
     def exit_codes(self) -> dict[int, int | None]:
         return {i: p.poll() for i, p in self.procs.items()}
@@ -120,7 +122,8 @@ class PeerProcesses:
             p.send_signal(sig)
             p.wait(KILL_GRACE_S)
 
-    def wait_all(self, deadline: float, on_tick=None, stop_on_crash: bool = False) -> bool:
+    def wait_all(self, deadline: float, on_tick: Callable[[Mapping[int, int | None]], None] | None = None,
+                 stop_on_crash: bool = False) -> bool:
         """Wait until every process exits or the monotonic ``deadline``; ``True`` if all exited."""
         while time.monotonic() < deadline:
             codes = self.exit_codes()
@@ -168,12 +171,13 @@ def collect(out: Path, network_file: Path, exit_codes: Mapping[int, int | None] 
     by_round: dict[int, list[dict[str, Any]]] = {}
     for i in range(n):
         f = out / f"peer-{i}.json"
-        res = json.loads(f.read_text()) if f.is_file() else {"outcome": "no result (crashed?)", "records": []}
+        res: dict[str, Any] = (json.loads(f.read_text()) if f.is_file()
+                               else {"outcome": "no result (crashed?)", "records": []})
         npz = out / f"peer-{i}.npz"
         if npz.is_file():
             with np.load(npz, allow_pickle=False) as z:
                 thetas.append(z["theta"].astype(np.float64))
-        recs = res.get("records", [])
+        recs: list[dict[str, Any]] = res.get("records", [])
         for r in recs:
             by_round.setdefault(r["round"], []).append(r)
         last = recs[-1] if recs else {}
@@ -195,7 +199,7 @@ def collect(out: Path, network_file: Path, exit_codes: Mapping[int, int | None] 
             "seconds": res.get("seconds"),
         }
 
-    def mean(vals: list) -> float | None:
+    def mean(vals: list[Any]) -> float | None:
         v = [x for x in vals if x is not None]
         return float(np.mean(v)) if v else None
 
@@ -320,7 +324,7 @@ def launch(
     return result
 
 
-def _progress(stack: ExitStack, procs: PeerProcesses, n: int, rounds: int):
+def _progress(stack: ExitStack, procs: PeerProcesses, n: int, rounds: int) -> Callable[[Mapping[int, int | None]], None]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     bar = stack.enter_context(Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),

@@ -129,10 +129,10 @@ def validate_mixing(w: np.ndarray, adj: np.ndarray | None = None, tol: float = T
         raise ConfigError("mixing matrix has non-finite entries")
     asym = np.abs(w - w.T)
     if asym.max(initial=0.0) > tol:
-        i, j = np.unravel_index(np.argmax(asym), asym.shape)
+        i, j = (int(x) for x in np.unravel_index(np.argmax(asym), asym.shape))
         raise ConfigError(f"mixing matrix is not symmetric: W[{i},{j}]={float(w[i, j])!r} != W[{j},{i}]={float(w[j, i])!r}")
     if w.min(initial=0.0) < -tol:
-        i, j = np.unravel_index(np.argmin(w), w.shape)
+        i, j = (int(x) for x in np.unravel_index(np.argmin(w), w.shape))
         raise ConfigError(f"mixing matrix has a negative entry W[{i},{j}]={float(w[i, j])!r}")
     rows = np.abs(w.sum(axis=1) - 1.0)
     if rows.max(initial=0.0) > tol:

@@ -30,8 +30,6 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from graphfl.common.config import ConfigError
 from graphfl.common.results import atomic_write_text
 from graphfl.p2p import checkpoint
@@ -149,7 +147,7 @@ def run_peer(network_file: str | Path, peer_id: int, out_dir: str | Path, overri
         arrays = {"theta": node.state.theta}
         if node.state.tracker is not None:
             arrays["tracker"] = node.state.tracker
-        np.savez(out / f"peer-{peer_id}.npz", **arrays)
+        checkpoint.savez(out / f"peer-{peer_id}.npz", **arrays)
         result["start_t"] = start_t
         result["final_t"] = node.state.t
         result["stats"] = transport.stats()

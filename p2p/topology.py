@@ -79,7 +79,8 @@ class Topology:
 
     def adjacency(self) -> np.ndarray:
         """Symmetric weighted adjacency (copy)."""
-        return self._adj.copy()
+        adj: np.ndarray = self._adj.copy()
+        return adj
 
     def neighbours(self, i: int) -> list[int]:
         """Sorted neighbour ids of peer ``i`` (excluding ``i``)."""

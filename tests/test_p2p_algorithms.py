@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -193,3 +196,19 @@ def test_per_neighbour_messages_and_edge_state_in_process():
 
 def test_consensus_distance():
     assert consensus_distance([np.array([1.0, 0.0]), np.array([-1.0, 0.0])]) == 1.0
+
+
+def test_the_documented_example_algorithm_registers_and_runs(monkeypatch):
+    """The worked example of docs/p2p.md ("Writing a p2p algorithm"), executed as written."""
+    text = (Path(__file__).resolve().parent.parent / "docs" / "p2p.md").read_text()
+    block = next(b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "class MaxConsensus" in b)
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))  # the toy stays out of other tests
+    exec(compile(block, "docs/p2p.md", "exec"), {"__name__": "mymax"})
+    assert "max-consensus" in registry.names()
+    spec = ProblemSpec("vector", num_nodes=5, dim=3)
+    oracles = [make_oracle(i, spec) for i in range(5)]
+    target = np.max([o.initial_theta() for o in oracles], axis=0)
+    res = run_network_inprocess(registry.create("max-consensus"), oracles, ring_w(5), 2)  # C_5 has diameter 2
+    for s in res.states:
+        np.testing.assert_array_equal(s.theta, target)
+        assert len(s.edges) == 2  # per-edge state: the last value heard from each ring neighbour

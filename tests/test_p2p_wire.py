@@ -139,3 +139,14 @@ def test_generated_code_is_up_to_date(tmp_path):
 
     strip_json_names(fresh.message_type)
     assert committed == fresh, "stale generated code: run python -m graphfl.p2p.proto.generate"
+
+
+def test_committed_type_stub_matches_the_messages():
+    """graphfl_p2p_pb2.pyi (generated with protoc --pyi_out, for mypy) declares every message and field."""
+    from graphfl.p2p.proto.generate import HERE
+
+    stub = (HERE / "graphfl_p2p_pb2.pyi").read_text()
+    for message in pb.DESCRIPTOR.message_types_by_name.values():
+        assert f"class {message.name}(_message.Message):" in stub, message.name
+        for f in message.fields:
+            assert f"    {f.name}: " in stub, f"{message.name}.{f.name}: stale stub, run python -m graphfl.p2p.proto.generate"
