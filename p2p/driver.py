@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from graphfl.p2p import checkpoint
-from graphfl.p2p.algorithms.base import Inbox, NodeContext, NodeState, Outgoing, P2PAlgorithm, Phase
+from graphfl.p2p.algorithms.base import PARAMS, THETA, Inbox, NodeContext, NodeState, Outgoing, P2PAlgorithm, Phase
 from graphfl.p2p.exchange import ExchangeInfo, NeighbourExchange
 from graphfl.p2p.mixing import reweight
 from graphfl.p2p.node import Iteration, WireSizes, drive, local_disagreement, node_iteration
@@ -301,8 +301,8 @@ def run_node(
             exchange.finish_round(t)
             for inbox in inboxes:
                 missing.update(inbox.missing)
-            own = inboxes[0].own if inboxes and inboxes[0].own is not None else None
-            disagreement = local_disagreement(own["params"]["theta"] if own and "params" in own else state.theta, inboxes)
+            sent = next((ib.own[PARAMS][THETA] for ib in inboxes if ib.own and THETA in ib.own.get(PARAMS, {})), None)
+            disagreement = local_disagreement(sent, inboxes) if sent is not None else float("nan")
         if is_record_point(algo, t, iterations):
             c0 = time.monotonic()
             test_loss = None

@@ -90,6 +90,7 @@ class NeighbourExchange:
         self.row = dict(row)
         self.neighbours = tuple(sorted(transport.neighbours))
         self.policy = policy
+        self._unreachable: tuple[int, set[int]] = (-1, set())  # (round, neighbours found unreachable in it)
 
     def exchange(
         self,
@@ -125,9 +126,12 @@ class NeighbourExchange:
             else:
                 info.refused[r.to] = r.reason
                 logger.error("peer %d: round %d: peer %d refused our message: %s", self.own, t, r.to, r.reason)
+        if self._unreachable[0] != t:
+            self._unreachable = (t, set())
+        self._unreachable[1].update(info.unreachable)  # also for later phases of this round, which may not send to them
         expected = sorted(self.neighbours if senders is None else senders)
         if self.policy.on_missing == "skip":
-            wait_for = [j for j in expected if j not in info.unreachable]
+            wait_for = [j for j in expected if j not in self._unreachable[1]]
         else:
             wait_for = list(expected)
         spent = time.monotonic() - start
@@ -146,7 +150,7 @@ class NeighbourExchange:
                 )
             logger.warning(
                 "peer %d: round %d: skipping neighbour(s) %s (unreachable: %s); re-weighting (%s)",
-                self.own, t, info.missing, info.unreachable, self.policy.reweight,
+                self.own, t, info.missing, sorted(self._unreachable[1]), self.policy.reweight,
             )
         messages = {j: {ch: dict(got[j][ch].arrays) for ch in channels} for j in info.present}
         weights = reweight(self.row, self.own, set(got), self.policy.reweight)

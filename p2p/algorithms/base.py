@@ -182,41 +182,40 @@ class Phase:
 
 @dataclass(frozen=True)
 class Outgoing:
-    """What a node sends in one phase.
+    """What a node sends in one phase: build it with :meth:`to_all` or :meth:`per_neighbour`.
 
-    Use :meth:`to_all` (one message to every neighbour) or :meth:`per_neighbour`. ``own`` is
-    the node's own contribution to the default mixing (its broadcast message).
+    Attributes
+    ----------
+    own
+        The node's own message: what :meth:`to_all` sends to everyone, and the node's own term
+        in the default mixing (:func:`mix_inbox`).
+    messages
+        ``{j: message}`` for per-neighbour sending, ``None`` when every neighbour gets ``own``.
     """
 
-    messages: Mapping[int, Channels] = field(default_factory=dict)
-    broadcast: Channels | None = None
+    own: Channels | None = None
+    messages: Mapping[int, Channels] | None = None
 
     @classmethod
     def to_all(cls, channels: Channels) -> Outgoing:
         """The same ``channels`` to every neighbour (DFL-SGD, DFL-GT, gossip, FedRelax)."""
-        return cls(broadcast=channels)
+        return cls(own=channels)
 
     @classmethod
     def per_neighbour(cls, messages: Mapping[int, Channels], own: Channels | None = None) -> Outgoing:
-        """``messages[j]`` to neighbour ``j``; no message to a neighbour not in ``messages``.
+        """``messages[j]`` to neighbour ``j``; no message to a neighbour not in ``messages`` (ADMM's edges).
 
-        ``own`` (optional) is the node's own message for :func:`mix_inbox`.
+        ``own`` (optional) is the node's own message for :func:`mix_inbox`; it is not sent.
         """
-        return cls(messages=dict(messages), broadcast=own)
+        return cls(own=own, messages=dict(messages))
 
     def to(self, j: int) -> Channels | None:
         """The message for neighbour ``j`` (``None``: nothing is sent to ``j``)."""
-        if self.messages:
-            return self.messages.get(j)
-        return self.broadcast
+        return self.own if self.messages is None else self.messages.get(j)
 
     def targets(self, neighbours: tuple[int, ...]) -> list[int]:
         """The neighbours that get a message, ascending."""
         return [j for j in neighbours if self.to(j) is not None]
-
-    @property
-    def own(self) -> Channels | None:
-        return self.broadcast
 
 
 @dataclass(frozen=True)
