@@ -72,6 +72,39 @@ def _advance(gen: Iteration, value: Inbox | None) -> _Step:
         return ("done", done.value)
 
 
+def _deliver(algo: P2PAlgorithm[Any, Any], t: int, phase: Phase, outs: Sequence[Outgoing],
+             ctxs: Sequence[NodeContext]) -> list[Inbox]:
+    """Every node's inbox of one phase: what its senders addressed to it, with its full weights row."""
+    inboxes = []
+    for i, ctx in enumerate(ctxs):
+        heard = {}
+        for j in algo.senders(phase, ctx):
+            msg = outs[j].to(i)
+            if msg is not None:
+                heard[j] = msg
+        inboxes.append(Inbox(round=t, phase=phase.name, own=outs[i].own, messages=heard,
+                             weights=reweight(dict(ctx.row), i, set(heard), "self")))
+    return inboxes
+
+
+def _traffic(outs: Sequence[Outgoing], ctxs: Sequence[NodeContext], sizes: WireSizes, bytes_model: str) -> tuple[int, int]:
+    """``(wire, payload)`` bytes of one phase: every message to every neighbour (``gossip``), or
+    each node's own message up and down once (``server``).
+    """
+    wire = payload = 0
+    for out, ctx in zip(outs, ctxs):
+        if bytes_model == "gossip":
+            for j in out.targets(ctx.neighbours):
+                msg = out.to(j)
+                if msg is not None:
+                    wb, pb = sizes(msg)
+                    wire, payload = wire + wb, payload + pb
+        elif out.own is not None:
+            wb, pb = sizes(out.own)
+            wire, payload = wire + 2 * wb, payload + 2 * pb
+    return wire, payload
+
+
 def run_network_inprocess(
     algo: P2PAlgorithm[Any, Any],
     oracles: Sequence[Any],
@@ -144,26 +177,10 @@ def run_network_inprocess(
             phase = requests[0][0]
             if any(p.name != phase.name for p, _ in requests):
                 raise RuntimeError(f"iteration {t}: nodes are in different phases {[p.name for p, _ in requests]}")
-            inboxes = []
-            for i, ctx in enumerate(ctxs):
-                heard = {}
-                for j in algo.senders(phase, ctx):
-                    msg = requests[j][1].to(i)
-                    if msg is not None:
-                        heard[j] = msg
-                inboxes.append(Inbox(round=t, phase=phase.name, own=requests[i][1].own, messages=heard,
-                                     weights=reweight(dict(ctx.row), i, set(heard), "self")))
-                out = requests[i][1]
-                if bytes_model == "gossip":
-                    for j in out.targets(ctx.neighbours):
-                        msg = out.to(j)
-                        if msg is not None:
-                            wb, pb = sizes(msg)
-                            wire, payload = wire + wb, payload + pb
-                elif out.own is not None:
-                    wb, pb = sizes(out.own)
-                    wire, payload = wire + 2 * wb, payload + 2 * pb
-            steps = [_advance(g, inbox) for g, inbox in zip(gens, inboxes)]
+            outs = [out for _, out in requests]
+            wb, pb = _traffic(outs, ctxs, sizes, bytes_model)
+            wire, payload = wire + wb, payload + pb
+            steps = [_advance(g, inbox) for g, inbox in zip(gens, _deliver(algo, t, phase, outs, ctxs))]
         states = [value[0] for _, value in steps]
         if algo.communicates(t):
             comm_rounds += 1

@@ -124,7 +124,8 @@ class NodeContext:
     def from_matrix(cls, w: npt.ArrayLike, node: int, adjacency: npt.ArrayLike | None = None) -> NodeContext:
         """The context of ``node`` from a mixing matrix ``W`` (and the graph's weighted adjacency).
 
-        The neighbours are the nonzeros of row ``node`` of ``W`` (of ``adjacency`` when given).
+        The neighbours are the off-diagonal nonzeros of row ``node`` of ``W``; ``adjacency``, when
+        given, must have the same pattern and supplies the edge weights.
         """
         wm = np.asarray(w, dtype=np.float64)
         row = {int(j): float(wm[node, j]) for j in np.nonzero(wm[node])[0]}
@@ -134,6 +135,10 @@ class NodeContext:
         else:
             adj = np.asarray(adjacency, dtype=np.float64)
             nbrs = tuple(int(j) for j in np.nonzero(adj[node])[0] if int(j) != node)
+            by_w = tuple(j for j in sorted(row) if j != node)
+            if nbrs != by_w:
+                raise ValueError(f"node {node}: the adjacency's neighbours {list(nbrs)} differ from the mixing "
+                                 f"matrix's {list(by_w)}")
             ew = {j: float(adj[node, j]) for j in nbrs}
         return cls(node, nbrs, row, ew, int(wm.shape[0]))
 
