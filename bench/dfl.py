@@ -8,8 +8,9 @@ paper reports (qualitatively) FedAvg fastest and DFL-GT faster than DFL-SGD.
 Set-up (ALGORITHMS §2.10 reconstructions): ring ``C_5`` with Metropolis weights (all 1/3);
 minibatch 32; FedAvg = DFL-SGD with ``W = (1/n) 1 1ᵀ`` (full participation, averaging every
 ``tau`` steps, server traffic ``n`` uploads + ``n`` downloads per round); DFL-GT with the GNSD
-tracker initialisation. All three run through the same per-node step functions as the gRPC
-peers, in one process (:func:`graphfl.p2p.driver.run_network_inprocess`).
+tracker initialisation. All three run through the same per-node code as the gRPC peers (the
+registered p2p algorithms, :mod:`graphfl.p2p.algorithms`), in one process
+(:func:`graphfl.p2p.driver.run_network_inprocess`).
 
 Step size. The paper's ``alpha0 = 15`` is tried first on the raw inputs (up to 100); when it
 diverges (non-finite loss) the benchmark records that and applies the spec's fallback: inputs
@@ -35,7 +36,7 @@ import numpy as np
 
 from graphfl.common.envinfo import env_info
 from graphfl.common.results import markdown_table, plot_panels, write_json
-from graphfl.p2p.algorithms import make_algorithm
+from graphfl.p2p.algorithms import NodeState, registry
 from graphfl.p2p.driver import run_network_inprocess
 from graphfl.p2p.oracles import ProblemSpec, make_oracle
 from graphfl.p2p.topology import make_topology
@@ -64,9 +65,9 @@ def run_method(method: str, tau: int, alpha0: float, iterations: int, seed: int,
                eval_points: int = 40) -> dict[str, Any]:
     """One run; raises :class:`Diverged` as soon as a loss is non-finite."""
     w = np.full((N_NODES, N_NODES), 1.0 / N_NODES) if method == "fedavg" else make_topology("ring", N_NODES).mixing_matrix()
-    algo = make_algorithm("dfl-sgd" if method == "fedavg" else method, tau=tau, alpha0=alpha0)
+    algo = registry.create("dfl-sgd" if method == "fedavg" else method, tau=tau, alpha0=alpha0)
 
-    def guard(t: int, states: list) -> None:
+    def guard(t: int, states: list[NodeState]) -> None:
         if not all(math.isfinite(s.loss) for s in states) or any(s.loss > 1e6 for s in states):
             raise Diverged(f"{method}, tau={tau}, alpha0={alpha0}: loss non-finite at iteration {t}")
 
@@ -134,7 +135,7 @@ def run(quick: bool, seed: int, out: Path) -> dict[str, Any]:
     for tau in TAUS:
         per_tau = {}
         for m in METHODS:
-            runs = []
+            runs: list[dict[str, Any] | None] = []
             for s in seeds:
                 try:
                     runs.append(run_method(m, tau, alpha0, iterations, s, scale))
@@ -209,12 +210,12 @@ def run(quick: bool, seed: int, out: Path) -> dict[str, Any]:
                      f"{o['gt_beats_sgd']}); average model {' < '.join(o['avg_model_by_mean_loss_over_run'])} "
                      f"(GT beats SGD: {o['gt_beats_sgd_avg_model']})")
     (out / f"{NAME}.md").write_text("\n".join(lines) + "\n")
-    style = {}
-    series_r = {k: v["curve"] for k, v in methods.items() if v["curve"]}
-    for k in series_r:
-        ls = {"1": "-", "5": "--", "10": ":"}[k.split("=")[1]]
-        color = {"fedavg": "C0", "dfl-sgd": "C1", "dfl-gt": "C2"}[k.split()[0]]
-        style[k] = {"linestyle": ls, "color": color}
+    style: dict[str, dict[str, str]] = {}
+    series_r = {label: v["curve"] for label, v in methods.items() if v["curve"]}
+    for label in series_r:
+        ls = {"1": "-", "5": "--", "10": ":"}[label.split("=")[1]]
+        color = {"fedavg": "C0", "dfl-sgd": "C1", "dfl-gt": "C2"}[label.split()[0]]
+        style[label] = {"linestyle": ls, "color": color}
     plot_panels(out / f"{NAME}.png", [
         {"x": "round", "y": "test_loss", "xlabel": "communication rounds", "ylabel": "mean local test MSE",
          "series": series_r, "logy": True, "style": style},

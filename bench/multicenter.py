@@ -104,7 +104,7 @@ def run_dfl(task: str, nodes: int, rounds: int, seed: int, train: dict[str, Any]
     One round = ``train.local-steps`` iterations, the first of which gossips (ALGORITHMS §2.4
     with ``tau = local-steps``); step ``lr / (1 - momentum)`` constant.
     """
-    from graphfl.p2p.algorithms import make_algorithm
+    from graphfl.p2p.algorithms import registry as p2p_registry
     from graphfl.p2p.driver import run_network_inprocess as run_p2p
     from graphfl.p2p.mixing import mixing_matrix
     from graphfl.p2p.oracles import ProblemSpec, make_oracle
@@ -114,10 +114,10 @@ def run_dfl(task: str, nodes: int, rounds: int, seed: int, train: dict[str, Any]
     alpha = float(train["train.lr"]) / (1.0 - float(train.get("train.momentum", 0.0)))
     adj = task_registry.create(task, seed=seed).client_graph(nodes)
     if adj is None:
-        raise ValueError(f"task {task!r} has no client graph for DFL")
+        raise ValueError(f"task {task!r} has no client graph; run_dfl gossips over it")
     w = mixing_matrix(adj, "metropolis")
     spec = ProblemSpec(task, num_nodes=nodes, seed=seed, batch_size=int(train["train.batch-size"]))
-    algo = make_algorithm("dfl-sgd", tau=tau, alpha0=alpha, step_rule="constant")
+    algo = p2p_registry.create("dfl-sgd", tau=tau, alpha0=alpha, step_rule="constant")
     t0 = time.perf_counter()
     res = run_p2p(algo, [make_oracle(i, spec) for i in range(nodes)], w, rounds * tau, eval_every=1)
     wall = time.perf_counter() - t0

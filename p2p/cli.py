@@ -6,16 +6,19 @@ Also runnable without the main CLI: ``python -m graphfl.p2p peer ...`` / ``pytho
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 
 from graphfl.common.config import ConfigError, parse_assignment
+from graphfl.p2p.algorithms import registry
 
 TOPOLOGY_HELP = "ring | grid | complete | erdos-renyi | knn | a network .toml | an edge-list file"
+_ALGORITHMS = " | ".join(registry.names())
 
 
-def _overrides(items: list[str] | None) -> dict:
-    out = {}
+def _overrides(items: list[str] | None) -> dict[str, Any]:
+    out: dict[str, Any] = {}
     for item in items or []:
         key, value = parse_assignment(item)
         out[key] = value
@@ -28,6 +31,7 @@ def peer_command(
     out: Path = typer.Option(Path("runs/p2p"), "--out", help="directory for peer-<id>.json/.npz"),
     insecure: bool = typer.Option(False, "--insecure", help="plaintext gRPC (no TLS); must be explicit"),
     set_: list[str] | None = typer.Option(None, "--set", help="override a \\[run] key, e.g. --set rounds=50"),
+    resume: bool = typer.Option(False, "--resume", help="continue from this peer's checkpoint in --out"),
 ) -> None:
     """Run one p2p peer process (one per device)."""
     from graphfl.p2p.peer import main
@@ -37,16 +41,16 @@ def peer_command(
     except ConfigError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
-    raise typer.Exit(main(str(topology), peer_id, str(out), overrides, insecure))
+    raise typer.Exit(main(str(topology), peer_id, str(out), overrides, insecure, resume))
 
 
 def p2p_command(
-    algorithm: str = typer.Option("dfl-gt", "--algorithm", help="dfl-gt | dfl-sgd | gossip"),
+    algorithm: str = typer.Option("dfl-gt", "--algorithm", help="a registered p2p algorithm: " + _ALGORITHMS),
     topology: str = typer.Option("ring", "--topology", help=TOPOLOGY_HELP),
     peers: int | None = typer.Option(None, "--peers", help="number of peers (generators); default 5"),
     rounds: int = typer.Option(100, "--rounds", help="communication rounds"),
     out: Path | None = typer.Option(None, "--out", help="output directory (default runs/p2p-<timestamp>)"),
-    tau: int = typer.Option(1, "--tau", help="gossip every tau local steps"),
+    tau: int | None = typer.Option(None, "--tau", help="gossip every tau local steps (algorithms with a tau)"),
     problem: str = typer.Option("synthetic-dfl", "--problem", help="a task name, or linreg | vector"),
     mixing: str = typer.Option("metropolis", "--mixing", help="metropolis | max-degree | laplacian"),
     seed: int = typer.Option(0, "--seed"),
@@ -59,7 +63,9 @@ def p2p_command(
     from graphfl.p2p.launcher import LaunchError, launch
 
     try:
-        overrides = {"algorithm": algorithm, "rounds": rounds, "tau": tau, "problem": problem, "seed": seed}
+        overrides: dict[str, Any] = {"algorithm": algorithm, "rounds": rounds, "problem": problem, "seed": seed}
+        if tau is not None:
+            overrides["tau"] = tau
         overrides.update(_overrides(set_))
         summary = launch(topology, peers, overrides, out=out, insecure=insecure, mixing=mixing,
                          timeout=timeout or None, progress=not quiet)

@@ -66,6 +66,17 @@ def _le(arr: np.ndarray) -> np.ndarray:
     return a.astype(a.dtype.newbyteorder("<"), order="C", copy=False)  # keeps 0-d arrays 0-d
 
 
+def check_encodable(channel: str, arrays: Mapping[str, np.ndarray]) -> None:
+    """Raise :class:`WireError` (naming the tensor) if a tensor of ``arrays`` cannot go on the wire."""
+    if not channel:
+        raise WireError("a message needs a non-empty channel name")
+    for name, a in arrays.items():
+        dt = np.asarray(a).dtype
+        if dt.name not in SUPPORTED_DTYPES:
+            raise WireError(f"channel {channel!r}: tensor {name!r} has dtype {dt}, which the wire cannot carry; "
+                            f"supported: {list(SUPPORTED_DTYPES)}")
+
+
 def encode(
     sender: int,
     round_: int,
@@ -87,7 +98,7 @@ def encode(
     )
     yield pb.Frame(sender=sender, round=round_, channel=channel, header=header)
     for _, a in prepared:
-        view = memoryview(a.reshape(-1).view(np.uint8))
+        view = a.reshape(-1).view(np.uint8).data
         for start in range(0, a.nbytes, chunk_bytes):
             yield pb.Frame(sender=sender, round=round_, channel=channel, data=bytes(view[start : start + chunk_bytes]))
 
@@ -188,6 +199,7 @@ class Assembler:
             name: np.frombuffer(buf, dtype=dt).reshape(shape).astype(dt.newbyteorder("="), copy=False)
             for (name, dt, shape, _), buf in zip(self._specs, self._bufs)
         }
+        assert self.round is not None  # set together with sender by header()
         return Message(self.sender, self.round, str(self.channel), arrays, dict(self.scalars), self.wire_bytes)
 
 

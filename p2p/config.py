@@ -10,7 +10,7 @@ here, into frozen dataclasses; unknown keys are errors.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,25 +25,26 @@ from graphfl.common.config import (
     normalize_key,
     stable_hash,
 )
+from graphfl.p2p.algorithms import registry
+from graphfl.p2p.algorithms.base import P2PAlgorithm
 from graphfl.p2p.topology import Topology, topology_from_dict
 
-P2P_ALGORITHMS = ("dfl-sgd", "dfl-gt", "gossip")
+DEFAULT_ALGORITHM = "dfl-gt"
 
 
 @dataclass(frozen=True)
 class P2PConfig:
     """Everything every peer of a network must agree on (its hash is checked in handshakes).
 
-    ``rounds`` counts communication rounds; a peer runs ``rounds * tau`` iterations.
+    The general keys are the fields below; ``params`` holds the chosen algorithm's
+    hyperparameters (its registered params dataclass, :mod:`graphfl.p2p.algorithms.registry`),
+    whose keys sit in the same flat ``[run]`` table (``tau``, ``alpha0``, ``init-tracker``, ...).
+    ``rounds`` counts communication rounds; a peer runs ``rounds * period`` iterations
+    (``period`` = ``tau`` for the DFL algorithms).
     """
 
-    algorithm: str = field(default="dfl-gt", metadata={"choices": P2P_ALGORITHMS})
+    algorithm: str = DEFAULT_ALGORITHM
     rounds: int = field(default=100, metadata={"min": 1})
-    tau: int = field(default=1, metadata={"min": 1})
-    alpha0: float = field(default=0.1, metadata={"min": 0.0})
-    step_rule: str = field(default="inv-sqrt", metadata={"choices": ("inv-sqrt", "constant")})
-    init_tracker: str = field(default="gnsd", metadata={"choices": ("gnsd", "zero")})
-    same_batch_difference: bool = False
     problem: str = "synthetic-dfl"
     batch_size: int = field(default=32, metadata={"min": 1})
     dim: int = field(default=10, metadata={"min": 1})
@@ -60,24 +61,88 @@ class P2PConfig:
     chunk_bytes: int = field(default=1 << 20, metadata={"min": 1024, "max": 3 << 20})
     eval_every: int = field(default=1, metadata={"min": 1})
     min_round_seconds: float = field(default=0.0, metadata={"min": 0.0})
+    checkpoint_every: int = field(default=1, metadata={"min": 0})
+    params: Any = None
+
+    def __post_init__(self) -> None:
+        spec = registry.get(self.algorithm)  # ConfigError listing the valid names
+        if self.params is None:
+            object.__setattr__(self, "params", spec.params())
+        elif not isinstance(self.params, spec.params):
+            raise ConfigError(f"[run] params of algorithm {self.algorithm!r} must be {spec.params.__name__}, "
+                              f"got {type(self.params).__name__}")
+
+    def make_algorithm(self) -> P2PAlgorithm[Any, Any]:
+        """The configured algorithm (registry factory applied to :attr:`params`)."""
+        return registry.get(self.algorithm).create(self.params)
 
     @property
     def iterations(self) -> int:
-        return self.rounds * self.tau
+        return self.rounds * self.make_algorithm().period
 
     def hash(self) -> str:
-        """Stable short hash of the settings (compared in handshakes)."""
+        """Stable short hash of the settings, algorithm parameters included (compared in handshakes)."""
         return stable_hash(asdict(self))
+
+    def to_flat(self) -> dict[str, Any]:
+        """Flat ``[run]`` keys: the general keys and the algorithm's parameters."""
+        out = _general_flat(self)
+        out.update(dataclass_to_flat(self.params))
+        return out
 
     def to_doc(self) -> dict[str, Any]:
         """The ``[run]`` table (flat keys, as in a network file)."""
-        return {"run": dataclass_to_flat(self)}
+        return {"run": self.to_flat()}
+
+
+GENERAL_KEYS: tuple[str, ...] = tuple(normalize_key(f.name) for f in fields(P2PConfig) if f.name != "params")
+
+
+def _general_flat(cfg: P2PConfig) -> dict[str, Any]:
+    return {normalize_key(f.name): getattr(cfg, f.name) for f in fields(cfg) if f.name != "params"}
+
+
+def _owners(key: str) -> list[str]:
+    return [s.name for s in registry.all_specs() if key in s.param_keys()]
 
 
 def parse_p2p_config(values: Mapping[str, Any], base: P2PConfig | None = None) -> P2PConfig:
-    """Build a :class:`P2PConfig` from flat keys (``round-timeout = 5``), on top of ``base``."""
+    """Build a :class:`P2PConfig` from flat keys (``round-timeout = 5``, ``tau = 2``), on top of ``base``.
+
+    Keys are the general ones (:data:`GENERAL_KEYS`) and those of the chosen algorithm's
+    params. When ``values`` changes the algorithm, ``base``'s algorithm parameters are dropped.
+
+    Raises
+    ------
+    ConfigError
+        Naming an unknown key (and the algorithm it belongs to, if another one), a bad value,
+        or an unknown algorithm (with the valid names).
+    """
     flat = {normalize_key(k): v for k, v in flatten(values).items()}
-    cfg = build_dataclass(P2PConfig, {**(dataclass_to_flat(base) if base else {}), **flat}, "run")
+    merged: dict[str, Any] = {}
+    if base is not None:
+        merged.update(_general_flat(base))
+        if flat.get("algorithm", base.algorithm) == base.algorithm:
+            merged.update(dataclass_to_flat(base.params))
+    merged.update(flat)
+    algorithm = str(merged.get("algorithm", DEFAULT_ALGORITHM))
+    spec = registry.get(algorithm)
+    clash = sorted(set(spec.param_keys()) & set(GENERAL_KEYS))
+    if clash:
+        raise ConfigError(f"algorithm {algorithm!r} declares parameter(s) {clash} that are general [run] keys; rename them")
+    general = {k: v for k, v in merged.items() if k in GENERAL_KEYS}
+    own = {k: v for k, v in merged.items() if k in spec.param_keys()}
+    unknown = sorted(set(merged) - set(general) - set(own))
+    if unknown:
+        others = {k: _owners(k) for k in unknown}
+        hint = "; ".join(f"{k!r} is a key of {o}" for k, o in others.items() if o)
+        raise ConfigError(
+            f"unknown key(s) {unknown} in [run] for algorithm {algorithm!r}"
+            + (f" ({hint})" if hint else "")
+            + f"; valid keys: {sorted(GENERAL_KEYS)} and {algorithm}'s {spec.param_keys()}"
+        )
+    params = spec.make_params(own)
+    cfg: P2PConfig = build_dataclass(P2PConfig, general, "run", params=params)
     return cfg
 
 

@@ -1,16 +1,20 @@
-"""One gossip exchange over a :class:`Transport`, with the failure policy.
+"""One phase of a round over a :class:`Transport`: send, gather per-neighbour messages, failure policy.
 
-On a communication step a node sends its channels to every neighbour, waits (bounded) for the
-same round's channels from them, and mixes ``Σ_{j∈N̄_i} W_ij x_j``.
+:meth:`NeighbourExchange.exchange` sends a node's outgoing messages (the same to every neighbour
+or one per neighbour), waits (bounded) for the phase's channels from the neighbours expected to
+send, and returns an :class:`~graphfl.p2p.algorithms.base.Inbox`:
+``{neighbour: {channel: tensors}}`` plus the weights row ``W_i·`` re-weighted over the neighbours
+heard. It does not mix: combining is the algorithm's (``combine``, default
+:func:`graphfl.p2p.algorithms.base.mix_inbox`).
 
 Failure policy (``docs/p2p.md`` "Failure policy"):
 
 * ``on_missing="skip"`` (default): a neighbour whose messages are not complete by the round
-  deadline, or that is unreachable, is left out of this round and the weights are re-weighted
+  deadline, or that is unreachable, is left out of this phase and the weights are re-weighted
   with :func:`graphfl.p2p.mixing.reweight` (``"self"``: the missing weight goes to ``W_ii``).
-  Each skip is logged and recorded in the round's metrics. A neighbour that becomes reachable
-  again is mixed again from the first round its messages arrive in time.
-* ``on_missing="fail"``: wait up to the round deadline for every neighbour, then raise
+  Each skip is logged and recorded. A neighbour that becomes reachable again is heard again from
+  the first round its messages arrive in time.
+* ``on_missing="fail"``: wait up to the round deadline for every expected neighbour, then raise
   :class:`RoundFailed` naming the missing neighbours.
 """
 
@@ -18,16 +22,18 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from graphfl.common.config import ConfigError
-from graphfl.p2p.mixing import mix, reweight
+from graphfl.p2p.algorithms.base import Channels, Inbox, Outgoing
+from graphfl.p2p.mixing import reweight
 from graphfl.p2p.transport import Transport
 
 logger = logging.getLogger(__name__)
+
+ON_MISSING = ("skip", "fail")
+REWEIGHT = ("self", "proportional")
 
 
 class RoundFailed(RuntimeError):
@@ -44,17 +50,17 @@ class FailurePolicy:
     send_timeout: float = 30.0
 
     def __post_init__(self) -> None:
-        if self.on_missing not in ("skip", "fail"):
-            raise ConfigError(f"on-missing must be 'skip' or 'fail', got {self.on_missing!r}")
-        if self.reweight not in ("self", "proportional"):
-            raise ConfigError(f"reweight must be 'self' or 'proportional', got {self.reweight!r}")
+        if self.on_missing not in ON_MISSING:
+            raise ConfigError(f"on-missing = {self.on_missing!r} is not valid; choose one of {list(ON_MISSING)}")
+        if self.reweight not in REWEIGHT:
+            raise ConfigError(f"reweight = {self.reweight!r} is not valid; choose one of {list(REWEIGHT)}")
         if not (self.round_timeout > 0 and self.send_timeout > 0):
             raise ConfigError("round-timeout and send-timeout must be > 0 (no unbounded waits)")
 
 
 @dataclass
 class ExchangeInfo:
-    """What happened in one exchange."""
+    """What happened in one phase's exchange (for records and logs)."""
 
     seconds: float = 0.0
     present: list[int] = field(default_factory=list)
@@ -63,48 +69,78 @@ class ExchangeInfo:
     refused: dict[int, str] = field(default_factory=dict)
     wire_sent: int = 0
     payload_sent: int = 0
-    weights: dict[int, float] = field(default_factory=dict)
-    local_disagreement: float = float("nan")
 
 
 class NeighbourExchange:
-    """Gossip of one node: ``exchange(t, outgoing) -> (mixed, info)``."""
+    """One node's exchanges: ``exchange(t, phase, channels, outgoing, senders) -> (inbox, info)``.
+
+    Parameters
+    ----------
+    transport
+        Sends and buffers messages (gRPC or in-process).
+    row
+        ``{j: W_ij}`` of this node, itself included (the weights handed to ``combine``).
+    policy
+        The failure policy.
+    """
 
     def __init__(self, transport: Transport, row: Mapping[int, float], policy: FailurePolicy) -> None:
         self.transport = transport
         self.own = transport.peer_id
         self.row = dict(row)
-        self.neighbours = sorted(j for j in self.row if j != self.own)
+        self.neighbours = tuple(sorted(transport.neighbours))
         self.policy = policy
+        self._unreachable: tuple[int, set[int]] = (-1, set())  # (round, neighbours found unreachable in it)
 
     def exchange(
-        self, t: int, outgoing: Mapping[str, Mapping[str, np.ndarray]], scalars: Mapping[str, float] | None = None
-    ) -> tuple[dict[str, dict[str, np.ndarray]], ExchangeInfo]:
+        self,
+        t: int,
+        phase: str,
+        channels: Sequence[str],
+        outgoing: Outgoing,
+        senders: Sequence[int] | None = None,
+        scalars: Mapping[str, float] | None = None,
+    ) -> tuple[Inbox, ExchangeInfo]:
+        """Send ``outgoing`` for round ``t``, gather ``channels`` from ``senders`` (default: all neighbours).
+
+        Raises
+        ------
+        RoundFailed
+            Under ``on_missing="fail"`` when an expected neighbour is not heard by the deadline.
+        """
         start = time.monotonic()
         info = ExchangeInfo()
-        channels = list(outgoing)
-        results = self.transport.send_many(self.neighbours, t, outgoing, scalars, timeout=self.policy.send_timeout)
-        for r in results:
+        jobs: dict[int, Channels] = {}
+        for j in outgoing.targets(self.neighbours):
+            msg = outgoing.to(j)
+            if msg is not None:
+                jobs[j] = msg
+        for r in self.transport.send_many(jobs, t, scalars, timeout=self.policy.send_timeout):
             info.wire_sent += r.wire_bytes
             info.payload_sent += r.payload_bytes
-            if not r.ok:
-                if r.unreachable:
-                    if r.to not in info.unreachable:
-                        info.unreachable.append(r.to)
-                else:
-                    info.refused[r.to] = r.reason
-                    logger.error("peer %d: round %d: peer %d refused our message: %s", self.own, t, r.to, r.reason)
+            if r.ok:
+                continue
+            if r.unreachable:
+                if r.to not in info.unreachable:
+                    info.unreachable.append(r.to)
+            else:
+                info.refused[r.to] = r.reason
+                logger.error("peer %d: round %d: peer %d refused our message: %s", self.own, t, r.to, r.reason)
+        if self._unreachable[0] != t:
+            self._unreachable = (t, set())
+        self._unreachable[1].update(info.unreachable)  # also for later phases of this round, which may not send to them
+        expected = sorted(self.neighbours if senders is None else senders)
         if self.policy.on_missing == "skip":
-            wait_for = [j for j in self.neighbours if j not in info.unreachable]
+            wait_for = [j for j in expected if j not in self._unreachable[1]]
         else:
-            wait_for = list(self.neighbours)
+            wait_for = list(expected)
         spent = time.monotonic() - start
         got = self.transport.receive(t, channels, wait_for, max(0.0, self.policy.round_timeout - spent))
-        late = [j for j in self.neighbours if j not in got and j not in wait_for]
+        late = [j for j in expected if j not in got and j not in wait_for]
         if late:  # unreachable now, but their message may already be here
             got.update(self.transport.receive(t, channels, late, 0.0))
         info.present = sorted(got)
-        info.missing = [j for j in self.neighbours if j not in got]
+        info.missing = [j for j in expected if j not in got]
         if info.missing:
             if self.policy.on_missing == "fail":
                 raise RoundFailed(
@@ -114,24 +150,15 @@ class NeighbourExchange:
                 )
             logger.warning(
                 "peer %d: round %d: skipping neighbour(s) %s (unreachable: %s); re-weighting (%s)",
-                self.own, t, info.missing, info.unreachable, self.policy.reweight,
+                self.own, t, info.missing, sorted(self._unreachable[1]), self.policy.reweight,
             )
+        messages = {j: {ch: dict(got[j][ch].arrays) for ch in channels} for j in info.present}
         weights = reweight(self.row, self.own, set(got), self.policy.reweight)
-        info.weights = weights
-        mixed: dict[str, dict[str, np.ndarray]] = {}
-        for ch in channels:
-            mixed[ch] = {}
-            for name, own_arr in outgoing[ch].items():
-                arrays = {self.own: own_arr}
-                arrays.update({j: got[j][ch].arrays[name] for j in got})
-                mixed[ch][name] = mix(weights, arrays)
-        if "params" in outgoing and got:
-            own_theta = np.asarray(next(iter(outgoing["params"].values())), np.float64)
-            diffs = [
-                float(np.sum((own_theta - np.asarray(next(iter(got[j]["params"].arrays.values())), np.float64)) ** 2))
-                for j in got
-            ]
-            info.local_disagreement = float(np.mean(diffs))
-        self.transport.advance(t + 1)
         info.seconds = time.monotonic() - start
-        return mixed, info
+        inbox = Inbox(round=t, phase=phase, own=outgoing.own, messages=messages, weights=weights,
+                      missing=tuple(info.missing))
+        return inbox, info
+
+    def finish_round(self, t: int) -> None:
+        """Round ``t`` is over: its (and older) buffered messages are dropped."""
+        self.transport.advance(t + 1)

@@ -38,18 +38,43 @@ from graphfl.p2p.transport import HandshakeRefused, Mailbox, SendResult, Transpo
 logger = logging.getLogger(__name__)
 
 UNKNOWN_PEER = "unknown-peer"
-_UNREACHABLE = {
-    grpc.StatusCode.UNAVAILABLE,
-    grpc.StatusCode.DEADLINE_EXCEEDED,
-    grpc.StatusCode.CANCELLED,
-    grpc.StatusCode.UNKNOWN,
-}
+_UNREACHABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+"""The only gRPC status codes that mean "the neighbour cannot be reached" (dead process, cut link,
+refused connection, TLS failure, deadline). Anything else is an error to report, not a skip."""
 _CHANNEL_OPTIONS = [
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 2000),
     ("grpc.enable_retries", 0),
 ]
+
+
+class _FrameStream:
+    """The frames of one message as gRPC's request iterator: counts their bytes and keeps a local error.
+
+    gRPC consumes the iterator on its own thread and turns an exception into a cancelled RPC;
+    :meth:`GrpcTransport.send` re-raises the kept error, so a local bug is never mistaken for
+    an unreachable neighbour.
+    """
+
+    def __init__(self, frames: Iterator[pb.Frame]) -> None:
+        self._frames = frames
+        self.bytes = 0
+        self.error: BaseException | None = None
+
+    def __iter__(self) -> _FrameStream:
+        return self
+
+    def __next__(self) -> pb.Frame:
+        try:
+            frame = next(self._frames)
+        except StopIteration:
+            raise
+        except Exception as exc:
+            self.error = exc
+            raise
+        self.bytes += frame.ByteSize()
+        return frame
 
 
 @dataclass(frozen=True)
@@ -109,7 +134,8 @@ class _Servicer(pb_grpc.PeerServicer):
             asm.header(first)
             sender = int(asm.sender)  # type: ignore[arg-type]
             if sender not in t.verified:
-                return pb.Ack(accepted=False, reason=f"{UNKNOWN_PEER}: peer {sender} has no accepted handshake with peer {t.peer_id}")
+                return pb.Ack(accepted=False,
+                              reason=f"{UNKNOWN_PEER}: peer {sender} has no accepted handshake with peer {t.peer_id}")
             bad_name = self._tls_name_ok(context, sender)
             if bad_name:
                 raise WireError(bad_name)
@@ -174,7 +200,7 @@ class GrpcTransport(Transport):
         self._server: grpc.Server | None = None
         self._channels: dict[int, grpc.Channel] = {}
         self._stubs: dict[int, pb_grpc.PeerStub] = {}
-        self._executor = None
+        self.last_errors: dict[int, str] = {}
         self._creds = None
         if tls is not None:
             ca, cert, key = tls.read()
@@ -199,7 +225,7 @@ class GrpcTransport(Transport):
         server.start()
         self._server = server
         logger.info("peer %d listening on %s (%s)", self.peer_id, addr, "mutual TLS" if self.tls else "plaintext")
-        return port
+        return int(port)
 
     # -- client -------------------------------------------------------------------------
     def _stub(self, j: int) -> pb_grpc.PeerStub:
@@ -207,7 +233,8 @@ class GrpcTransport(Transport):
         if stub is None:
             addr = self.topology.peer(j).address
             if self._creds is not None:
-                ch = grpc.secure_channel(addr, self._creds, options=_CHANNEL_OPTIONS + [("grpc.ssl_target_name_override", peer_name(j))])
+                options = [*_CHANNEL_OPTIONS, ("grpc.ssl_target_name_override", peer_name(j))]
+                ch = grpc.secure_channel(addr, self._creds, options=options)
             else:
                 ch = grpc.insecure_channel(addr, options=_CHANNEL_OPTIONS)
             self._channels[j] = ch
@@ -217,7 +244,7 @@ class GrpcTransport(Transport):
     def handshake(self, j: int, timeout: float) -> pb.HelloReply:
         """One handshake with neighbour ``j`` (raises ``grpc.RpcError`` if unreachable)."""
         me = self.identity
-        reply = self._stub(j).Handshake(
+        reply: pb.HelloReply = self._stub(j).Handshake(
             pb.Hello(peer_id=me.peer_id, algorithm=me.algorithm, config_hash=me.config_hash,
                      topology_version=me.topology_version, network=me.network),
             timeout=timeout,
@@ -253,6 +280,9 @@ class GrpcTransport(Transport):
                     self.handshake(j, timeout=min(2.0, left))
                     pending.discard(j)
                 except grpc.RpcError as exc:
+                    if exc.code() not in _UNREACHABLE:
+                        raise TransportError(f"peer {self.peer_id}: handshake with peer {j} failed with "
+                                             f"{exc.code().name}: {exc.details()}") from exc
                     last_error[j] = f"{exc.code().name}: {exc.details()}"
             if pending:
                 time.sleep(0.1)
@@ -266,25 +296,37 @@ class GrpcTransport(Transport):
 
     def send(self, to: int, round_: int, channel: str, arrays: Mapping[str, np.ndarray],
              scalars: Mapping[str, float] | None = None, timeout: float = 30.0) -> SendResult:
+        """Push one message to neighbour ``to`` (handshaking first if needed).
+
+        Only network failures (``grpc.RpcError`` with UNAVAILABLE / DEADLINE_EXCEEDED, ``OSError``)
+        give ``unreachable=True``. A local error (e.g. a tensor the wire cannot carry) raises
+        here with its traceback, even when gRPC met it while streaming the frames.
+
+        Raises
+        ------
+        WireError
+            If ``arrays`` cannot be encoded.
+        """
+        codec.check_encodable(channel, arrays)
         for attempt in range(2):
-            counted = [0]
-
-            def frames() -> Iterator[pb.Frame]:
-                for f in codec.encode(self.peer_id, round_, channel, arrays, scalars, self.chunk_bytes):
-                    counted[0] += f.ByteSize()
-                    yield f
-
+            stream = _FrameStream(codec.encode(self.peer_id, round_, channel, arrays, scalars, self.chunk_bytes))
             try:
                 if to not in self.verified:
                     self.handshake(to, timeout=min(2.0, timeout))
-                ack = self._stub(to).Push(frames(), timeout=timeout)
+                ack = self._stub(to).Push(stream, timeout=timeout)
             except HandshakeRefused as exc:
                 return SendResult(to, False, str(exc))
             except grpc.RpcError as exc:
+                if stream.error is not None:
+                    raise stream.error from None
                 with self._lock:
                     self.verified.discard(to)
-                return SendResult(to, False, f"peer {to}: {exc.code().name}: {exc.details()}",
-                                  unreachable=exc.code() in _UNREACHABLE)
+                code = exc.code()
+                return SendResult(to, False, f"peer {to}: {code.name}: {exc.details()}", unreachable=code in _UNREACHABLE)
+            except OSError as exc:
+                with self._lock:
+                    self.verified.discard(to)
+                return SendResult(to, False, f"peer {to}: {exc}", unreachable=True)
             if not ack.accepted and ack.reason.startswith(UNKNOWN_PEER) and attempt == 0:
                 with self._lock:
                     self.verified.discard(to)  # the neighbour restarted: handshake again, resend once
@@ -292,9 +334,9 @@ class GrpcTransport(Transport):
             payload = int(sum(np.asarray(a).nbytes for a in arrays.values()))
             if ack.accepted:
                 with self.mailbox.stats.lock:
-                    self.mailbox.stats.bytes_sent += counted[0]
+                    self.mailbox.stats.bytes_sent += stream.bytes
                     self.mailbox.stats.payload_sent += payload
-            return SendResult(to, ack.accepted, ack.reason, counted[0], payload)
+            return SendResult(to, ack.accepted, ack.reason, stream.bytes, payload)
         return SendResult(to, False, "neighbour does not accept our handshake")
 
     def advance(self, round_: int) -> None:

@@ -20,7 +20,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -82,31 +82,36 @@ def _pdeathsig() -> None:  # pragma: no cover - runs in the child
 class PeerProcesses:
     """The peer processes of one local network; a context manager that always tears down."""
 
-    def __init__(self, network_file: Path, out: Path, ids: Iterable[int], env: Mapping[str, str] | None = None) -> None:
+    def __init__(self, network_file: Path, out: Path, ids: Iterable[int], env: Mapping[str, str] | None = None,
+                 args: Sequence[str] = ()) -> None:
         self.network_file = Path(network_file)
         self.out = Path(out)
-        self.procs: dict[int, subprocess.Popen] = {}
+        self.args = list(args)
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.logs: dict[int, Any] = {}
         self.env = {**os.environ, "GRAPHFL_TORCH_THREADS": "1", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
                     **(env or {})}
         for i in ids:
             self.start(i)
 
-    def start(self, i: int) -> subprocess.Popen:
+    def start(self, i: int, args: Sequence[str] | None = None) -> subprocess.Popen[bytes]:
+        """Start peer ``i`` (``graphfl peer``) with the common ``args`` (e.g. ``--resume``) or ``args``."""
         (self.out / "logs").mkdir(parents=True, exist_ok=True)
         log = open(self.out / "logs" / f"peer-{i}.log", "ab")
         cmd = [sys.executable, "-m", "graphfl.p2p", "peer", "--topology", str(self.network_file), "--id", str(i),
-               "--out", str(self.out)]
+               "--out", str(self.out), *(self.args if args is None else args)]
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True,
                                 preexec_fn=_pdeathsig if sys.platform.startswith("linux") else None)
         self.procs[i], self.logs[i] = proc, log
         return proc
 
     def status(self, i: int) -> dict[str, Any]:
+        """Peer ``i``'s last status file (``{}`` before it wrote one)."""
         try:
-            return json.loads((self.out / f"peer-{i}.status.json").read_text())
+            st: dict[str, Any] = json.loads((self.out / f"peer-{i}.status.json").read_text())
         except (OSError, ValueError):
             return {}
+        return st
 
     def exit_codes(self) -> dict[int, int | None]:
         return {i: p.poll() for i, p in self.procs.items()}
@@ -117,7 +122,8 @@ class PeerProcesses:
             p.send_signal(sig)
             p.wait(KILL_GRACE_S)
 
-    def wait_all(self, deadline: float, on_tick=None, stop_on_crash: bool = False) -> bool:
+    def wait_all(self, deadline: float, on_tick: Callable[[Mapping[int, int | None]], None] | None = None,
+                 stop_on_crash: bool = False) -> bool:
         """Wait until every process exits or the monotonic ``deadline``; ``True`` if all exited."""
         while time.monotonic() < deadline:
             codes = self.exit_codes()
@@ -165,12 +171,13 @@ def collect(out: Path, network_file: Path, exit_codes: Mapping[int, int | None] 
     by_round: dict[int, list[dict[str, Any]]] = {}
     for i in range(n):
         f = out / f"peer-{i}.json"
-        res = json.loads(f.read_text()) if f.is_file() else {"outcome": "no result (crashed?)", "records": []}
+        res: dict[str, Any] = (json.loads(f.read_text()) if f.is_file()
+                               else {"outcome": "no result (crashed?)", "records": []})
         npz = out / f"peer-{i}.npz"
         if npz.is_file():
             with np.load(npz, allow_pickle=False) as z:
                 thetas.append(z["theta"].astype(np.float64))
-        recs = res.get("records", [])
+        recs: list[dict[str, Any]] = res.get("records", [])
         for r in recs:
             by_round.setdefault(r["round"], []).append(r)
         last = recs[-1] if recs else {}
@@ -192,7 +199,7 @@ def collect(out: Path, network_file: Path, exit_codes: Mapping[int, int | None] 
             "seconds": res.get("seconds"),
         }
 
-    def mean(vals: list) -> float | None:
+    def mean(vals: list[Any]) -> float | None:
         v = [x for x in vals if x is not None]
         return float(np.mean(v)) if v else None
 
@@ -250,7 +257,7 @@ def write_report(out: Path, result: dict[str, Any]) -> None:
     text = [
         f"# p2p run: {algo} on {cfg['network']} ({cfg['peers']} peers, {'mutual TLS' if cfg['tls'] else 'plaintext'})",
         "",
-        f"rounds {cfg['run']['rounds']}, tau {cfg['run']['tau']}, problem {cfg['run']['problem']}, "
+        f"rounds {cfg['run']['rounds']}, parameters {cfg['run']['params']}, problem {cfg['run']['problem']}, "
         f"mixing {cfg['mixing']}, on-missing {cfg['run']['on_missing']}",
         "",
         markdown_table(columns=["mean test loss", "mean train loss", "consensus distance", "bytes sent (wire)", "payload sent",
@@ -317,7 +324,7 @@ def launch(
     return result
 
 
-def _progress(stack: ExitStack, procs: PeerProcesses, n: int, rounds: int):
+def _progress(stack: ExitStack, procs: PeerProcesses, n: int, rounds: int) -> Callable[[Mapping[int, int | None]], None]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     bar = stack.enter_context(Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),

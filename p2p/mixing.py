@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 
-import networkx as nx
 import numpy as np
 
 from graphfl.common.config import ConfigError
@@ -130,10 +129,10 @@ def validate_mixing(w: np.ndarray, adj: np.ndarray | None = None, tol: float = T
         raise ConfigError("mixing matrix has non-finite entries")
     asym = np.abs(w - w.T)
     if asym.max(initial=0.0) > tol:
-        i, j = np.unravel_index(np.argmax(asym), asym.shape)
+        i, j = (int(x) for x in np.unravel_index(np.argmax(asym), asym.shape))
         raise ConfigError(f"mixing matrix is not symmetric: W[{i},{j}]={float(w[i, j])!r} != W[{j},{i}]={float(w[j, i])!r}")
     if w.min(initial=0.0) < -tol:
-        i, j = np.unravel_index(np.argmin(w), w.shape)
+        i, j = (int(x) for x in np.unravel_index(np.argmin(w), w.shape))
         raise ConfigError(f"mixing matrix has a negative entry W[{i},{j}]={float(w[i, j])!r}")
     rows = np.abs(w.sum(axis=1) - 1.0)
     if rows.max(initial=0.0) > tol:
@@ -150,14 +149,35 @@ def validate_mixing(w: np.ndarray, adj: np.ndarray | None = None, tol: float = T
             i, j = map(int, np.argwhere(off)[0])
             raise ConfigError(f"mixing matrix W[{i},{j}] is nonzero but ({i},{j}) is not an edge")
     if n > 1:
-        g = nx.from_numpy_array(((np.abs(w) > 0) & ~np.eye(n, dtype=bool)).astype(int))
-        if not nx.is_connected(g):
-            comps = [sorted(c) for c in nx.connected_components(g)]
+        comps = connected_components((np.abs(w) > 0) & ~np.eye(n, dtype=bool))
+        if len(comps) > 1:
             logger.warning(
                 "graph is disconnected (%d components: %s); consensus only inside components",
                 len(comps),
                 comps,
             )
+
+
+def connected_components(pattern: np.ndarray) -> list[list[int]]:
+    """Connected components (sorted node lists, by smallest node) of the graph with adjacency ``pattern != 0``."""
+    a = np.asarray(pattern) != 0
+    n = a.shape[0]
+    label = [-1] * n
+    comps: list[list[int]] = []
+    for s in range(n):
+        if label[s] >= 0:
+            continue
+        label[s] = len(comps)
+        stack, comp = [s], [s]
+        while stack:
+            u = stack.pop()
+            for v in np.nonzero(a[u] | a[:, u])[0]:
+                if label[int(v)] < 0:
+                    label[int(v)] = label[s]
+                    stack.append(int(v))
+                    comp.append(int(v))
+        comps.append(sorted(comp))
+    return comps
 
 
 def mixing_row(w: np.ndarray, i: int) -> dict[int, float]:

@@ -69,7 +69,9 @@ class LinRegOracle:
         return a.T @ r / len(batch), float(0.5 * np.mean(r * r))
 
     def full_grad(self, theta: np.ndarray) -> np.ndarray:
-        return self.a.T @ (self.a @ theta - self.b) / len(self.b)
+        """``∇f_i(θ) = A_iᵀ(A_i θ − b_i)/m`` on all local samples."""
+        g: np.ndarray = self.a.T @ (self.a @ theta - self.b) / len(self.b)
+        return g
 
     def test_loss(self, theta: np.ndarray) -> float:
         r = self.a_test @ theta - self.b_test
@@ -165,7 +167,10 @@ class TorchTaskOracle:
             p.grad = None
         loss = self.loss_fn(self.model(self.x[idx]), self.y[idx])
         loss.backward()
-        g = torch.cat([p.grad.reshape(-1) for p in self.params]).detach().cpu().numpy()
+        grads = [p.grad for p in self.params]
+        if any(gr is None for gr in grads):
+            raise RuntimeError(f"{type(self.model).__name__}: a parameter received no gradient")
+        g = torch.cat([gr.reshape(-1) for gr in grads if gr is not None]).detach().cpu().numpy()
         return g.astype(np.float32, copy=False), float(loss.item())
 
     def test_loss(self, theta: np.ndarray) -> float:

@@ -7,10 +7,14 @@ algorithm, listens, handshakes with its neighbours (bounded by ``connect-timeout
 * ``<out>/peer-<id>.json`` — config, per-round records (loss, test loss, local disagreement,
   compute/communication seconds, bytes sent/received, skipped neighbours) and the outcome;
 * ``<out>/peer-<id>.npz`` — the final ``theta`` (and ``tracker`` for DFL-GT);
+* ``<out>/peer-<id>.ckpt.json`` + ``peer-<id>.ckpt-r<round>.npz`` — the checkpoint, rewritten
+  every ``checkpoint-every`` rounds (:mod:`graphfl.p2p.checkpoint`); ``resume=True``
+  (``graphfl peer --resume``) continues from it;
 * ``<out>/peer-<id>.status.json`` — progress, rewritten every round (the launcher reads it).
 
-Exit codes: 0 done, 2 configuration error, 3 refused handshake / TLS, 4 round failed
-(``on-missing = "fail"``), 5 unreachable neighbours under ``on-missing = "fail"``, 130 stopped.
+Exit codes: 0 done, 1 internal error (traceback in the log and in ``peer-<id>.json``),
+2 configuration error, 3 refused handshake / TLS, 4 round failed (``on-missing = "fail"``),
+5 unreachable neighbours under ``on-missing = "fail"``, 130 stopped.
 """
 
 from __future__ import annotations
@@ -22,25 +26,24 @@ import os
 import signal
 import threading
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from graphfl.common.config import ConfigError
 from graphfl.common.results import atomic_write_text
-from graphfl.p2p.algorithms import make_algorithm
+from graphfl.p2p import checkpoint
+from graphfl.p2p.algorithms.base import NodeContext, NodeState
 from graphfl.p2p.config import NetworkFile, load_network_file
 from graphfl.p2p.driver import run_node
 from graphfl.p2p.exchange import FailurePolicy, NeighbourExchange, RoundFailed
 from graphfl.p2p.grpc_transport import GrpcTransport, Identity
-from graphfl.p2p.mixing import mixing_row
 from graphfl.p2p.oracles import BUILTIN_PROBLEMS, ProblemSpec, make_oracle
 from graphfl.p2p.transport import HandshakeRefused, TransportError
 
 logger = logging.getLogger(__name__)
 
-EXIT_OK, EXIT_CONFIG, EXIT_REFUSED, EXIT_ROUND_FAILED, EXIT_UNREACHABLE, EXIT_STOPPED = 0, 2, 3, 4, 5, 130
+EXIT_OK, EXIT_ERROR, EXIT_CONFIG, EXIT_REFUSED, EXIT_ROUND_FAILED, EXIT_UNREACHABLE, EXIT_STOPPED = 0, 1, 2, 3, 4, 5, 130
 
 
 def _write_json(path: Path, obj: Any) -> None:
@@ -49,16 +52,22 @@ def _write_json(path: Path, obj: Any) -> None:
 
 
 def problem_spec(net: NetworkFile, peer_id: int) -> ProblemSpec:
+    """The local problem of peer ``peer_id`` as the network file's ``[run]`` table describes it."""
     run = net.run
     return ProblemSpec(
-        problem=run.problem, num_nodes=net.topology.n, seed=run.seed, batch_size=run.batch_size,
-        dim=run.dim, samples=run.samples, standardize=run.standardize, input_scale=run.input_scale, device=net.topology.peer(peer_id).device,
+        problem=run.problem, num_nodes=net.topology.n, seed=run.seed, batch_size=run.batch_size, dim=run.dim,
+        samples=run.samples, standardize=run.standardize, input_scale=run.input_scale,
+        device=net.topology.peer(peer_id).device,
     )
 
 
 def run_peer(network_file: str | Path, peer_id: int, out_dir: str | Path, overrides: dict[str, Any] | None = None,
-             insecure: bool = False, stop: threading.Event | None = None) -> int:
-    """Run one peer to completion; returns the exit code (see the module docstring)."""
+             insecure: bool = False, stop: threading.Event | None = None, resume: bool = False) -> int:
+    """Run one peer to completion; returns the exit code (see the module docstring).
+
+    With ``resume`` the peer starts from its checkpoint in ``out_dir`` (same algorithm and
+    parameters required; ``rounds`` may be larger) instead of the initial model.
+    """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     status_file = out / f"peer-{peer_id}.status.json"
@@ -80,17 +89,26 @@ def run_peer(network_file: str | Path, peer_id: int, out_dir: str | Path, overri
             import torch
 
             torch.set_num_threads(int(os.environ.get("GRAPHFL_TORCH_THREADS", "1")))
-        algo = make_algorithm(run.algorithm, tau=run.tau, alpha0=run.alpha0, step_rule=run.step_rule,
-                              init_tracker=run.init_tracker, same_batch_difference=run.same_batch_difference)
+        algo = run.make_algorithm()
         oracle = make_oracle(peer_id, problem_spec(net, peer_id), partition=me.partition)
         w = topo.mixing_matrix()
-        theta0 = oracle.initial_theta()
+        ctx = NodeContext.from_matrix(w, peer_id, topo.adjacency())
+        if resume:
+            ck = checkpoint.load(out, peer_id)
+            ck.check(algo.name, algo.params)
+            ck.restore_oracle_rng(oracle)
+            state = ck.state
+            result["resumed_from"] = {"round": ck.round, "t": state.t}
+            logger.info("peer %d resumes from its checkpoint of round %d (iteration %d)", peer_id, ck.round, state.t)
+        else:
+            state = algo.init(oracle, ctx)
         transport = GrpcTransport(
             Identity(peer_id, run.algorithm, run.hash(), topo.fingerprint, topo.name),
-            topo, net.tls_files(peer_id), horizon=run.max_ahead * run.tau, chunk_bytes=run.chunk_bytes,
+            topo, net.tls_files(peer_id), horizon=run.max_ahead * algo.period, chunk_bytes=run.chunk_bytes,
         )
-        for ch, specs in algo.specs(theta0.size, theta0.dtype).items():
+        for ch, specs in algo.channels(state, ctx).items():
             transport.mailbox.expect(ch, specs)
+        transport.current_round = state.t
         transport.serve()
         result["outcome"] = "connecting"
         _write_json(status_file, {"peer": peer_id, "state": "connecting", "round": 0, "rounds": run.rounds})
@@ -103,12 +121,13 @@ def run_peer(network_file: str | Path, peer_id: int, out_dir: str | Path, overri
                                      f"{run.connect_timeout:g} s: {errors}")
             logger.warning("peer %d starts without neighbour(s) %s: %s", peer_id, missing, errors)
             result["unreached_at_start"] = {str(j): e for j, e in errors.items()}
-        start_t = max([0, *transport.neighbour_rounds.values()])
-        if start_t > 0:
+        start_t = max([state.t, *transport.neighbour_rounds.values()])
+        if start_t > state.t:
             logger.info("peer %d rejoins the network at iteration %d", peer_id, start_t)
+        if start_t > 0:
             transport.advance(start_t)
         policy = FailurePolicy(run.on_missing, run.reweight, run.round_timeout, run.send_timeout)
-        exchange = NeighbourExchange(transport, mixing_row(w, peer_id), policy)
+        exchange = NeighbourExchange(transport, ctx.row, policy)
         result["outcome"] = "running"
 
         def on_round(rec: dict[str, Any]) -> None:
@@ -117,12 +136,18 @@ def run_peer(network_file: str | Path, peer_id: int, out_dir: str | Path, overri
                                       "train_loss": rec["train_loss"], "test_loss": rec["test_loss"],
                                       "missing": rec["missing"]})
 
-        node = run_node(algo, oracle, exchange, run.iterations, start_t=start_t, eval_every=run.eval_every,
-                        min_round_seconds=run.min_round_seconds, on_round=on_round, stop=stop)
+        def on_checkpoint(st: NodeState, round_: int) -> None:
+            if run.checkpoint_every and round_ % run.checkpoint_every == 0:
+                checkpoint.save(out, peer_id, st, algorithm=algo.name, params=algo.params, round_=round_,
+                                oracle=oracle, extra={"config_hash": run.hash()})
+
+        node = run_node(algo, oracle, exchange, run.iterations, ctx=ctx, state=state, start_t=start_t,
+                        eval_every=run.eval_every, min_round_seconds=run.min_round_seconds, on_round=on_round,
+                        on_checkpoint=on_checkpoint, stop=stop)
         arrays = {"theta": node.state.theta}
         if node.state.tracker is not None:
             arrays["tracker"] = node.state.tracker
-        np.savez(out / f"peer-{peer_id}.npz", **arrays)
+        checkpoint.savez(out / f"peer-{peer_id}.npz", **arrays)
         result["start_t"] = start_t
         result["final_t"] = node.state.t
         result["stats"] = transport.stats()
@@ -142,6 +167,11 @@ def run_peer(network_file: str | Path, peer_id: int, out_dir: str | Path, overri
     except TransportError as exc:
         result["outcome"], result["error"], code = "unreachable", str(exc), EXIT_UNREACHABLE
         logger.error("%s", exc)
+    except Exception as exc:
+        result["outcome"], code = "error", EXIT_ERROR
+        result["error"] = f"{type(exc).__name__}: {exc}"
+        result["traceback"] = traceback.format_exc()
+        logger.exception("peer %d failed", peer_id)
     finally:
         result["seconds"] = time.monotonic() - t_begin
         if transport is not None:
@@ -153,7 +183,7 @@ def run_peer(network_file: str | Path, peer_id: int, out_dir: str | Path, overri
 
 
 def main(network_file: str, peer_id: int, out_dir: str, overrides: dict[str, Any] | None = None,
-         insecure: bool = False) -> int:
+         insecure: bool = False, resume: bool = False) -> int:
     """Process entry point: logging to stderr, SIGTERM/SIGINT stop the loop (bounded), exit code."""
     logging.basicConfig(level=os.environ.get("GRAPHFL_LOG", "INFO"),
                         format=f"%(asctime)s peer-{peer_id} %(levelname)s %(name)s: %(message)s")
@@ -165,7 +195,7 @@ def main(network_file: str, peer_id: int, out_dir: str, overrides: dict[str, Any
 
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        return run_peer(network_file, peer_id, out_dir, overrides, insecure, stop)
+        return run_peer(network_file, peer_id, out_dir, overrides, insecure, stop, resume)
     finally:
         for sig, h in previous.items():
             signal.signal(sig, h)

@@ -13,13 +13,15 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import networkx as nx
 import numpy as np
 
 from graphfl.common.config import ConfigError, dump_toml, load_toml, stable_hash
 from graphfl.common.graph import read_edge_list
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +79,8 @@ class Topology:
 
     def adjacency(self) -> np.ndarray:
         """Symmetric weighted adjacency (copy)."""
-        return self._adj.copy()
+        adj: np.ndarray = self._adj.copy()
+        return adj
 
     def neighbours(self, i: int) -> list[int]:
         """Sorted neighbour ids of peer ``i`` (excluding ``i``)."""
@@ -151,6 +154,8 @@ def generate_graph(kind: str, n: int, *, seed: int = 0, p: float = 0.5, k: int =
     (up to 100 draws until connected); ``knn`` places ``n`` points uniformly in the unit square
     and links each to its ``k`` nearest (symmetrised), weight ``exp(-dist² / median²)``.
     """
+    import networkx as nx  # only the generators need it (a peer process reading a network file does not)
+
     if n < 1:
         raise ConfigError(f"a network needs at least 1 peer, got {n}")
     if kind == "ring":

@@ -17,6 +17,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -49,6 +50,8 @@ class SendResult:
 
 @dataclass
 class TransportStats:
+    """Counters of one transport (bytes on the wire and as raw tensors, rejected and late messages)."""
+
     bytes_sent: int = 0
     bytes_received: int = 0
     payload_sent: int = 0
@@ -170,6 +173,11 @@ class Mailbox:
         with self._cond:
             return max(self.latest.values(), default=-1)
 
+    def latest_rounds(self) -> dict[int, int]:
+        """``{neighbour: highest round it has sent us a valid message for}`` (neighbours heard so far)."""
+        with self._cond:
+            return dict(self.latest)
+
     def pending(self) -> int:
         with self._cond:
             return len(self._box)
@@ -181,6 +189,7 @@ class Transport(ABC):
     peer_id: int
     neighbours: list[int]
     mailbox: Mailbox
+    _executor: ThreadPoolExecutor | None = None
 
     def start(self, timeout: float) -> set[int]:
         """Connect (and handshake) with the neighbours within ``timeout`` s; return those reached."""
@@ -194,21 +203,28 @@ class Transport(ABC):
         """Deliver one message to neighbour ``to`` (bounded by ``timeout``); never raises for a dead peer."""
 
     def send_many(
-        self, targets: Sequence[int], round_: int, messages: Mapping[str, Mapping[str, np.ndarray]],
+        self, jobs: Mapping[int, Mapping[str, Mapping[str, np.ndarray]]], round_: int,
         scalars: Mapping[str, float] | None = None, timeout: float = 30.0,
     ) -> list[SendResult]:
-        """Send every channel of ``messages`` to every target, in parallel; bounded by ``timeout``."""
-        jobs = [(to, ch, arrs) for to in targets for ch, arrs in messages.items()]
-        if not jobs:
+        """Send ``jobs[j]`` (every channel of it) to each neighbour ``j``, in parallel; bounded by ``timeout``.
+
+        A send that does not finish within ``timeout + 5`` s counts as unreachable. Any other
+        exception is a local error (a bug, an unencodable tensor) and propagates with its
+        traceback: it is never reported as an unreachable neighbour.
+        """
+        flat = [(to, ch, arrs) for to, msg in jobs.items() for ch, arrs in msg.items()]
+        if not flat:
             return []
         pool = self._pool()
-        futs = [pool.submit(self.send, to, round_, ch, arrs, scalars, timeout) for to, ch, arrs in jobs]
+        futs = [pool.submit(self.send, to, round_, ch, arrs, scalars, timeout) for to, ch, arrs in flat]
         out = []
-        for (to, ch, _), fut in zip(jobs, futs):
+        for (to, ch, _), fut in zip(flat, futs):
             try:
                 out.append(fut.result(timeout=timeout + 5.0))
-            except Exception as exc:  # noqa: BLE001 - reported, never propagated
-                out.append(SendResult(to, False, f"send of {ch!r} failed: {exc}", unreachable=True))
+            except FutureTimeout:
+                fut.cancel()
+                out.append(SendResult(to, False, f"send of {ch!r} did not finish within {timeout + 5.0:g} s",
+                                      unreachable=True))
         return out
 
     def receive(
@@ -223,12 +239,11 @@ class Transport(ABC):
         return self.mailbox.stats.snapshot()
 
     def close(self) -> None:
-        pool = getattr(self, "_executor", None)
-        if pool is not None:
-            pool.shutdown(wait=False, cancel_futures=True)
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
 
     def _pool(self) -> ThreadPoolExecutor:
-        if getattr(self, "_executor", None) is None:
+        if self._executor is None:
             self._executor = ThreadPoolExecutor(
                 max_workers=max(2, 2 * len(self.neighbours)), thread_name_prefix=f"p2p-send-{self.peer_id}"
             )
@@ -256,9 +271,12 @@ class InProcessTransport(Transport):
         self.peer_id = peer_id
         self.neighbours = sorted(neighbours)
         self.mailbox = Mailbox(peer_id, neighbours, horizon)
-        self._executor = None
 
-    def send(self, to, round_, channel, arrays, scalars=None, timeout=30.0) -> SendResult:
+    def send(
+        self, to: int, round_: int, channel: str, arrays: Mapping[str, np.ndarray],
+        scalars: Mapping[str, float] | None = None, timeout: float = 30.0,
+    ) -> SendResult:
+        """Encode, decode into the target's mailbox; a stopped target (``hub.down``) is unreachable."""
         box = self.hub.mailboxes.get(to)
         if box is None or to in self.hub.down:
             return SendResult(to, False, f"peer {to} is not running", unreachable=True)

@@ -7,6 +7,9 @@ import typer
 from typer.testing import CliRunner
 
 from graphfl.common.config import ConfigError
+from graphfl.p2p.algorithms.dfl_gt import DFLGTParams
+from graphfl.p2p.algorithms.dfl_sgd import DFLSGDParams
+from graphfl.p2p.algorithms.gossip import GossipParams
 from graphfl.p2p.cli import register
 from graphfl.p2p.config import P2PConfig, TlsSection, load_network_file, parse_p2p_config, write_network_file
 from graphfl.p2p.topology import make_topology
@@ -18,9 +21,11 @@ def write(tmp_path, run=None, tls=None):
 
 
 def test_roundtrip_overrides_and_tls_paths(tmp_path):
-    f = write(tmp_path, P2PConfig(algorithm="dfl-sgd", tau=5, same_batch_difference=True))
+    f = write(tmp_path, P2PConfig(algorithm="dfl-gt", params=DFLGTParams(tau=5, same_batch_difference=True)))
+    assert "same-batch-difference = true" in f.read_text() and "params" not in f.read_text()
     net = load_network_file(f, {"rounds": 7, "round_timeout": 2})
-    assert net.run == P2PConfig(algorithm="dfl-sgd", tau=5, same_batch_difference=True, rounds=7, round_timeout=2.0)
+    assert net.run == P2PConfig(algorithm="dfl-gt", params=DFLGTParams(tau=5, same_batch_difference=True), rounds=7,
+                                round_timeout=2.0)
     assert net.run.iterations == 35
     files = net.tls_files(2)
     assert files.cert == tmp_path / "c" / "peer-2.crt" and files.ca == tmp_path / "c" / "ca.crt"
@@ -30,16 +35,33 @@ def test_roundtrip_overrides_and_tls_paths(tmp_path):
 
 def test_hash_tracks_every_setting():
     base = P2PConfig()
+    assert base.params == DFLGTParams()
     assert base.hash() == P2PConfig().hash()
-    assert base.hash() != P2PConfig(alpha0=0.4).hash()
-    assert base.hash() != P2PConfig(init_tracker="zero").hash()
+    assert base.hash() != P2PConfig(params=DFLGTParams(alpha0=0.4)).hash()
+    assert base.hash() != P2PConfig(params=DFLGTParams(init_tracker="zero")).hash()
+    assert base.hash() != P2PConfig(round_timeout=3.0).hash()
+
+
+def test_algorithm_keys_come_from_the_registry():
+    cfg = parse_p2p_config({"algorithm": "dfl-sgd", "tau": 3, "alpha0": 0.2})
+    assert cfg.params == DFLSGDParams(tau=3, alpha0=0.2) and cfg.iterations == 300
+    assert parse_p2p_config({"rounds": 5}, base=cfg).params == cfg.params  # kept on top of a base
+    assert parse_p2p_config({"algorithm": "gossip"}, base=cfg).params == GossipParams()  # dropped: other algorithm
+    with pytest.raises(ConfigError, match=r"'init-tracker' is a key of \['dfl-gt'\]"):
+        parse_p2p_config({"algorithm": "dfl-sgd", "init-tracker": "zero"})
+    with pytest.raises(ConfigError, match="gossip's \\['tau'\\]"):
+        parse_p2p_config({"algorithm": "gossip", "alpha0": 0.1})
+    with pytest.raises(ConfigError, match="init-tracker"):
+        parse_p2p_config({"init-tracker": "random"})
+    with pytest.raises(ConfigError, match="must be DFLGTParams"):
+        P2PConfig(params=GossipParams())
 
 
 def test_bad_run_values_name_the_key(tmp_path):
     with pytest.raises(ConfigError, match="tau"):
         parse_p2p_config({"tau": 0})
     with pytest.raises(ConfigError, match="dfl-gt"):
-        parse_p2p_config({"algorithm": "admm"})
+        parse_p2p_config({"algorithm": "no-such-algorithm"})
     with pytest.raises(ConfigError, match="unknown key"):
         parse_p2p_config({"learning-rate": 0.1})
     with pytest.raises(ConfigError, match="chunk-bytes"):

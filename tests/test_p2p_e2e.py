@@ -13,7 +13,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from graphfl.p2p.algorithms import make_algorithm
 from graphfl.p2p.config import load_network_file
 from graphfl.p2p.driver import run_network_inprocess
 from graphfl.p2p.launcher import PeerProcesses, launch, prepare_network
@@ -32,10 +31,15 @@ def wait_for(cond, timeout, what):
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
-def test_ring_of_4_processes_matches_inprocess_driver(tmp_path):
-    """20 rounds of DFL-GT on the synthetic-dfl task (torch MLP), mutual TLS, vs one process."""
+def test_launch_torch_task_matches_inprocess_driver(tmp_path):
+    """`graphfl p2p`'s launch(): DFL-GT on the synthetic-dfl task (torch MLP, float32), mutual TLS, vs one process.
+
+    (Every registered algorithm is checked on small numpy problems by tests/test_p2p_contract.py;
+    this one adds a torch model and the launcher's report.)
+    """
     out = tmp_path / "run"
-    result = launch("ring", 4, {"algorithm": "dfl-gt", "rounds": 20, "problem": "synthetic-dfl", "alpha0": 0.3,
+    rounds = 3
+    result = launch("ring", 2, {"algorithm": "dfl-gt", "rounds": rounds, "problem": "synthetic-dfl", "alpha0": 0.3,
                                 "standardize": True, "connect-timeout": 60},
                     out=out, progress=False, timeout=150)
     assert result["ok"], result["peers"]
@@ -43,7 +47,7 @@ def test_ring_of_4_processes_matches_inprocess_driver(tmp_path):
     for name in ("p2p.json", "p2p.md", "p2p.png"):
         assert (out / name).is_file()
     curve = result["methods"]["dfl-gt"]["curve"]
-    assert [c["round"] for c in curve] == list(range(1, 21)) and all(c["missing"] == [] for c in curve)
+    assert [c["round"] for c in curve] == list(range(1, rounds + 1)) and all(c["missing"] == [] for c in curve)
     assert curve[-1]["bytes"] > 0
 
     net = load_network_file(out / "network.toml")
@@ -52,41 +56,43 @@ def test_ring_of_4_processes_matches_inprocess_driver(tmp_path):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        algo = make_algorithm("dfl-gt", tau=1, alpha0=0.3)
-        oracles = [make_oracle(i, problem_spec(net, i), partition=i) for i in range(4)]
-        ref = run_network_inprocess(algo, oracles, net.topology.mixing_matrix(), net.run.iterations)
+        oracles = [make_oracle(i, problem_spec(net, i), partition=i) for i in range(2)]
+        ref = run_network_inprocess(net.run.make_algorithm(), oracles, net.topology.mixing_matrix(), net.run.iterations)
     finally:
         torch.set_num_threads(threads)
-    for i in range(4):
+    for i in range(2):
         with np.load(out / f"peer-{i}.npz") as z:
             np.testing.assert_allclose(z["theta"], ref.states[i].theta, rtol=0, atol=1e-6)
             np.testing.assert_allclose(z["tracker"], ref.states[i].tracker, rtol=0, atol=1e-6)
 
 
 def test_killed_peer_is_skipped_within_the_deadline_and_rejoins(tmp_path):
+    """Peer 2 is killed, its neighbours skip it within the deadline, the same command restarts it and it rejoins."""
     deadline = 2.0
     net_file = prepare_network(tmp_path, "ring", 4, {
-        "algorithm": "dfl-sgd", "problem": "linreg", "alpha0": 0.02, "rounds": 150, "min-round-seconds": 0.05,
-        "round-timeout": deadline, "send-timeout": deadline, "connect-timeout": 30}, insecure=True)
+        "algorithm": "dfl-sgd", "problem": "linreg", "alpha0": 0.02, "rounds": 100_000, "min-round-seconds": 0.05,
+        "round-timeout": deadline, "send-timeout": deadline, "connect-timeout": 30, "checkpoint-every": 0}, insecure=True)
     with PeerProcesses(net_file, tmp_path, range(4)) as procs:
-        wait_for(lambda: procs.status(2).get("round", 0) >= 10, 60, "peer 2 to reach round 10")
+        wait_for(lambda: procs.status(2).get("round", 0) >= 5, 60, "peer 2 to reach round 5")
         procs.kill(2)
-        killed_at = procs.status(1).get("round", 0)
-        wait_for(lambda: procs.status(1).get("round", 0) >= killed_at + 15, 30, "peer 1 to go on without peer 2")
-        procs.start(2)  # the same command again: it rejoins
-        assert procs.wait_all(time.monotonic() + 90), procs.exit_codes()
-        codes = procs.exit_codes()
-    assert codes == {0: 0, 1: 0, 2: 0, 3: 0}
+        killed_at = procs.status(2).get("round", 0)
+        wait_for(lambda: 2 in (procs.status(1).get("missing") or []), 30, "peer 1 to skip peer 2")
+        wait_for(lambda: procs.status(1).get("round", 0) >= killed_at + 3, 30, "peer 1 to go on without peer 2")
+        procs.start(2)  # the same command again: it rejoins at the network's round
+        wait_for(lambda: procs.status(2).get("state") == "running", 60, "peer 2 to run again")
+        back = procs.status(1).get("round", 0)
+        wait_for(lambda: procs.status(1).get("round", 0) >= back + 3 and procs.status(1).get("missing") == []
+                 and procs.status(3).get("missing") == [], 30, "peers 1 and 3 to hear peer 2 again")
+        procs.stop_all()  # SIGTERM: every peer stops after its current step and writes its results
     peers = {i: json.loads((tmp_path / f"peer-{i}.json").read_text()) for i in range(4)}
-    assert all(p["outcome"] == "done" for p in peers.values())
-    for i in (1, 3):  # the neighbours of peer 2 skipped it, each round within the deadline
-        skipped = [r for r in peers[i]["records"] if 2 in r["missing"]]
-        assert len(skipped) >= 10
+    assert all(p["outcome"] == "stopped" for p in peers.values()), {i: p["outcome"] for i, p in peers.items()}
+    for i in (1, 3):  # the neighbours of peer 2 skipped it, each round within the deadline, then heard it again
+        recs = peers[i]["records"]
+        skipped = [r for r in recs if 2 in r["missing"]]
+        assert len(skipped) >= 3
         assert max(r["comm_s"] for r in skipped) < deadline + 1.0
-        assert all(r["missing"] == [] for r in peers[i]["records"][-5:])  # mixed again after it came back
-    # peer 0 is not a neighbour of 2; it may skip a neighbour for a round or two while that neighbour
-    # itself waits out the deadline (the synchronous cascade documented in docs/p2p.md)
-    assert sum(1 for r in peers[0]["records"] if r["missing"]) <= 4
+        first = next(k for k, r in enumerate(recs) if 2 in r["missing"])
+        assert any(r["missing"] == [] for r in recs[first:])  # heard again (before SIGTERM stopped everyone)
     assert peers[2]["start_t"] > killed_at  # the restarted peer joined at the network's round
     log = (tmp_path / "logs" / "peer-1.log").read_text()
     assert "skipping neighbour(s) [2]" in log and "re-weighting (self)" in log
@@ -153,7 +159,7 @@ def _pids_with(text: str) -> list[int]:
 def test_launcher_stops_everything_when_a_peer_crashes_under_fail_policy(tmp_path):
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "graphfl.p2p", "p2p", "--algorithm", "dfl-sgd", "--topology", "ring", "--peers", "3",
-           "--rounds", "1000", "--problem", "linreg", "--insecure", "--quiet", "--out", str(out),
+           "--rounds", "100000", "--problem", "linreg", "--insecure", "--quiet", "--out", str(out),
            "--set", "min-round-seconds=0.05", "--set", "on-missing=fail", "--set", "round-timeout=2",
            "--set", "send-timeout=2"]
     launcher = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -172,7 +178,7 @@ def test_launcher_stops_everything_when_a_peer_crashes_under_fail_policy(tmp_pat
             launcher.kill()
     output = launcher.stdout.read().decode()
     assert rc == 1, output
-    assert elapsed < 15  # round deadline 2 s + teardown, not the 1000-round bound
+    assert elapsed < 45  # round deadline 2 s + teardown + report, not the 100000-round bound (>= 5000 s)
     result = json.loads((out / "p2p.json").read_text())
     assert result["ok"] is False
     outcomes = {i: p["outcome"] for i, p in result["peers"].items()}

@@ -190,3 +190,35 @@ def test_malformed_messages_are_rejected_and_the_peer_keeps_serving(topo):
     finally:
         a.close()
         b.close()
+
+
+def test_local_errors_raise_and_only_network_errors_are_unreachable(topo, monkeypatch):
+    a, b = peer(topo, 0), peer(topo, 1)
+    try:
+        a.handshake(1, 5.0)
+        # an unencodable tensor is our bug: it raises, it is not "peer 1 unreachable"
+        with pytest.raises(codec.WireError, match="complex128"):
+            a.send(1, 0, "params", {"theta": np.ones(DIM, np.complex128)})
+        # an error met while gRPC streams our frames (on its own thread) is raised here too
+        real_encode = codec.encode
+
+        def broken_encode(*args, **kwargs):
+            frames = real_encode(*args, **kwargs)
+            yield next(frames)
+            raise RuntimeError("encoder bug")
+
+        monkeypatch.setattr(codec, "encode", broken_encode)
+        with pytest.raises(RuntimeError, match="encoder bug"):
+            a.send(1, 0, "params", {"theta": np.ones(DIM, np.float32)})
+        monkeypatch.setattr(codec, "encode", real_encode)
+        # a failing handler on the other side (gRPC status UNKNOWN) is a refusal, not an unreachable peer
+        monkeypatch.setattr(b.mailbox, "put", lambda msg: 1 / 0)
+        r = a.send(1, 0, "params", {"theta": np.ones(DIM, np.float32)})
+        assert not r.ok and not r.unreachable and "UNKNOWN" in r.reason
+        # a dead peer is unreachable
+        b.close()
+        r = a.send(1, 1, "params", {"theta": np.ones(DIM, np.float32)}, timeout=2.0)
+        assert not r.ok and r.unreachable and "UNAVAILABLE" in r.reason
+    finally:
+        a.close()
+        b.close()

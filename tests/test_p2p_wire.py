@@ -69,11 +69,13 @@ def header(**spec) -> pb.Frame:
         ([header(name="t", dtype="float32", shape=[-1], nbytes=0)], "invalid shape"),
         ([header(name="t", dtype="float32", shape=[2], nbytes=8)], "ended early"),
         (
-            [header(name="t", dtype="float32", shape=[1], nbytes=4), pb.Frame(sender=1, round=0, channel="params", data=b"12345")],
+            [header(name="t", dtype="float32", shape=[1], nbytes=4),
+             pb.Frame(sender=1, round=0, channel="params", data=b"12345")],
             "more bytes",
         ),
         (
-            [header(name="t", dtype="float32", shape=[1], nbytes=4), pb.Frame(sender=2, round=0, channel="params", data=b"1234")],
+            [header(name="t", dtype="float32", shape=[1], nbytes=4),
+             pb.Frame(sender=2, round=0, channel="params", data=b"1234")],
             "inside a message",
         ),
         ([pb.Frame(sender=1, round=0, channel="", header=pb.Header())], "empty channel"),
@@ -137,3 +139,14 @@ def test_generated_code_is_up_to_date(tmp_path):
 
     strip_json_names(fresh.message_type)
     assert committed == fresh, "stale generated code: run python -m graphfl.p2p.proto.generate"
+
+
+def test_committed_type_stub_matches_the_messages():
+    """graphfl_p2p_pb2.pyi (generated with protoc --pyi_out, for mypy) declares every message and field."""
+    from graphfl.p2p.proto.generate import HERE
+
+    stub = (HERE / "graphfl_p2p_pb2.pyi").read_text()
+    for message in pb.DESCRIPTOR.message_types_by_name.values():
+        assert f"class {message.name}(_message.Message):" in stub, message.name
+        for f in message.fields:
+            assert f"    {f.name}: " in stub, f"{message.name}.{f.name}: stale stub, run python -m graphfl.p2p.proto.generate"

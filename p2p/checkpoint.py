@@ -1,0 +1,264 @@
+"""Per-node checkpoints: everything in a :class:`NodeState` plus the RNG states, npz + json, no pickle.
+
+Files (in the peer's output folder)::
+
+    peer-<id>.ckpt.json            # what and where: t, round, algorithm, params, RNG states,
+                                   # the array keys and the sha256 of the npz it belongs to
+    peer-<id>.ckpt-r<round>.npz    # the arrays: theta, tracker, aux.<name>, edge.<j>.<name>
+
+A checkpoint is written atomically: the npz of the new round is written under a temporary name
+and renamed, then the json (the commit point) is replaced the same way, then older npz files are
+removed. A crash at any moment leaves the previous checkpoint intact, and :func:`load` verifies
+the pair (format, node, sha256) before restoring. Arrays are loaded with ``allow_pickle=False``.
+
+What is checkpointed: ``t``, ``θ_i``, the tracker, every ``aux`` array, the per-edge state of every
+neighbour, the last loss, the algorithm's RNG (``NodeState.rng``) and the local problem's
+minibatch RNG (the oracle's ``rng`` attribute, a :class:`numpy.random.Generator`), so that a
+restored node continues exactly as if it had not stopped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import math
+import os
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from graphfl.common.config import ConfigError
+from graphfl.common.results import atomic_write_text
+from graphfl.p2p.algorithms.base import Array, NodeState
+
+logger = logging.getLogger(__name__)
+
+FORMAT = 1
+_THETA, _TRACKER, _AUX, _EDGE = "theta", "tracker", "aux.", "edge."
+
+
+class CheckpointError(ConfigError):
+    """A checkpoint is missing, inconsistent, or belongs to another node / algorithm / config."""
+
+
+savez: Any = np.savez
+"""``numpy.savez`` (its stub's ``allow_pickle`` keyword clashes with ``**arrays``; npz never pickles numeric arrays)."""
+
+
+def params_dict(params: Any) -> dict[str, Any]:
+    """An algorithm's params dataclass as a JSON-ready dict."""
+    if dataclasses.is_dataclass(params) and not isinstance(params, type):
+        return dataclasses.asdict(params)
+    return dict(params)
+
+
+def json_path(directory: str | Path, node: int) -> Path:
+    """``<directory>/peer-<node>.ckpt.json``."""
+    return Path(directory) / f"peer-{node}.ckpt.json"
+
+
+def _npz_name(node: int, round_: int) -> str:
+    return f"peer-{node}.ckpt-r{round_:07d}.npz"
+
+
+def oracle_rng(oracle: Any) -> np.random.Generator | None:
+    """The local problem's minibatch RNG (its ``rng`` attribute), if it has one."""
+    rng = getattr(oracle, "rng", None)
+    return rng if isinstance(rng, np.random.Generator) else None
+
+
+def _to_json(value: Any) -> Any:
+    """RNG states hold Python ints (exact in JSON) and, for some bit generators, numpy arrays."""
+    if isinstance(value, np.ndarray):
+        return {"__ndarray__": value.tolist(), "dtype": value.dtype.str}
+    if isinstance(value, Mapping):
+        return {str(k): _to_json(v) for k, v in value.items()}
+    if isinstance(value, (np.integer,)):
+        return int(value)
+    return value
+
+
+def _from_json(value: Any) -> Any:
+    if isinstance(value, dict):
+        if "__ndarray__" in value:
+            return np.asarray(value["__ndarray__"], dtype=np.dtype(value["dtype"]))
+        return {k: _from_json(v) for k, v in value.items()}
+    return value
+
+
+def _generator(saved: Any, where: Path) -> np.random.Generator:
+    """A :class:`numpy.random.Generator` in the saved state (its bit generator named in the state)."""
+    state = _from_json(saved)
+    kind = getattr(np.random, str(state.get("bit_generator", "")), None)
+    if kind is None:
+        raise CheckpointError(f"{where}: unknown bit generator {state.get('bit_generator')!r} in the RNG state")
+    gen = np.random.Generator(kind())
+    gen.bit_generator.state = state
+    return gen
+
+
+def _rng_state(rng: np.random.Generator | None) -> Any:
+    return None if rng is None else _to_json(rng.bit_generator.state)
+
+
+def _arrays(state: NodeState) -> dict[str, Array]:
+    out: dict[str, Array] = {_THETA: np.asarray(state.theta)}
+    if state.tracker is not None:
+        out[_TRACKER] = np.asarray(state.tracker)
+    for name, a in state.aux.items():
+        out[f"{_AUX}{name}"] = np.asarray(a)
+    for j, edge in state.edges.items():
+        for name, a in edge.items():
+            out[f"{_EDGE}{int(j)}.{name}"] = np.asarray(a)
+    for key, a in out.items():
+        if a.dtype.hasobject:
+            raise CheckpointError(f"checkpoint array {key!r} has dtype object; only numeric arrays are saved")
+    return out
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def save(
+    directory: str | Path,
+    node: int,
+    state: NodeState,
+    *,
+    algorithm: str,
+    params: Any,
+    round_: int,
+    oracle: Any = None,
+    extra: Mapping[str, Any] | None = None,
+) -> Path:
+    """Write node ``node``'s checkpoint after round ``round_``; returns the json path.
+
+    Parameters
+    ----------
+    params
+        The algorithm's params dataclass (stored, and compared by :func:`load`).
+    oracle
+        The local problem; its minibatch RNG state is stored when it has one.
+    extra
+        More JSON-ready metadata (e.g. the config hash).
+    """
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    arrays = _arrays(state)
+    npz = d / _npz_name(node, round_)
+    fd, tmp = tempfile.mkstemp(dir=d, prefix=f".{npz.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            savez(fh, **arrays)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, npz)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    meta = {
+        "format": FORMAT,
+        "node": node,
+        "algorithm": algorithm,
+        "params": params_dict(params),
+        "t": int(state.t),
+        "round": int(round_),
+        "loss": None if not math.isfinite(state.loss) else float(state.loss),
+        "npz": npz.name,
+        "sha256": _sha256(npz),
+        "arrays": sorted(arrays),
+        "edges": sorted(int(j) for j in state.edges),
+        "rng": {"oracle": _rng_state(oracle_rng(oracle)), "state": _rng_state(state.rng)},
+        "extra": dict(extra or {}),
+    }
+    path = json_path(d, node)
+    atomic_write_text(path, json.dumps(meta, indent=1))
+    for old in d.glob(f"peer-{node}.ckpt-r*.npz"):
+        if old.name != npz.name:
+            old.unlink(missing_ok=True)
+    return path
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A loaded checkpoint: the node state and what it was written with."""
+
+    node: int
+    round: int
+    algorithm: str
+    params: dict[str, Any]
+    state: NodeState
+    oracle_rng_state: Any
+    extra: dict[str, Any]
+
+    def restore_oracle_rng(self, oracle: Any) -> None:
+        """Put the saved minibatch RNG state back into ``oracle`` (which must have the same kind of RNG)."""
+        rng = oracle_rng(oracle)
+        if (rng is None) != (self.oracle_rng_state is None):
+            raise CheckpointError(f"peer {self.node}: checkpoint has {'no ' if self.oracle_rng_state is None else ''}"
+                                  f"minibatch RNG state, the local problem has {'none' if rng is None else 'one'}")
+        if rng is not None:
+            rng.bit_generator.state = _from_json(self.oracle_rng_state)
+
+    def check(self, algorithm: str, params: Any) -> None:
+        """Raise :class:`CheckpointError` unless written by ``algorithm`` with ``params``."""
+        if algorithm != self.algorithm:
+            raise CheckpointError(f"peer {self.node}: checkpoint is of algorithm {self.algorithm!r}, "
+                                  f"this run is {algorithm!r}")
+        mine = params_dict(params)
+        if mine != self.params:
+            diff = sorted(k for k in set(mine) | set(self.params) if mine.get(k) != self.params.get(k))
+            raise CheckpointError(f"peer {self.node}: checkpoint was written with other {algorithm} settings "
+                                  f"({', '.join(f'{k}: {self.params.get(k)!r} != {mine.get(k)!r}' for k in diff)})")
+
+
+def load(directory: str | Path, node: int) -> Checkpoint:
+    """Read node ``node``'s checkpoint from ``directory`` (verifying the npz against the json).
+
+    Raises
+    ------
+    CheckpointError
+        If the files are missing, of another format or node, or do not match each other.
+    """
+    path = json_path(directory, node)
+    if not path.is_file():
+        raise CheckpointError(f"no checkpoint for peer {node}: {path} not found")
+    try:
+        meta = json.loads(path.read_text())
+    except ValueError as exc:
+        raise CheckpointError(f"{path}: not valid JSON: {exc}") from None
+    if meta.get("format") != FORMAT:
+        raise CheckpointError(f"{path}: checkpoint format {meta.get('format')!r}, this graphfl reads {FORMAT}")
+    if meta.get("node") != node:
+        raise CheckpointError(f"{path}: checkpoint of peer {meta.get('node')!r}, not of peer {node}")
+    npz = path.parent / str(meta["npz"])
+    if not npz.is_file():
+        raise CheckpointError(f"{path}: its array file {npz.name} is missing")
+    if _sha256(npz) != meta["sha256"]:
+        raise CheckpointError(f"{path}: {npz.name} does not match the checksum in the json (partial write?)")
+    with np.load(npz, allow_pickle=False) as z:
+        arrays = {k: np.array(z[k]) for k in z.files}
+    if sorted(arrays) != meta["arrays"]:
+        raise CheckpointError(f"{path}: {npz.name} holds {sorted(arrays)}, the json lists {meta['arrays']}")
+    aux = {k[len(_AUX):]: a for k, a in arrays.items() if k.startswith(_AUX)}
+    edges: dict[int, dict[str, Array]] = {int(j): {} for j in meta["edges"]}
+    for k, a in arrays.items():
+        if k.startswith(_EDGE):
+            j, _, name = k[len(_EDGE):].partition(".")
+            edges.setdefault(int(j), {})[name] = a
+    rng = None if meta["rng"]["state"] is None else _generator(meta["rng"]["state"], path)
+    state = NodeState(t=int(meta["t"]), theta=arrays[_THETA], tracker=arrays.get(_TRACKER), aux=aux,
+                      edges=dict(sorted(edges.items())), loss=float("nan") if meta["loss"] is None else float(meta["loss"]),
+                      rng=rng)
+    return Checkpoint(node=node, round=int(meta["round"]), algorithm=str(meta["algorithm"]), params=dict(meta["params"]),
+                      state=state, oracle_rng_state=meta["rng"]["oracle"], extra=dict(meta.get("extra", {})))

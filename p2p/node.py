@@ -1,0 +1,85 @@
+"""One iteration of one node, written once for every runtime.
+
+:func:`node_iteration` is a generator: it yields ``(phase, outgoing)`` for each exchange of the
+iteration, receives the phase's :class:`~graphfl.p2p.algorithms.base.Inbox`, and returns the new
+state. The in-process driver answers all nodes' requests in lock-step from their outgoing
+messages; the gRPC node loop answers them through
+:class:`~graphfl.p2p.exchange.NeighbourExchange`. Both therefore run exactly the same
+``outgoing -> combine -> step`` code (:func:`drive` for one node).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator
+from typing import Any
+
+import numpy as np
+
+from graphfl.p2p import codec
+from graphfl.p2p.algorithms.base import PARAMS, THETA, Channels, Inbox, NodeContext, NodeState, Outgoing, P2PAlgorithm, Phase
+
+Iteration = Generator[tuple[Phase, Outgoing], Inbox, tuple[NodeState, list[Inbox]]]
+"""Yields ``(phase, outgoing)``, is sent the phase's inbox, returns ``(new state, inboxes)``."""
+
+
+def node_iteration(algo: P2PAlgorithm[Any, Any], state: NodeState, oracle: Any, ctx: NodeContext) -> Iteration:
+    """Iteration ``t = state.t`` of one node (see the module docstring and ``p2p/algorithms/base.py``)::
+
+    combined = None                          (no communication at this t)
+    combined = ∪_phase combine(inbox_phase)  (communication: one exchange per phase)
+    state    = step(state, combined)
+    """
+    combined: Channels | None = None
+    inboxes: list[Inbox] = []
+    if algo.communicates(state.t):
+        combined = {}
+        for phase in algo.phases:
+            out = algo.outgoing(state, phase, combined, ctx)
+            inbox = yield phase, out
+            inboxes.append(inbox)
+            combined.update(algo.combine(state, inbox, ctx))
+    return algo.step(state, combined, oracle, ctx), inboxes
+
+
+def drive(iteration: Iteration, gather: Callable[[Phase, Outgoing], Inbox]) -> tuple[NodeState, list[Inbox]]:
+    """Run one node's iteration, answering each phase with ``gather(phase, outgoing)``."""
+    try:
+        request = next(iteration)
+        while True:
+            request = iteration.send(gather(*request))
+    except StopIteration as done:
+        result: tuple[NodeState, list[Inbox]] = done.value
+        return result
+
+
+def local_disagreement(own_theta: np.ndarray, inboxes: list[Inbox]) -> float:
+    """Mean ``‖θ_i − θ_j‖²`` over the neighbours heard on channel ``params`` (NaN if none)."""
+    own = np.asarray(own_theta, np.float64)
+    diffs = [
+        float(np.sum((own - np.asarray(msg[PARAMS][THETA], np.float64)) ** 2))
+        for inbox in inboxes
+        for msg in inbox.messages.values()
+        if PARAMS in msg and THETA in msg[PARAMS]
+    ]
+    return float(np.mean(diffs)) if diffs else float("nan")
+
+
+class WireSizes:
+    """Bytes one message takes on the wire (protobuf frames) and as raw tensors, cached by layout.
+
+    The size of a message depends only on its channels' tensor names, dtypes and shapes
+    (computed once per layout with sender 0 and round 0, as the in-process benchmarks always did).
+    """
+
+    def __init__(self) -> None:
+        self._cache: dict[tuple[Any, ...], tuple[int, int]] = {}
+
+    def __call__(self, message: Channels) -> tuple[int, int]:
+        """``(wire bytes, payload bytes)`` of ``message``."""
+        key = tuple((ch, tuple((name, a.dtype.str, a.shape) for name, a in arrs.items())) for ch, arrs in message.items())
+        hit = self._cache.get(key)
+        if hit is None:
+            wire = sum(codec.wire_size(codec.encode(0, 0, ch, arrs)) for ch, arrs in message.items())
+            payload = sum(int(np.asarray(a).nbytes) for arrs in message.values() for a in arrs.values())
+            hit = self._cache[key] = (wire, payload)
+        return hit
