@@ -155,9 +155,29 @@ class Assembler:
             self._specs.append((spec.name, dt, tuple(int(d) for d in spec.shape), expect))
         for k, v in frame.header.scalars.items():
             self.scalars[str(k)] = float(v)
-        self._bufs = [bytearray(nb) for *_, nb in self._specs]
-        self._skip_empty()
         self.wire_bytes += frame.ByteSize()
+
+    @property
+    def declared(self) -> dict[str, tuple[str, tuple[int, ...]]]:
+        """The tensors the header declares: ``{name: (dtype name, shape)}`` (nothing allocated yet)."""
+        return {name: (dt.newbyteorder("=").name, shape) for name, dt, shape, _ in self._specs}
+
+    @property
+    def allocated(self) -> bool:
+        """Whether the receive buffers exist (they are made only by :meth:`allocate`)."""
+        return len(self._bufs) == len(self._specs) and (bool(self._bufs) or not self._specs)
+
+    def allocate(self) -> None:
+        """Allocate the receive buffers the header declared.
+
+        Receivers call this only after checking who sent the header and that the declared
+        tensors are the ones the algorithm expects, so a crafted header costs no memory.
+        """
+        if self.sender is None:
+            raise WireError("allocate() before the header frame")
+        if not self._bufs:
+            self._bufs = [bytearray(nb) for *_, nb in self._specs]
+            self._skip_empty()
 
     def _skip_empty(self) -> None:
         while self._idx < len(self._specs) and self._off == self._specs[self._idx][3]:
@@ -175,6 +195,8 @@ class Assembler:
                 f"frame of (sender {frame.sender}, round {frame.round}, channel {frame.channel!r}) inside a message "
                 f"of (sender {self.sender}, round {self.round}, channel {self.channel!r})"
             )
+        if not self.allocated:
+            self.allocate()
         chunk = memoryview(frame.data)
         self.wire_bytes += frame.ByteSize()
         while len(chunk):
@@ -192,6 +214,8 @@ class Assembler:
     def finish(self) -> Message:
         if self.sender is None:
             raise WireError("empty message (no header frame)")
+        if not self.allocated:
+            self.allocate()
         if self._idx < len(self._specs):
             name, _, _, nb = self._specs[self._idx]
             raise WireError(f"message ended early: tensor {name!r} has {self._off} of {nb} bytes")

@@ -221,14 +221,21 @@ class NodeRun:
     start_t: int = 0
 
 
-def _skip_target(latest: dict[int, int], t: int) -> int:
-    """The round a node at iteration ``t`` may skip to: the slowest neighbour among those at or past ``t``.
+def skip_target(latest: dict[int, int], t: int, num_neighbours: int) -> int:
+    """The round a node at iteration ``t`` may skip to, or ``-1`` to stay.
 
-    Neighbours whose last message is older than ``t`` (dead or lagging themselves) do not
-    count; taking the slowest of the others means no live neighbour is overtaken.
+    ``latest`` holds, per neighbour, the highest round of a message the mailbox *accepted*
+    (refused messages never count, and the mailbox refuses rounds beyond the horizon or the
+    run, so one message cannot carry a node far). Skipping needs evidence from two neighbours
+    when the node has two or more: the target is the slowest of the neighbours at or past
+    ``t``, and at least two of them must be there. A node with a single neighbour can only
+    have one witness; its jump is bounded by the mailbox horizon (``max-ahead`` rounds).
+    Neighbours whose last message is older than ``t`` (dead or lagging) do not count.
     """
-    current = [r for r in latest.values() if r >= t]
-    return min(current) if current else -1
+    current = sorted(r for r in latest.values() if r >= t)
+    if not current or len(current) < min(2, num_neighbours):
+        return -1
+    return current[0]
 
 
 def run_node(
@@ -282,6 +289,7 @@ def run_node(
     comm_rounds = rounds_before(algo, state.t)
     t_start = time.monotonic()
     jumped: list[int] = []
+    skips: list[dict[str, Any]] = []
     t = state.t
     while t < iterations:
         if stop is not None and stop.is_set():
@@ -289,13 +297,16 @@ def run_node(
             break
         communicates = algo.communicates(t)
         if communicates:
-            ahead = _skip_target(transport.mailbox.latest_rounds(), t)
+            latest = transport.mailbox.latest_rounds()
+            ahead = skip_target(latest, t, len(exchange.neighbours))
             if ahead > t + algo.period and algo.communicates(ahead) and ahead < iterations:
                 # more than one communication round behind (e.g. after a pause or a restart):
                 # skip to the neighbours' round instead of never meeting them again
-                logger.warning("peer %d is behind its neighbours (iteration %d < %d): skipping ahead",
-                               exchange.own, t, ahead)
+                witnesses = sorted(j for j, r in latest.items() if r >= ahead)
+                logger.warning("peer %d is behind its neighbours (iteration %d < %d, witnesses %s): skipping ahead",
+                               exchange.own, t, ahead, witnesses)
                 jumped.append(t)
+                skips.append({"from": t, "to": ahead, "witnesses": witnesses})
                 comm_rounds += rounds_before(algo, ahead) - rounds_before(algo, t)
                 t = ahead
                 state = replace(state, t=ahead)
@@ -348,6 +359,7 @@ def run_node(
                 "payload_received": stats["payload_received"] - stats0["payload_received"],
                 "missing": sorted(missing),
                 "skipped_from": jumped,
+                "skips": skips,
                 "seconds": time.monotonic() - t_start,
             }
             records.append(rec)
@@ -357,6 +369,7 @@ def run_node(
             compute_s = comm_s = 0.0
             missing = set()
             jumped = []
+            skips = []
             disagreement = float("nan")
             block_start = time.monotonic()
         t += 1

@@ -9,7 +9,14 @@ channel to each neighbour.
   values (the caller checks them too) and its current round (a restarted peer rejoins there).
 * ``Push`` — a client stream of frames (:mod:`graphfl.p2p.codec`). The handler only decodes,
   validates and puts the message into the :class:`~graphfl.p2p.transport.Mailbox`: it never
-  makes outbound calls and never waits on other peers.
+  makes outbound calls and never waits on other peers. Before it allocates anything it checks,
+  in this order: the TLS identity (a certificate that is not a neighbour's is refused before a
+  single frame is read), the number of streams that identity already has open
+  (``streams_per_sender``), the header's sender (a completed handshake, the same id as the
+  certificate), and the declared tensors and round against what the algorithm expects
+  (:meth:`~graphfl.p2p.transport.Mailbox.check_header`), so a payload can never be larger than
+  the model. Every stream has a deadline (``stream_timeout``): an idle or trickling stream is
+  cancelled and its worker thread freed.
 
 Every outbound call has a deadline; reconnect back-off is capped at 2 s so a neighbour that
 comes back is reached again quickly.
@@ -38,6 +45,11 @@ from graphfl.p2p.transport import HandshakeRefused, Mailbox, SendResult, Transpo
 logger = logging.getLogger(__name__)
 
 UNKNOWN_PEER = "unknown-peer"
+DEFAULT_STREAM_TIMEOUT = 60.0
+"""Seconds one inbound Push stream may stay open (header to last frame)."""
+DEFAULT_STREAMS_PER_SENDER = 2
+"""Concurrent inbound Push streams accepted from one identity (a neighbour sends one at a time
+per channel; two leaves room for a retry)."""
 _UNREACHABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 """The only gRPC status codes that mean "the neighbour cannot be reached" (dead process, cut link,
 refused connection, TLS failure, deadline). Anything else is an error to report, not a skip."""
@@ -124,7 +136,36 @@ class _Servicer(pb_grpc.PeerServicer):
                 logger.info("peer %d: handshake from peer %d accepted", me.peer_id, request.peer_id)
         return reply
 
+    def _tls_peer(self, context: grpc.ServicerContext) -> int | None:
+        """The peer id in the caller's certificate (``peer-<id>``), or ``None`` without TLS / a name."""
+        if self.t.tls is None:
+            return None
+        for raw in context.auth_context().get("x509_common_name", []):
+            name = raw.decode(errors="replace")
+            if name.startswith("peer-") and name[5:].isdigit():
+                return int(name[5:])
+        return -1
+
     def Push(self, request_iterator: Iterator[pb.Frame], context: grpc.ServicerContext) -> pb.Ack:
+        t = self.t
+        cert_peer = self._tls_peer(context)
+        if cert_peer is not None and cert_peer not in t.neighbours:
+            return t.refuse(f"certificate of peer {cert_peer} is not a neighbour's; stream refused unread")
+        slot = cert_peer
+        if slot is not None and not t.take_stream_slot(slot):
+            return t.refuse(f"peer {slot} already has {t.streams_per_sender} open streams; stream refused")
+        watchdog = threading.Timer(t.stream_timeout, context.cancel)
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            return self._receive(request_iterator, context, cert_peer)
+        finally:
+            watchdog.cancel()
+            if slot is not None:
+                t.release_stream_slot(slot)
+
+    def _receive(self, request_iterator: Iterator[pb.Frame], context: grpc.ServicerContext,
+                 cert_peer: int | None) -> pb.Ack:
         t = self.t
         asm = codec.Assembler(t.max_message_bytes)
         try:
@@ -134,19 +175,20 @@ class _Servicer(pb_grpc.PeerServicer):
             asm.header(first)
             sender = int(asm.sender)  # type: ignore[arg-type]
             if sender not in t.verified:
-                return pb.Ack(accepted=False,
-                              reason=f"{UNKNOWN_PEER}: peer {sender} has no accepted handshake with peer {t.peer_id}")
-            bad_name = self._tls_name_ok(context, sender)
-            if bad_name:
-                raise WireError(bad_name)
+                return t.refuse(f"{UNKNOWN_PEER}: peer {sender} has no accepted handshake with peer {t.peer_id}")
+            if cert_peer is not None and cert_peer != sender:
+                raise WireError(f"certificate of peer {cert_peer} sent a message claiming peer {sender}")
+            refusal = t.mailbox.check_header(sender, int(asm.round or 0), str(asm.channel), asm.declared)
+            if refusal is not None:
+                return t.refuse(refusal)
+            asm.allocate()
             for frame in request_iterator:
                 asm.data(frame)
             msg = asm.finish()
         except WireError as exc:
-            with t.mailbox.stats.lock:
-                t.mailbox.stats.messages_rejected += 1
-            logger.warning("peer %d rejected a malformed message: %s", t.peer_id, exc)
-            return pb.Ack(accepted=False, reason=str(exc))
+            return t.refuse(f"malformed message: {exc}")
+        except grpc.RpcError:  # the stream was cancelled (deadline) or broken by the caller
+            return t.refuse(f"stream cancelled after {t.stream_timeout:g} s or broken by the sender")
         ok, reason = t.mailbox.put(msg)
         return pb.Ack(accepted=ok, reason=reason, bytes_received=msg.wire_bytes)
 
@@ -184,6 +226,8 @@ class GrpcTransport(Transport):
         horizon: int = 64,
         chunk_bytes: int = codec.DEFAULT_CHUNK_BYTES,
         max_message_bytes: int = codec.DEFAULT_MAX_BYTES,
+        stream_timeout: float = DEFAULT_STREAM_TIMEOUT,
+        streams_per_sender: int = DEFAULT_STREAMS_PER_SENDER,
     ) -> None:
         self.identity = identity
         self.peer_id = identity.peer_id
@@ -192,6 +236,9 @@ class GrpcTransport(Transport):
         self.tls = tls
         self.chunk_bytes = chunk_bytes
         self.max_message_bytes = max_message_bytes
+        self.stream_timeout = float(stream_timeout)
+        self.streams_per_sender = int(streams_per_sender)
+        self._open_streams: dict[int, int] = {}
         self.mailbox = Mailbox(self.peer_id, self.neighbours, horizon)
         self.current_round = 0
         self.verified: set[int] = set()
@@ -208,11 +255,30 @@ class GrpcTransport(Transport):
             self._creds = grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
 
     # -- server -------------------------------------------------------------------------
+    def refuse(self, reason: str) -> pb.Ack:
+        """Count and (rate-limited) log a refused inbound message; the Ack names the reason."""
+        self.mailbox.note_rejection(reason)
+        return pb.Ack(accepted=False, reason=reason)
+
+    def take_stream_slot(self, who: int) -> bool:
+        """Reserve one of ``who``'s concurrent inbound streams (False when all are in use)."""
+        with self._lock:
+            if self._open_streams.get(who, 0) >= self.streams_per_sender:
+                return False
+            self._open_streams[who] = self._open_streams.get(who, 0) + 1
+            return True
+
+    def release_stream_slot(self, who: int) -> None:
+        """Free a slot taken by :meth:`take_stream_slot`."""
+        with self._lock:
+            self._open_streams[who] = max(0, self._open_streams.get(who, 0) - 1)
+
     def serve(self) -> int:
         """Start listening on this peer's address; returns the bound port."""
         addr = self.topology.peer(self.peer_id).address
         server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=2 * len(self.neighbours) + 4, thread_name_prefix=f"p2p-rx-{self.peer_id}"),
+            futures.ThreadPoolExecutor(max_workers=self.streams_per_sender * len(self.neighbours) + 8,
+                                       thread_name_prefix=f"p2p-rx-{self.peer_id}"),
             options=[("grpc.so_reuseport", 0)],
         )
         pb_grpc.add_PeerServicer_to_server(_Servicer(self), server)

@@ -108,6 +108,7 @@ def run_peer(network_file: str | Path, peer_id: int, out_dir: str | Path, overri
         )
         for ch, specs in algo.channels(state, ctx).items():
             transport.mailbox.expect(ch, specs)
+        transport.mailbox.max_round = run.iterations  # a message for a round beyond the run is refused
         transport.current_round = state.t
         transport.serve()
         result["outcome"] = "connecting"

@@ -87,14 +87,66 @@ class Mailbox:
         self.expected: dict[str, TensorSpecs | None] = {}
         self.stats = TransportStats()
         self._floor = 0
+        self.log_every = 5.0
+        self._last_log = -1e9
+        self._suppressed = 0
+        self.max_round: int | None = None
+        """Rounds at or beyond this are outside the run and refused (``None``: unbounded)."""
         self.latest: dict[int, int] = {}
+        """``{neighbour: highest round of an ACCEPTED message}`` (refused messages never count)."""
         self._box: dict[tuple[int, str, int], Message] = {}
-        self._cond = threading.Condition()
+        self._cond = threading.Condition(threading.RLock())
 
     def expect(self, channel: str, specs: TensorSpecs | None) -> None:
         """Declare a channel and the tensors its messages must carry (``None`` = any)."""
         with self._cond:
             self.expected[channel] = specs
+
+    def note_rejection(self, reason: str) -> None:
+        """Count a refused message and log it, at most once per ``log_every`` seconds.
+
+        A flood of invalid messages costs a counter increment each, not a log line each; the
+        next line says how many were suppressed.
+        """
+        with self.stats.lock:
+            self.stats.messages_rejected += 1
+        now = time.monotonic()
+        with self._cond:
+            if now - self._last_log < self.log_every:
+                self._suppressed += 1
+                return
+            suppressed, self._suppressed, self._last_log = self._suppressed, 0, now
+        extra = f" ({suppressed} more refused since the last report)" if suppressed else ""
+        logger.warning("peer %d refused a message: %s%s", self.own_id, reason, extra)
+
+    def check_header(self, sender: int, round_: int, channel: str,
+                     declared: Mapping[str, tuple[str, tuple[int, ...]]]) -> str | None:
+        """Why a message announced by its header must be refused before any buffer is allocated.
+
+        Checks the sender (a neighbour), the channel (declared by the algorithm), the declared
+        tensors against the channel's expected names, dtypes and shapes (so the payload can be
+        no larger than the model's), and the round (not beyond the horizon or the run).
+        Returns ``None`` when the message may be received.
+        """
+        if sender not in self.neighbours:
+            return f"peer {sender} is not a neighbour of peer {self.own_id}"
+        with self._cond:
+            if channel not in self.expected:
+                return f"unknown channel {channel!r}; expected one of {sorted(self.expected)}"
+            specs = self.expected[channel]
+            floor = self._floor
+        if specs is not None:
+            want = {name: (np.dtype(dt).name, tuple(shape)) for name, (dt, shape) in specs.items()}
+            if dict(declared) != want:
+                return f"channel {channel!r}: declared tensors {dict(declared)} differ from the expected {want}"
+        return self._round_refusal(round_, floor)
+
+    def _round_refusal(self, round_: int, floor: int) -> str | None:
+        if self.max_round is not None and round_ >= self.max_round:
+            return f"round {round_} is beyond the run (last round {self.max_round - 1})"
+        if round_ > floor + self.horizon:
+            return f"round {round_} is more than {self.horizon} rounds ahead of {floor}"
+        return None
 
     def put(self, msg: Message) -> tuple[bool, str]:
         """Validate and store a message. Returns ``(accepted, reason)``; never raises, never blocks."""
@@ -105,13 +157,10 @@ class Mailbox:
                 raise WireError(f"unknown channel {msg.channel!r}; expected one of {sorted(self.expected)}")
             codec.validate(msg, self.expected[msg.channel])
         except WireError as exc:
-            with self.stats.lock:
-                self.stats.messages_rejected += 1
-            logger.warning("peer %d rejected a message: %s", self.own_id, exc)
+            self.note_rejection(str(exc))
             return False, str(exc)
         key = (msg.round, msg.channel, msg.sender)
         with self._cond:
-            self.latest[msg.sender] = max(msg.round, self.latest.get(msg.sender, -1))
             if msg.round < self._floor:
                 with self.stats.lock:
                     self.stats.messages_dropped_late += 1
@@ -120,15 +169,14 @@ class Mailbox:
                     self.own_id, msg.sender, msg.round, self._floor,
                 )
                 return True, "late (round already finished); dropped"
-            if msg.round > self._floor + self.horizon:
-                with self.stats.lock:
-                    self.stats.messages_rejected += 1
-                return False, f"round {msg.round} is more than {self.horizon} rounds ahead of {self._floor}"
-            if key in self._box:
-                with self.stats.lock:
-                    self.stats.messages_rejected += 1
-                return False, f"duplicate message for round {msg.round}, channel {msg.channel!r}"
+            refusal = self._round_refusal(msg.round, self._floor)
+            if refusal is None and key in self._box:
+                refusal = f"duplicate message for round {msg.round}, channel {msg.channel!r}"
+            if refusal is not None:
+                self.note_rejection(f"from peer {msg.sender}: {refusal}")  # _cond is reentrant
+                return False, refusal
             self._box[key] = msg
+            self.latest[msg.sender] = max(msg.round, self.latest.get(msg.sender, -1))
             with self.stats.lock:
                 self.stats.bytes_received += msg.wire_bytes
                 self.stats.payload_received += msg.payload_bytes
