@@ -29,12 +29,12 @@ logger = logging.getLogger(__name__)
 CURVE_KEYS = ("test_loss", "test_acc")
 
 
-def _clean(value: Any) -> Any:
-    """JSON-safe copy: NaN/Inf -> None, numpy scalars -> Python."""
+def clean_json(value: Any) -> Any:
+    """JSON-safe copy: NaN/Inf -> None, numpy scalars -> Python (strict JSON, no ``Infinity``)."""
     if isinstance(value, Mapping):
-        return {str(k): _clean(v) for k, v in value.items()}
+        return {str(k): clean_json(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
+        return [clean_json(v) for v in value]
     if hasattr(value, "item") and not isinstance(value, (str, bytes)):
         try:
             value = value.item()
@@ -60,7 +60,7 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 def write_json(path: Path, doc: Any) -> Path:
     """Atomic JSON write; NaN/Inf become ``null`` (strict JSON), numpy scalars plain numbers."""
-    atomic_write_text(path, json.dumps(_clean(doc), indent=2, sort_keys=False, allow_nan=False) + "\n")
+    atomic_write_text(path, json.dumps(clean_json(doc), indent=2, sort_keys=False, allow_nan=False) + "\n")
     return path
 
 
@@ -103,7 +103,7 @@ def render_markdown(doc: Mapping[str, Any]) -> str:
         out += [f"## {method}: per round", "", markdown_table(curve, cols), ""]
     cfg = doc.get("config")
     if cfg:
-        out += ["## Configuration", "", "```json", json.dumps(_clean(cfg), indent=2), "```", ""]
+        out += ["## Configuration", "", "```json", json.dumps(clean_json(cfg), indent=2), "```", ""]
     env = doc.get("env")
     if env:
         out += ["## Environment", "", markdown_table([env], list(env)), ""]

@@ -124,7 +124,7 @@ class _Servicer(pb_grpc.PeerServicer):
             reason = self._tls_name_ok(context, request.peer_id) or _mismatch(me, request)
         reply = pb.HelloReply(
             accepted=not reason, reason=reason, peer_id=me.peer_id, round=t.current_round,
-            algorithm=me.algorithm, config_hash=me.config_hash, topology_version=me.topology_version,
+            algorithm=me.algorithm, config_hash="" if reason else me.config_hash, topology_version=me.topology_version,
         )
         if reason:
             logger.warning("peer %d refused a handshake from peer %d: %s", me.peer_id, request.peer_id, reason)
@@ -200,6 +200,8 @@ def _mismatch(me: Identity, other: pb.Hello | pb.HelloReply) -> str:
         ("topology version", me.topology_version, other.topology_version),
     ):
         if mine != theirs:
+            if what == "config hash":  # never echo our own hash: a stranger could forge a Hello with it
+                return f"config hash differs: peer {other.peer_id} has {theirs!r}, peer {me.peer_id} has another"
             return f"{what} differs: peer {other.peer_id} has {theirs!r}, peer {me.peer_id} has {mine!r}"
     return ""
 

@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from graphfl.common.config import ConfigError
-from graphfl.common.results import atomic_write_text
+from graphfl.common.results import clean_json as _clean
+from graphfl.common.results import write_json
 from graphfl.p2p import checkpoint
 from graphfl.p2p.algorithms.base import NodeContext, NodeState
 from graphfl.p2p.config import NetworkFile, load_network_file
@@ -47,8 +48,8 @@ EXIT_OK, EXIT_ERROR, EXIT_CONFIG, EXIT_REFUSED, EXIT_ROUND_FAILED, EXIT_UNREACHA
 
 
 def _write_json(path: Path, obj: Any) -> None:
-    """Atomic write; NaN losses stay ``NaN`` (Python's json reads them back)."""
-    atomic_write_text(path, json.dumps(obj, indent=1, default=str))
+    """Atomic, strict JSON (NaN/Inf become ``null``: ``Infinity`` is not JSON)."""
+    write_json(path, obj)
 
 
 def problem_spec(net: NetworkFile, peer_id: int) -> ProblemSpec:
@@ -71,6 +72,9 @@ def run_peer(network_file: str | Path, peer_id: int, out_dir: str | Path, overri
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     status_file = out / f"peer-{peer_id}.status.json"
+    rounds_file = out / f"peer-{peer_id}.rounds.jsonl"
+    if not resume:
+        rounds_file.unlink(missing_ok=True)
     result: dict[str, Any] = {"peer": peer_id, "outcome": "starting", "records": []}
     stop = stop or threading.Event()
     transport = None
@@ -80,6 +84,11 @@ def run_peer(network_file: str | Path, peer_id: int, out_dir: str | Path, overri
         net = load_network_file(network_file, overrides)
         if insecure:
             net = NetworkFile(net.path, net.topology, net.run, type(net.tls)(insecure=True))
+        if net.tls.insecure:
+            logger.warning(
+                "peer %d runs in PLAINTEXT: any host that can reach %s can claim to be any neighbour, read "
+                "and forge model updates. Use it only on a trusted, isolated network (see docs/p2p.md, TLS).",
+                peer_id, net.topology.peer(peer_id).address)
         run = net.run
         topo = net.topology
         me = topo.peer(peer_id)
@@ -133,6 +142,8 @@ def run_peer(network_file: str | Path, peer_id: int, out_dir: str | Path, overri
 
         def on_round(rec: dict[str, Any]) -> None:
             result["records"].append(rec)
+            with rounds_file.open("a") as fh:  # appended as it goes: a killed peer keeps every finished round
+                fh.write(json.dumps(_clean(rec), allow_nan=False) + "\n")
             _write_json(status_file, {"peer": peer_id, "state": "running", "round": rec["round"], "rounds": run.rounds,
                                       "train_loss": rec["train_loss"], "test_loss": rec["test_loss"],
                                       "missing": rec["missing"]})

@@ -183,10 +183,18 @@ def _wait(groups: dict[str, PeerProcesses], nets: list[Network], what: str) -> N
             raise AssertionError(f"{what}: peers did not finish within {PHASE_TIMEOUT} s\n{_logs(nets)}")
 
 
+def _strict_json(text: str) -> Any:
+    """Parse JSON refusing ``NaN``/``Infinity`` (not JSON; other tools cannot read them)."""
+    def refuse(token: str) -> Any:
+        raise AssertionError(f"non-standard JSON constant {token} in a peer result file")
+
+    return json.loads(text, parse_constant=refuse)
+
+
 def _collect(nets: list[Network], groups: dict[str, PeerProcesses], phase: str) -> None:
     for nw in nets:
         nw.codes[phase] = groups[nw.name].exit_codes()
-        nw.results[phase] = {i: json.loads((nw.out / f"peer-{i}.json").read_text()) for i in range(N)}
+        nw.results[phase] = {i: _strict_json((nw.out / f"peer-{i}.json").read_text()) for i in range(N)}
         nw.phase[phase] = {}
         for i in range(N):
             try:
@@ -295,3 +303,7 @@ def test_processes_skip_a_killed_neighbour_and_finish(networks, name):
         assert f"skipping neighbour(s) [{KILLED}]" in log and "re-weighting (self)" in log
         ck = nw.phase["C"][i]
         assert ck.round == R3 and np.all(np.isfinite(ck.state.theta))
+    # the killed peer kept every round it finished (written as it went, across --resume)
+    lines = (nw.out / f"peer-{KILLED}.rounds.jsonl").read_text().splitlines()
+    rounds = [_strict_json(line)["round"] for line in lines]
+    assert rounds[:R2] == list(range(1, R2 + 1)) and rounds[-1] >= nw.killed_at
