@@ -267,5 +267,24 @@ def validate(msg: Message, expected: TensorSpecs | None, require_finite: bool = 
                 )
     if require_finite:
         for name, a in msg.arrays.items():
-            if a.dtype.kind == "f" and not np.all(np.isfinite(a)):
+            if a.dtype.kind != "f" or a.size == 0:
+                continue
+            if not np.all(np.isfinite(a)):
                 raise WireError(f"channel {msg.channel!r} from peer {msg.sender}: tensor {name!r} has NaN/Inf values")
+            peak = float(np.max(np.abs(a)))
+            if peak > magnitude_bound(a.dtype):
+                raise WireError(
+                    f"channel {msg.channel!r} from peer {msg.sender}: tensor {name!r} has |value| {peak:.3g} above "
+                    f"{magnitude_bound(a.dtype):.3g}; mixing it could overflow {a.dtype.name} (faulty or dishonest sender)"
+                )
+
+
+def magnitude_bound(dtype: np.dtype) -> float:
+    """Largest |value| a received float tensor may hold: ``sqrt(finfo(dtype).max)``.
+
+    A finite value such as 3e38 in float32 is valid IEEE but overflows as soon as it is mixed
+    or stepped; no honest model parameter, tracker or prediction is anywhere near the bound
+    (1.8e19 for float32, 1.3e154 for float64, 256 for float16), so such a message is refused on
+    arrival and the peer's model stays finite.
+    """
+    return float(np.sqrt(np.finfo(dtype).max))

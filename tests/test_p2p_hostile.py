@@ -163,3 +163,13 @@ def test_idle_streams_cannot_cut_a_peer_off_its_neighbours(ring4) -> None:
     assert any("open streams" in r for r in refused)  # peer 1 beyond its two slots
     assert time.monotonic() - t0 < 8  # idle streams were cut by the 1.5 s stream deadline, not held for 30 s
     assert 3 in target.receive(0, ["params"], [3], timeout=1.0)
+
+
+def test_a_neighbour_sending_huge_finite_values_is_refused_before_mixing() -> None:
+    box = Mailbox(0, [1, 2], horizon=4)
+    box.expect("params", SPECS)
+    ok, why = box.put(_msg(1, 0, value=3e38))  # finite float32, but mixing it overflows
+    assert not ok and "overflow" in why
+    assert box.put(_msg(2, 0, value=1e6))[0]  # large but honest values still pass
+    got = box.wait(0, ["params"], [1, 2], timeout=0.1)
+    assert sorted(got) == [2]
