@@ -26,11 +26,13 @@ from flwr.serverapp.strategy import Result, Strategy
 
 from graphfl.common import wire
 from graphfl.common.config import RunConfig
-from graphfl.common.core import ServerCore
+from graphfl.common.core import EVALUATE_PHASE, ServerCore
 from graphfl.common.records import arrays_to_record, record_to_arrays
 from graphfl.common.registry import AlgorithmSpec
 from graphfl.common.types import Arrays, Payload
-from graphfl.server.rounds import Reply, RunError, RunRecorder, ServerInputs, run_federated
+from graphfl.server.exchange import Reply, Request
+from graphfl.server.recorder import RunRecorder
+from graphfl.server.rounds import RunError, ServerInputs, run_federated
 
 logger = logging.getLogger(__name__)
 
@@ -71,14 +73,20 @@ class GridExchange:
             self._records[key] = arrays_to_record(arrays)
         return self._records[key]
 
-    def message(self, node_id: int, kind: str, server_round: int, payload: Payload, eval_first: bool) -> Message:
+    def message(self, node_id: int, request: Request, payload: Payload) -> Message:
+        """The Flower message carrying ``request`` with ``payload`` to ``node_id``.
+
+        The request's kind, round, phase and eval-first flag travel as control keys
+        (``wire.CONTROL_PREFIX``) in the payload's config record.
+        """
         config = ConfigRecord(dict(payload.config))
-        config[wire.ROUND] = int(server_round)
-        config[wire.KIND] = kind
-        config[wire.EVAL_FIRST] = bool(eval_first)
-        mtype = MessageType.TRAIN if kind == wire.TRAIN else MessageType.EVALUATE
+        config[wire.ROUND] = int(request.server_round)
+        config[wire.KIND] = request.kind
+        config[wire.PHASE] = request.phase
+        config[wire.EVAL_FIRST] = bool(request.eval_first)
+        mtype = MessageType.TRAIN if request.kind == wire.TRAIN else MessageType.EVALUATE
         content = RecordDict({wire.ARRAYS: self._record(payload.arrays), wire.CONFIG: config})
-        return Message(content, dst_node_id=int(node_id), message_type=mtype, group_id=str(server_round))
+        return Message(content, dst_node_id=int(node_id), message_type=mtype, group_id=str(request.server_round))
 
     def _exchange(self, messages: dict[int, Message], timeout: float) -> dict[int, Message]:
         """Push ``{key: message}``, pull until all replied or ``timeout``; returns replies by key."""
@@ -122,7 +130,8 @@ class GridExchange:
         configuration error at the start; later (``rejoin``) the newer node replaces the old
         one, which the SuperLink may still list after a crash.
         """
-        msgs = {nid: self.message(nid, wire.JOIN, 0, initial, False) for nid in node_ids}
+        request = Request(wire.JOIN, 0, EVALUATE_PHASE)
+        msgs = {nid: self.message(nid, request, initial) for nid in node_ids}
         replies = self._exchange(msgs, self.cfg.round_timeout)
         out: dict[int, Reply] = {}
         for nid in node_ids:
@@ -163,7 +172,7 @@ class GridExchange:
             logger.info("nodes %s (re)connected; asking for their partition ids", new)
             self._join_nodes(new, self._initial, rejoin=True)
 
-    def send(self, kind: str, server_round: int, payloads: Mapping[int, Payload], eval_first: bool) -> dict[int, Reply]:
+    def send(self, request: Request, payloads: Mapping[int, Payload]) -> dict[int, Reply]:
         self._refresh_nodes()
         msgs: dict[int, Message] = {}
         out: dict[int, Reply] = {}
@@ -172,7 +181,7 @@ class GridExchange:
             if nid is None:
                 out[pid] = Reply(pid, error="no SuperNode serves this partition")
                 continue
-            msgs[pid] = self.message(nid, kind, server_round, payload, eval_first)
+            msgs[pid] = self.message(nid, request, payload)
         replies = self._exchange(msgs, self.cfg.round_timeout)
         for pid in msgs:
             if pid not in replies:
