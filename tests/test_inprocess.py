@@ -24,7 +24,7 @@ def test_weighted_average_by_hand():
     out = weighted_average([a, b], [1, 3])
     np.testing.assert_allclose(out["w"], [2.5, 5.0])
     assert out["w"].dtype == np.float32
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="positive sum"):
         weighted_average([a], [0])
 
 
