@@ -19,6 +19,8 @@ from flwr.clientapp import ClientApp
 from graphfl.common import wire
 from graphfl.common.types import ConfigValue
 
+MetricRecordValue = int | float | list[int] | list[float]
+
 logger = logging.getLogger(__name__)
 
 app = ClientApp()
@@ -106,7 +108,7 @@ def _serve(msg: Message, context: Context, default_kind: str) -> Message:
 
     if cfg.engine != "simulation":  # Ray actors are long-lived: their age says nothing
         metrics[wire.CLIENT_BOOT_SECONDS] = boot_seconds
-    content = RecordDict({wire.METRICS: MetricRecord(metrics)})
+    content = RecordDict({wire.METRICS: MetricRecord(dict[str, MetricRecordValue](metrics))})
     if arrays is not None:
         content[wire.ARRAYS] = arrays_to_record(arrays)
     return Message(content, reply_to=msg)

@@ -6,7 +6,7 @@ Every function is deterministic given its ``rng``; trainers derive that generato
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -47,7 +47,7 @@ def pick_device(requested: str = "auto") -> str:
     return requested
 
 
-def _batches(n: int, batch_size: int, steps: int, rng: np.random.Generator):
+def _batches(n: int, batch_size: int, steps: int, rng: np.random.Generator) -> Iterator[np.ndarray]:
     """Yield ``steps`` index batches, reshuffling each pass (with replacement if n < batch)."""
     if n == 0:
         raise ValueError("client has no training samples")
@@ -104,7 +104,7 @@ def sgd_steps(
 
 
 @torch.no_grad()
-def sgd_update(params: list[torch.Tensor], buffers: list[torch.Tensor | None], lr: float,
+def sgd_update(params: Sequence[torch.Tensor], buffers: list[torch.Tensor | None], lr: float,
                momentum: float = 0.0, weight_decay: float = 0.0) -> None:
     """One step of PyTorch's SGD (dampening 0, no Nesterov), in place.
 
@@ -119,11 +119,12 @@ def sgd_update(params: list[torch.Tensor], buffers: list[torch.Tensor | None], l
         if weight_decay:
             g = g.add(p, alpha=weight_decay)
         if momentum:
-            if buffers[i] is None:
-                buffers[i] = g.detach().clone()
+            buf = buffers[i]
+            if buf is None:
+                buf = buffers[i] = g.detach().clone()
             else:
-                buffers[i].mul_(momentum).add_(g)
-            g = buffers[i]
+                buf.mul_(momentum).add_(g)
+            g = buf
         p.add_(g, alpha=-lr)
 
 

@@ -42,7 +42,7 @@ def resolve_out_dir(out_dir: str) -> Path:
 def progress_writer(path: Path) -> Callable[[dict[str, Any]], None]:
     """A callback that appends one JSON line per progress event to ``path``."""
 
-    def write(event: dict) -> None:
+    def write(event: dict[str, Any]) -> None:
         with path.open("a") as fh:
             fh.write(json.dumps({"time": time.time(), **event}, default=str) + "\n")
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, NoReturn
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
@@ -35,6 +35,8 @@ from graphfl.server.recorder import RunRecorder
 from graphfl.server.rounds import RunError, ServerInputs, run_federated
 
 logger = logging.getLogger(__name__)
+
+MetricRecordValue = int | float | list[int] | list[float]
 
 
 def reply_from_message(msg: Message, partition_id: int | None = None) -> Reply:
@@ -103,9 +105,9 @@ class GridExchange:
         deadline = time.monotonic() + timeout
         while pending and time.monotonic() < deadline:
             for msg in self.grid.pull_messages(list(pending)):
-                k = pending.pop(msg.metadata.reply_to_message_id, None)
-                if k is not None:
-                    out[k] = msg
+                reply_to = msg.metadata.reply_to_message_id
+                if reply_to in pending:
+                    out[pending.pop(reply_to)] = msg
             if pending:
                 time.sleep(self.poll_interval)
         return out
@@ -208,15 +210,31 @@ class CoreStrategy(Strategy):
         self.recorder = recorder
         self.inputs = inputs
         self.poll_interval = poll_interval
-        self.core: ServerCore | None = None
+        self.core: ServerCore[Any] | None = None
         self.exchange: GridExchange | None = None
 
     def summary(self) -> None:
         logger.info("graphfl strategy %s (%s) on task %s, %d nodes, %d rounds",
                     self.spec.name, self.spec.summary, self.cfg.task, self.cfg.nodes, self.cfg.rounds)
 
-    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int | None = None,
-              timeout: float | None = None, **_: object) -> Result:
+    def start(
+        self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, timeout: float = 3600,
+        train_config: ConfigRecord | None = None, evaluate_config: ConfigRecord | None = None,
+        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+    ) -> Result:
+        """Run the graphfl round loop on ``grid``; Flower's ``Strategy.start`` signature.
+
+        The run config decides rounds, timeouts and evaluation: a ``num_rounds`` other than
+        the config's ``rounds`` is overridden (with a warning); ``timeout``, ``train_config``,
+        ``evaluate_config`` and ``evaluate_fn`` are not used (graphfl's per-message bounds are
+        ``round-timeout`` and ``connect-timeout``; payload configs come from the core; clients
+        evaluate).
+        """
+        if num_rounds != self.cfg.rounds:
+            logger.warning("CoreStrategy.start: num_rounds=%d ignored; the run config has rounds=%d",
+                           num_rounds, self.cfg.rounds)
+        if train_config or evaluate_config or evaluate_fn is not None:
+            logger.warning("CoreStrategy.start ignores train_config, evaluate_config and evaluate_fn")
         self.summary()
         inputs = dataclasses.replace(self.inputs, initial_arrays=record_to_arrays(initial_arrays))
         self.exchange = GridExchange(grid, self.cfg, self.poll_interval)
@@ -226,7 +244,8 @@ class CoreStrategy(Strategy):
         if final is not None:
             result.arrays = arrays_to_record(final)
         for row in self.recorder.rounds.values():
-            scalars = {k: float(v) for k, v in row.items() if isinstance(v, (int, float)) and k != "round"}
+            scalars: dict[str, MetricRecordValue] = {
+                k: float(v) for k, v in row.items() if isinstance(v, (int, float)) and k != "round"}
             if scalars:
                 result.evaluate_metrics_clientapp[int(row["round"])] = MetricRecord(scalars)
         return result
@@ -235,7 +254,7 @@ class CoreStrategy(Strategy):
     # graphfl's protocol (join round, partition ids, piggy-backed evaluation, validation) is
     # driven by start(); Flower's stock loop would skip all of it. The hooks therefore refuse
     # clearly instead of half-working.
-    def _unsupported(self, hook: str):
+    def _unsupported(self, hook: str) -> NoReturn:
         raise NotImplementedError(
             f"CoreStrategy.{hook}: graphfl strategies run their own round loop; call "
             "CoreStrategy.start(grid, initial_arrays) (Flower's Strategy.start contract is kept)"
