@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 
-from flwr.app import Context, Message, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from graphfl.common import wire
+from graphfl.common.types import ConfigValue
+
+MetricRecordValue = int | float | list[int] | list[float]
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +34,48 @@ def process_age() -> float:
         return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
     except (OSError, ValueError, IndexError):
         return 0.0
+
+
+@dataclass(frozen=True)
+class IncomingRequest:
+    """The graphfl control keys of a message's config record, and the payload's own scalars."""
+
+    kind: str
+    server_round: int
+    phase: str | None
+    eval_first: bool
+    payload_config: dict[str, ConfigValue]
+
+
+def read_request(config: ConfigRecord | None, default_kind: str) -> IncomingRequest:
+    """Split a message's config record into the request (``wire.CONTROL_PREFIX`` keys) and the
+    payload's config; a missing record is a request of ``default_kind`` with no config.
+
+    Raises
+    ------
+    ValueError
+        When a payload config value is not a scalar (names the key).
+    """
+    if config is None:
+        return IncomingRequest(default_kind, 0, None, False, {})
+    payload_config: dict[str, ConfigValue] = {}
+    for key, value in config.items():
+        if key.startswith(wire.CONTROL_PREFIX):
+            continue
+        if not isinstance(value, (bool, int, float, str)):
+            raise ValueError(f"payload config {key!r} is a {type(value).__name__}, expected a scalar")
+        payload_config[key] = value
+    phase = config.get(wire.PHASE)
+    server_round = config.get(wire.ROUND, 0)
+    if not isinstance(server_round, int):
+        raise ValueError(f"control key {wire.ROUND!r} is {server_round!r}, expected an integer")
+    return IncomingRequest(
+        kind=str(config.get(wire.KIND, default_kind)),
+        server_round=server_round,
+        phase=str(phase) if phase else None,
+        eval_first=bool(config.get(wire.EVAL_FIRST, False)),
+        payload_config=payload_config,
+    )
 
 
 def _serve(msg: Message, context: Context, default_kind: str) -> Message:
@@ -50,22 +96,19 @@ def _serve(msg: Message, context: Context, default_kind: str) -> Message:
     device = str(node[wire.NODE_DEVICE]) if wire.NODE_DEVICE in node else None
     runtime = build_runtime(cfg, int(node[wire.NODE_PARTITION_ID]), int(node[wire.NODE_NUM_PARTITIONS]), device)
 
-    config = msg.content.config_records.get(wire.CONFIG)
-    kind = str(config.get(wire.KIND, default_kind)) if config else default_kind
-    server_round = int(config.get(wire.ROUND, 0)) if config else 0
-    eval_first = bool(config.get(wire.EVAL_FIRST, False)) if config else False
-    payload_config = {k: v for k, v in (config or {}).items() if not k.startswith(wire.CONTROL_PREFIX)}
+    request = read_request(msg.content.config_records.get(wire.CONFIG), default_kind)
     arrays_rec = msg.content.array_records.get(wire.ARRAYS)
-    payload = Payload(record_to_arrays(arrays_rec) if arrays_rec is not None else {}, payload_config)
+    payload = Payload(record_to_arrays(arrays_rec) if arrays_rec is not None else {}, request.payload_config)
 
     state_rec = context.state.array_records.get(wire.STATE)
     state = record_to_arrays(state_rec) if state_rec is not None else {}
-    arrays, metrics = handle(runtime, kind, server_round, payload, state, eval_first)
+    arrays, metrics = handle(runtime, request.kind, request.server_round, payload, state, request.eval_first,
+                             request.phase)
     context.state[wire.STATE] = arrays_to_record(state)
 
     if cfg.engine != "simulation":  # Ray actors are long-lived: their age says nothing
         metrics[wire.CLIENT_BOOT_SECONDS] = boot_seconds
-    content = RecordDict({wire.METRICS: MetricRecord(metrics)})
+    content = RecordDict({wire.METRICS: MetricRecord(dict[str, MetricRecordValue](metrics))})
     if arrays is not None:
         content[wire.ARRAYS] = arrays_to_record(arrays)
     return Message(content, reply_to=msg)

@@ -24,7 +24,7 @@ from torch import nn
 from graphfl.client.trainers import state_model, store_model
 from graphfl.client.training import evaluate_model, get_arrays, param_keys, set_arrays, sgd_steps
 from graphfl.common.arrays import select_keys
-from graphfl.common.core import ClientTrainer
+from graphfl.common.core import ClientContext, ClientTrainer
 from graphfl.common.registry import ClientSpec, register_client
 from graphfl.common.types import Arrays, ClientState, FitResult, Payload
 from graphfl.strategies import bigfl_math as bm
@@ -43,7 +43,8 @@ from graphfl.tasks.partition import client_rng
 def flat_params(model: nn.Module, keys: tuple[str, ...]) -> torch.Tensor:
     """``θ`` = concatenation of the named parameters (differentiable)."""
     params = dict(model.named_parameters())
-    return torch.cat([params[k].reshape(-1) for k in keys])
+    flat: torch.Tensor = torch.cat([params[k].reshape(-1) for k in keys])
+    return flat
 
 
 def data_loss_hessian(
@@ -71,25 +72,26 @@ def data_loss_hessian(
         for k, shape, size in zip(keys, shapes, sizes):
             params[k] = flat[offset : offset + size].view(shape)
             offset += size
-        return loss_fn(functional_call(model, params, (xt,)), yt)
+        value: torch.Tensor = loss_fn(functional_call(model, params, (xt,)), yt)
+        return value
 
-    h = hessian(loss)(flat0)
-    return h.detach().cpu().numpy().astype(np.float32)
+    h: torch.Tensor = hessian(loss)(flat0)
+    out: np.ndarray = h.detach().cpu().numpy().astype(np.float32)
+    return out
 
 
-class BiGFLTrainer(ClientTrainer):
+class BiGFLTrainer(ClientTrainer[BiGFLParams]):
     """τ SGD steps on the BiG-FL LL loss; optional Hessian upload (see module docstring)."""
 
-    def __init__(self, ctx) -> None:
+    def __init__(self, ctx: ClientContext[BiGFLParams]) -> None:
         super().__init__(ctx)
-        self.p: BiGFLParams = ctx.params if ctx.params is not None else BiGFLParams()
         self.loss_fn = ctx.task.loss_fn()
 
     def _model(self, payload: Payload, state: ClientState) -> tuple[nn.Module, tuple[str, ...]]:
         model = self.ctx.task.build_model()
-        keys = select_keys(param_keys(model), self.p.layers)
+        keys = select_keys(param_keys(model), self.params.layers)
         arrays: Arrays = get_arrays(model)
-        if self.p.others == "local":
+        if self.params.others == "local":
             own = state_model(state)
             if own is not None:
                 arrays.update(own)
@@ -113,7 +115,7 @@ class BiGFLTrainer(ClientTrainer):
                 f"{tuple(phi.shape)} do not match the {d} BiG-FL parameters"
             )
         a_ii = float(payload.config.get(A_II_KEY, 1.0))
-        lam, kappa = self.p.lambda_ll, self.p.kappa
+        lam, kappa = self.params.lambda_ll, self.params.kappa
 
         def penalty(mod: nn.Module) -> torch.Tensor:
             return bm.ll_reg_loss(flat_params(mod, keys), m_i, phi, a_ii, lam, kappa)
@@ -125,13 +127,13 @@ class BiGFLTrainer(ClientTrainer):
         with torch.no_grad():
             reg = float(penalty(model))
         arrays = get_arrays(model)
-        if self.p.others == "local":
+        if self.params.others == "local":
             store_model(state, arrays)
             arrays = {k: v for k, v in arrays.items() if k in keys}
         if bool(payload.config.get(WANT_HESS_KEY, False)):
             x, y = self.ctx.data.x_train, self.ctx.data.y_train
-            if self.p.hessian_samples and len(x) > self.p.hessian_samples:
-                idx = rng.choice(len(x), size=self.p.hessian_samples, replace=False)
+            if self.params.hessian_samples and len(x) > self.params.hessian_samples:
+                idx = rng.choice(len(x), size=self.params.hessian_samples, replace=False)
                 x, y = x[idx], y[idx]
             arrays[HESS_KEY] = data_loss_hessian(model, keys, x, y, self.loss_fn, device=dev)
         return FitResult(arrays, self.ctx.data.num_train, {"train_loss": loss, "ll_reg": reg})
@@ -143,4 +145,4 @@ class BiGFLTrainer(ClientTrainer):
                               self.ctx.task.kind == "classification", device=self.ctx.device)
 
 
-register_client(ClientSpec("bigfl", BiGFLTrainer))
+register_client(ClientSpec[BiGFLParams]("bigfl", BiGFLTrainer))

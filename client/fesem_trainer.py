@@ -23,17 +23,17 @@ from graphfl.client.training import (
 )
 from graphfl.common.registry import ClientSpec, register_client
 from graphfl.common.types import ClientState, FitResult, Payload
-from graphfl.strategies.fesem import STEPS_KEY, WARMUP_KEY
+from graphfl.strategies.fesem import STEPS_KEY, WARMUP_KEY, FeSEMParams
 
 
-class FeSEMTrainer(SGDTrainer):
+class FeSEMTrainer(SGDTrainer[FeSEMParams]):
     """Local SGD from the assigned center with the optional proximal term of eq. 10.10."""
 
     def fit(self, server_round: int, payload: Payload, state: ClientState) -> FitResult:
         warmup = bool(payload.config.get(WARMUP_KEY, False))
         tc = self.ctx.config.train
         steps = int(payload.config.get(STEPS_KEY, tc.local_steps)) if warmup else tc.local_steps
-        lam = float(getattr(self.ctx.params, "prox_lambda", 0.0))
+        lam = self.params.prox_lambda
         model = self.ctx.task.build_model()
         set_arrays(model, payload.arrays)
         penalty = None
@@ -65,4 +65,4 @@ class FeSEMTrainer(SGDTrainer):
         return out
 
 
-register_client(ClientSpec("fesem", FeSEMTrainer))
+register_client(ClientSpec[FeSEMParams]("fesem", FeSEMTrainer))

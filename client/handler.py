@@ -3,7 +3,9 @@
 Both the Flower ClientApp and the in-process driver call :func:`handle`, so a client
 behaves identically whatever carries its messages. Requests are *join* (report partition
 id and sample count, evaluate the initial model), *train* (optionally evaluate the payload
-first, then fit) and *evaluate*.
+first, then serve the named phase: :meth:`~graphfl.common.core.ClientTrainer.fit_phase`,
+``fit`` by default) and *evaluate* (:meth:`~graphfl.common.core.ClientTrainer.evaluate_phase`,
+``evaluate`` by default).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 
 from graphfl.common import wire
 from graphfl.common.config import RunConfig
-from graphfl.common.core import ClientContext, ClientTrainer
+from graphfl.common.core import EVALUATE_PHASE, FIT_PHASE, ClientContext, ClientTrainer
 from graphfl.common.types import Arrays, ClientState, Payload
 
 logger = logging.getLogger(__name__)
@@ -58,28 +60,41 @@ def build_runtime(cfg: RunConfig, partition_id: int, num_partitions: int, device
     return ClientRuntime(ctx, spec.client_trainer(ctx))
 
 
+REQUEST_KINDS = (wire.JOIN, wire.TRAIN, wire.EVALUATE)
+
+
 def handle(
     runtime: ClientRuntime, kind: str, server_round: int, payload: Payload, state: ClientState,
-    eval_first: bool = False,
+    eval_first: bool = False, phase: str | None = None,
 ) -> tuple[Arrays | None, dict[str, float]]:
-    """Serve one request; returns (arrays to upload or None, metrics). ``state`` is updated in place."""
+    """Serve one request; returns (arrays to upload or None, metrics). ``state`` is updated in place.
+
+    ``phase`` names what the trainer does (``None``: ``fit`` for train, ``evaluate`` for
+    evaluate requests). Evaluation metrics are returned under ``wire.EVAL_PREFIX``.
+    """
     ctx = runtime.ctx
+    if kind not in REQUEST_KINDS:
+        raise ValueError(f"unknown request kind {kind!r}; expected one of {list(REQUEST_KINDS)}")
     metrics: dict[str, float] = {
         wire.PARTITION_ID: float(ctx.partition_id),
         wire.NUM_PARTITIONS: float(ctx.num_partitions),
         wire.NUM_EXAMPLES: float(ctx.data.num_train),
     }
     t0 = time.perf_counter()
-    if kind not in (wire.JOIN, wire.TRAIN, wire.EVALUATE):
-        raise ValueError(f"unknown request kind {kind!r}; expected one of {[wire.JOIN, wire.TRAIN, wire.EVALUATE]}")
-    if kind in (wire.JOIN, wire.EVALUATE) or eval_first:
-        evaluation = runtime.trainer.evaluate(payload, state)
-        metrics.update({wire.EVAL_PREFIX + k: float(v) for k, v in evaluation.items()})
-    if kind in (wire.JOIN, wire.EVALUATE):
+    if kind == wire.TRAIN:
+        if eval_first:
+            metrics.update(_prefixed(runtime.trainer.evaluate(payload, state)))
+        result = runtime.trainer.fit_phase(phase or FIT_PHASE, server_round, payload, state)
+        metrics.update({k: float(v) for k, v in result.metrics.items()})
+        metrics[wire.NUM_EXAMPLES] = float(result.num_examples)
         metrics[wire.CLIENT_SECONDS] = time.perf_counter() - t0
-        return None, metrics
-    result = runtime.trainer.fit(server_round, payload, state)
-    metrics.update({k: float(v) for k, v in result.metrics.items()})
-    metrics[wire.NUM_EXAMPLES] = float(result.num_examples)
+        return result.arrays, metrics
+    evaluation = (runtime.trainer.evaluate(payload, state) if kind == wire.JOIN
+                  else runtime.trainer.evaluate_phase(phase or EVALUATE_PHASE, payload, state))
+    metrics.update(_prefixed(evaluation))
     metrics[wire.CLIENT_SECONDS] = time.perf_counter() - t0
-    return result.arrays, metrics
+    return None, metrics
+
+
+def _prefixed(evaluation: dict[str, float]) -> dict[str, float]:
+    return {wire.EVAL_PREFIX + k: float(v) for k, v in evaluation.items()}

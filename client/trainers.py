@@ -17,9 +17,11 @@ from graphfl.client.training import (
     set_arrays,
     sgd_steps,
 )
-from graphfl.common.core import ClientContext, ClientTrainer
+from graphfl.common.core import ClientContext, ClientTrainer, P
 from graphfl.common.registry import ClientSpec, register_client
 from graphfl.common.types import Arrays, ClientState, FitResult, Payload
+from graphfl.strategies.fedavg import FedAvgParams, FedProxParams
+from graphfl.strategies.local import LocalParams
 from graphfl.tasks.partition import client_rng
 
 STATE_MODEL_PREFIX = "model."
@@ -38,12 +40,12 @@ def store_model(state: ClientState, arrays: Arrays) -> None:
     state.update({STATE_MODEL_PREFIX + k: v for k, v in arrays.items()})
 
 
-class SGDTrainer(ClientTrainer):
+class SGDTrainer(ClientTrainer[P]):
     """Local SGD from the received model; optional proximal term towards it (``mu``)."""
 
     mu: float = 0.0
 
-    def __init__(self, ctx: ClientContext, mu: float = 0.0) -> None:
+    def __init__(self, ctx: ClientContext[P], mu: float = 0.0) -> None:
         super().__init__(ctx)
         self.mu = mu
         self.loss_fn = ctx.task.loss_fn()
@@ -80,7 +82,7 @@ class SGDTrainer(ClientTrainer):
                               self.ctx.task.kind == "classification", device=self.ctx.device)
 
 
-class LocalTrainer(SGDTrainer):
+class LocalTrainer(SGDTrainer[LocalParams]):
     """Local-only training: the personal model lives in client state; the payload only
     seeds it in the first round.
     """
@@ -100,6 +102,11 @@ class LocalTrainer(SGDTrainer):
         store_model(state, arrays)
 
 
-register_client(ClientSpec("fedavg", lambda ctx: SGDTrainer(ctx)))
-register_client(ClientSpec("fedprox", lambda ctx: SGDTrainer(ctx, mu=ctx.params.mu)))
-register_client(ClientSpec("local", lambda ctx: LocalTrainer(ctx)))
+def fedprox_trainer(ctx: ClientContext[FedProxParams]) -> SGDTrainer[FedProxParams]:
+    """FedProx's client: local SGD with the proximal term ``mu/2 ‖θ − θ_global‖²``."""
+    return SGDTrainer(ctx, mu=ctx.params.mu)
+
+
+register_client(ClientSpec[FedAvgParams]("fedavg", SGDTrainer))
+register_client(ClientSpec[FedProxParams]("fedprox", fedprox_trainer))
+register_client(ClientSpec[LocalParams]("local", LocalTrainer))

@@ -6,7 +6,7 @@ Every function is deterministic given its ``rng``; trainers derive that generato
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -47,7 +47,7 @@ def pick_device(requested: str = "auto") -> str:
     return requested
 
 
-def _batches(n: int, batch_size: int, steps: int, rng: np.random.Generator):
+def _batches(n: int, batch_size: int, steps: int, rng: np.random.Generator) -> Iterator[np.ndarray]:
     """Yield ``steps`` index batches, reshuffling each pass (with replacement if n < batch)."""
     if n == 0:
         raise ValueError("client has no training samples")

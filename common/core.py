@@ -1,10 +1,11 @@
 """The two halves of a server-coordinated algorithm, as pure contracts (no Flower, no torch).
 
-* :class:`ServerCore` — the server's state and math. It decides what each client receives
-  (its own :class:`~graphfl.common.types.Payload`, keyed by *partition id*, which unlike
-  Flower node ids survives SuperNode restarts) and folds the clients'
-  :class:`~graphfl.common.types.ClientUpdate` s back into its state.
-* :class:`ClientTrainer` — one client's local update and evaluation.
+* :class:`ServerCore` — the server's state and math. A round is a plan of one or more
+  :class:`Phase` s; in each, the core decides what each client receives (its own
+  :class:`~graphfl.common.types.Payload`, keyed by *partition id*, which unlike Flower node
+  ids survives SuperNode restarts) and folds the clients'
+  :class:`~graphfl.common.types.ClientUpdate` s back into its state before the next phase.
+* :class:`ClientTrainer` — one client's local update and evaluation, per phase.
 
 Both are generic in the algorithm's hyperparameter dataclass ``P`` and are registered
 separately under one name (:mod:`graphfl.common.registry`). The runtimes that drive them
@@ -15,14 +16,22 @@ added.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
+from graphfl.common import wire
 from graphfl.common.types import (
-    Arrays, ClientData, ClientState, ClientUpdate, FitResult, MetricValue, Neighbourhood, Payload,
+    Arrays,
+    ClientData,
+    ClientState,
+    ClientUpdate,
+    FitResult,
+    MetricValue,
+    Neighbourhood,
+    Payload,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -56,7 +65,7 @@ class ServerContext(Generic[P]):
         Planted cluster of each client, when the task has one (for ARI logging).
     """
 
-    config: "RunConfig"
+    config: RunConfig
     params: P
     num_clients: int
     initial_arrays: Arrays
@@ -68,29 +77,100 @@ class ServerContext(Generic[P]):
     graph_source: str = ""
 
 
+FIT_PHASE = "fit"
+"""Name of the default training phase (:meth:`ClientTrainer.fit`)."""
+EVALUATE_PHASE = "evaluate"
+"""Name of the default evaluation phase (:meth:`ClientTrainer.evaluate`)."""
+PHASE_KINDS = (wire.TRAIN, wire.EVALUATE)
+
+Configure = Callable[[int, int], Payload | None]
+"""``configure(server_round, partition_id) -> Payload | None`` (``None`` = leave the client out)."""
+Aggregate = Callable[[int, Mapping[int, ClientUpdate]], dict[str, MetricValue]]
+"""``aggregate(server_round, updates) -> server metrics``; ``updates`` are the valid replies."""
+Template = Callable[[int], Arrays]
+"""``template(partition_id) -> Arrays``: keys, shapes and dtypes a reply must have."""
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One exchange of a round: who receives what, what they do, how the replies are folded.
+
+    The round loop calls ``configure`` for each client selected for the round (a client for
+    which it returns ``None`` sits this phase out), sends the payloads, validates the replies
+    and hands the valid ones to ``aggregate``, all before the next phase is configured. So a
+    later phase's ``configure`` sees the state that the earlier phases' ``aggregate`` left.
+
+    Attributes
+    ----------
+    name
+        What the client does: the trainer's :meth:`ClientTrainer.fit_phase` (``kind`` train)
+        or :meth:`ClientTrainer.evaluate_phase` (``kind`` evaluate) is called with it.
+        ``"fit"`` / ``"evaluate"`` are :meth:`ClientTrainer.fit` / :meth:`ClientTrainer.evaluate`.
+    configure, aggregate
+        See :data:`Configure` and :data:`Aggregate`.
+    template
+        For ``kind`` train: the arrays a reply of a client must have (keys, shapes, dtypes;
+        replies that differ or hold NaN/Inf are rejected before ``aggregate``). Ignored for
+        ``kind`` evaluate, whose replies carry metrics only (``ClientUpdate.arrays`` is empty,
+        ``ClientUpdate.metrics`` holds the evaluation).
+    kind
+        ``"train"`` (the reply uploads arrays) or ``"evaluate"`` (the reply is metrics).
+    """
+
+    name: str
+    configure: Configure
+    aggregate: Aggregate
+    template: Template | None = None
+    kind: str = wire.TRAIN
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("a Phase needs a name")
+        if self.kind not in PHASE_KINDS:
+            raise ValueError(f"phase {self.name!r}: kind {self.kind!r} is not one of {list(PHASE_KINDS)}")
+        if self.kind == wire.TRAIN and self.template is None:
+            raise ValueError(f"phase {self.name!r}: a train phase needs a reply template")
+
+
 class ServerCore(ABC, Generic[P]):
     """Server-side state and math of one algorithm.
 
-    Round protocol (every driver): for each selected client, ``configure_train``; the
-    client trains; ``aggregate_train`` with all valid replies (possibly none). For the
-    final evaluation (and round 0) clients evaluate ``evaluation_payload``.
+    A round is a *plan* of one or more :class:`Phase` s (:meth:`round_plan`). The default plan
+    is one phase, ``fit``, built from :meth:`configure_train`, :meth:`aggregate_train` and
+    :meth:`update_template`, so a single-exchange algorithm implements exactly those (plus
+    :meth:`evaluation_payload`). A multi-exchange algorithm overrides :meth:`round_plan`
+    instead; the round loop does not change. For the final evaluation (and after every
+    round when evaluation is not piggy-backed) clients evaluate ``evaluation_payload``.
 
-    ``piggyback_eval = True`` declares that a client evaluating its round-``r`` training
-    payload (before training on it) measures the model produced by round ``r-1``; the
-    drivers then skip a separate evaluation exchange each round.
+    ``piggyback_eval = True`` declares that a client evaluating its round-``r`` payload of
+    the *first* phase (before working on it) measures the model produced by round ``r-1``;
+    the loop then skips a separate evaluation exchange each round.
     """
 
     piggyback_eval: bool = True
 
     def __init__(self, ctx: ServerContext[P]) -> None:
+        cls = type(self)
+        if cls.round_plan is ServerCore.round_plan and (
+            cls.configure_train is ServerCore.configure_train or cls.aggregate_train is ServerCore.aggregate_train
+        ):
+            raise TypeError(f"{cls.__name__} must implement configure_train and aggregate_train "
+                            "(a one-phase round) or override round_plan")
         self.ctx = ctx
         self.params: P = ctx.params
 
-    @abstractmethod
+    def round_plan(self, server_round: int) -> Iterable[Phase]:
+        """The phases of round ``server_round``, in order.
+
+        Consumed lazily: a generator may decide a later phase from the state the earlier
+        phases' ``aggregate`` left. The default is the one phase ``fit`` (see the class doc).
+        """
+        return (Phase(FIT_PHASE, self.configure_train, self.aggregate_train, self.update_template),)
+
     def configure_train(self, server_round: int, partition_id: int) -> Payload | None:
         """Payload for ``partition_id`` in ``server_round`` (``None`` = leave it out)."""
+        raise NotImplementedError(f"{type(self).__name__}.configure_train")
 
-    @abstractmethod
     def aggregate_train(
         self, server_round: int, updates: Mapping[int, ClientUpdate]
     ) -> dict[str, MetricValue]:
@@ -98,13 +178,14 @@ class ServerCore(ABC, Generic[P]):
 
         Returns server-side metrics to log for this round (e.g. cluster assignments).
         """
+        raise NotImplementedError(f"{type(self).__name__}.aggregate_train")
 
     @abstractmethod
     def evaluation_payload(self, partition_id: int) -> Payload:
         """What client ``partition_id`` evaluates on its own test split right now."""
 
     def update_template(self, partition_id: int) -> Arrays:
-        """Keys, shapes and dtypes a training reply of ``partition_id`` must have.
+        """Keys, shapes and dtypes a ``fit`` reply of ``partition_id`` must have.
 
         Replies that differ, or contain NaN/Inf, are rejected before ``aggregate_train``.
         """
@@ -139,7 +220,7 @@ class ClientContext(Generic[P]):
     weights), empty when the run has none.
     """
 
-    config: "RunConfig"
+    config: RunConfig
     params: P
     partition_id: int
     num_partitions: int
@@ -156,7 +237,12 @@ class ClientTrainer(ABC, Generic[P]):
     partition id, round), so the Flower ClientApp and the in-process driver produce identical
     updates. State that must survive across rounds (personal models, control variates, ...)
     goes into the ``state`` dict the runtime hands in and persists (``context.state`` in
-    Flower, a dict in the in-process driver).
+    Flower, a dict in the in-process driver); it also carries what one phase of a round leaves
+    for the next.
+
+    A request names a phase (:class:`Phase`); :meth:`fit_phase` and :meth:`evaluate_phase`
+    dispatch on it. A trainer of a multi-phase algorithm overrides them for its own phase
+    names and defers to the base class for ``fit`` / ``evaluate``.
     """
 
     def __init__(self, ctx: ClientContext[P]) -> None:
@@ -176,3 +262,23 @@ class ClientTrainer(ABC, Generic[P]):
 
         Returns at least ``test_loss`` and ``num_test``; classification tasks add ``test_acc``.
         """
+
+    def fit_phase(self, phase: str, server_round: int, payload: Payload, state: ClientState) -> FitResult:
+        """Serve a train-kind request of phase ``phase``: ``fit`` for :data:`FIT_PHASE`.
+
+        Raises
+        ------
+        ValueError
+            For a phase this trainer does not know (the message names it).
+        """
+        if phase == FIT_PHASE:
+            return self.fit(server_round, payload, state)
+        raise ValueError(f"{type(self).__name__} (client {self.ctx.partition_id}) has no train phase "
+                         f"{phase!r}; it knows {[FIT_PHASE]}")
+
+    def evaluate_phase(self, phase: str, payload: Payload, state: ClientState) -> dict[str, float]:
+        """Serve an evaluate-kind request of phase ``phase``: ``evaluate`` for :data:`EVALUATE_PHASE`."""
+        if phase == EVALUATE_PHASE:
+            return self.evaluate(payload, state)
+        raise ValueError(f"{type(self).__name__} (client {self.ctx.partition_id}) has no evaluate phase "
+                         f"{phase!r}; it knows {[EVALUATE_PHASE]}")

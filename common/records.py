@@ -13,7 +13,7 @@ from graphfl.common.types import Arrays
 
 
 def arrays_to_record(arrays: Arrays) -> ArrayRecord:
-    """numpy dict -> ``ArrayRecord`` (order kept; arrays made contiguous)."""
+    """Named numpy arrays -> ``ArrayRecord`` (order kept; arrays made contiguous)."""
     rec = ArrayRecord()
     for key, value in arrays.items():
         rec[key] = Array(np.ascontiguousarray(value))

@@ -17,8 +17,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, NoReturn
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
@@ -26,13 +26,17 @@ from flwr.serverapp.strategy import Result, Strategy
 
 from graphfl.common import wire
 from graphfl.common.config import RunConfig
-from graphfl.common.core import ServerCore
+from graphfl.common.core import EVALUATE_PHASE, ServerCore
 from graphfl.common.records import arrays_to_record, record_to_arrays
 from graphfl.common.registry import AlgorithmSpec
 from graphfl.common.types import Arrays, Payload
-from graphfl.server.rounds import Reply, RunError, RunRecorder, ServerInputs, run_federated
+from graphfl.server.exchange import Reply, Request
+from graphfl.server.recorder import RunRecorder
+from graphfl.server.rounds import RunError, ServerInputs, run_federated
 
 logger = logging.getLogger(__name__)
+
+MetricRecordValue = int | float | list[int] | list[float]
 
 
 def reply_from_message(msg: Message, partition_id: int | None = None) -> Reply:
@@ -71,14 +75,20 @@ class GridExchange:
             self._records[key] = arrays_to_record(arrays)
         return self._records[key]
 
-    def message(self, node_id: int, kind: str, server_round: int, payload: Payload, eval_first: bool) -> Message:
+    def message(self, node_id: int, request: Request, payload: Payload) -> Message:
+        """The Flower message carrying ``request`` with ``payload`` to ``node_id``.
+
+        The request's kind, round, phase and eval-first flag travel as control keys
+        (``wire.CONTROL_PREFIX``) in the payload's config record.
+        """
         config = ConfigRecord(dict(payload.config))
-        config[wire.ROUND] = int(server_round)
-        config[wire.KIND] = kind
-        config[wire.EVAL_FIRST] = bool(eval_first)
-        mtype = MessageType.TRAIN if kind == wire.TRAIN else MessageType.EVALUATE
+        config[wire.ROUND] = int(request.server_round)
+        config[wire.KIND] = request.kind
+        config[wire.PHASE] = request.phase
+        config[wire.EVAL_FIRST] = bool(request.eval_first)
+        mtype = MessageType.TRAIN if request.kind == wire.TRAIN else MessageType.EVALUATE
         content = RecordDict({wire.ARRAYS: self._record(payload.arrays), wire.CONFIG: config})
-        return Message(content, dst_node_id=int(node_id), message_type=mtype, group_id=str(server_round))
+        return Message(content, dst_node_id=int(node_id), message_type=mtype, group_id=str(request.server_round))
 
     def _exchange(self, messages: dict[int, Message], timeout: float) -> dict[int, Message]:
         """Push ``{key: message}``, pull until all replied or ``timeout``; returns replies by key."""
@@ -95,9 +105,9 @@ class GridExchange:
         deadline = time.monotonic() + timeout
         while pending and time.monotonic() < deadline:
             for msg in self.grid.pull_messages(list(pending)):
-                k = pending.pop(msg.metadata.reply_to_message_id, None)
-                if k is not None:
-                    out[k] = msg
+                reply_to = msg.metadata.reply_to_message_id
+                if reply_to in pending:
+                    out[pending.pop(reply_to)] = msg
             if pending:
                 time.sleep(self.poll_interval)
         return out
@@ -122,7 +132,8 @@ class GridExchange:
         configuration error at the start; later (``rejoin``) the newer node replaces the old
         one, which the SuperLink may still list after a crash.
         """
-        msgs = {nid: self.message(nid, wire.JOIN, 0, initial, False) for nid in node_ids}
+        request = Request(wire.JOIN, 0, EVALUATE_PHASE)
+        msgs = {nid: self.message(nid, request, initial) for nid in node_ids}
         replies = self._exchange(msgs, self.cfg.round_timeout)
         out: dict[int, Reply] = {}
         for nid in node_ids:
@@ -163,7 +174,7 @@ class GridExchange:
             logger.info("nodes %s (re)connected; asking for their partition ids", new)
             self._join_nodes(new, self._initial, rejoin=True)
 
-    def send(self, kind: str, server_round: int, payloads: Mapping[int, Payload], eval_first: bool) -> dict[int, Reply]:
+    def send(self, request: Request, payloads: Mapping[int, Payload]) -> dict[int, Reply]:
         self._refresh_nodes()
         msgs: dict[int, Message] = {}
         out: dict[int, Reply] = {}
@@ -172,7 +183,7 @@ class GridExchange:
             if nid is None:
                 out[pid] = Reply(pid, error="no SuperNode serves this partition")
                 continue
-            msgs[pid] = self.message(nid, kind, server_round, payload, eval_first)
+            msgs[pid] = self.message(nid, request, payload)
         replies = self._exchange(msgs, self.cfg.round_timeout)
         for pid in msgs:
             if pid not in replies:
@@ -199,15 +210,31 @@ class CoreStrategy(Strategy):
         self.recorder = recorder
         self.inputs = inputs
         self.poll_interval = poll_interval
-        self.core: ServerCore | None = None
+        self.core: ServerCore[Any] | None = None
         self.exchange: GridExchange | None = None
 
     def summary(self) -> None:
         logger.info("graphfl strategy %s (%s) on task %s, %d nodes, %d rounds",
                     self.spec.name, self.spec.summary, self.cfg.task, self.cfg.nodes, self.cfg.rounds)
 
-    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int | None = None,
-              timeout: float | None = None, **_: object) -> Result:
+    def start(
+        self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, timeout: float = 3600,
+        train_config: ConfigRecord | None = None, evaluate_config: ConfigRecord | None = None,
+        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+    ) -> Result:
+        """Run the graphfl round loop on ``grid``; Flower's ``Strategy.start`` signature.
+
+        The run config decides rounds, timeouts and evaluation: a ``num_rounds`` other than
+        the config's ``rounds`` is overridden (with a warning); ``timeout``, ``train_config``,
+        ``evaluate_config`` and ``evaluate_fn`` are not used (graphfl's per-message bounds are
+        ``round-timeout`` and ``connect-timeout``; payload configs come from the core; clients
+        evaluate).
+        """
+        if num_rounds != self.cfg.rounds:
+            logger.warning("CoreStrategy.start: num_rounds=%d ignored; the run config has rounds=%d",
+                           num_rounds, self.cfg.rounds)
+        if train_config or evaluate_config or evaluate_fn is not None:
+            logger.warning("CoreStrategy.start ignores train_config, evaluate_config and evaluate_fn")
         self.summary()
         inputs = dataclasses.replace(self.inputs, initial_arrays=record_to_arrays(initial_arrays))
         self.exchange = GridExchange(grid, self.cfg, self.poll_interval)
@@ -217,7 +244,8 @@ class CoreStrategy(Strategy):
         if final is not None:
             result.arrays = arrays_to_record(final)
         for row in self.recorder.rounds.values():
-            scalars = {k: float(v) for k, v in row.items() if isinstance(v, (int, float)) and k != "round"}
+            scalars: dict[str, MetricRecordValue] = {
+                k: float(v) for k, v in row.items() if isinstance(v, (int, float)) and k != "round"}
             if scalars:
                 result.evaluate_metrics_clientapp[int(row["round"])] = MetricRecord(scalars)
         return result
@@ -226,7 +254,7 @@ class CoreStrategy(Strategy):
     # graphfl's protocol (join round, partition ids, piggy-backed evaluation, validation) is
     # driven by start(); Flower's stock loop would skip all of it. The hooks therefore refuse
     # clearly instead of half-working.
-    def _unsupported(self, hook: str):
+    def _unsupported(self, hook: str) -> NoReturn:
         raise NotImplementedError(
             f"CoreStrategy.{hook}: graphfl strategies run their own round loop; call "
             "CoreStrategy.start(grid, initial_arrays) (Flower's Strategy.start contract is kept)"

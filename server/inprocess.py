@@ -14,25 +14,31 @@ from typing import Any
 from graphfl.client.handler import ClientRuntime, build_runtime, handle
 from graphfl.common import wire
 from graphfl.common.config import RunConfig
-from graphfl.common.core import ServerCore
+from graphfl.common.core import EVALUATE_PHASE, ServerCore
 from graphfl.common.types import ClientState, Payload
-from graphfl.server.rounds import Reply, RunRecorder, ServerInputs, run_federated
+from graphfl.server.exchange import Reply, Request
+from graphfl.server.recorder import RunRecorder
+from graphfl.server.rounds import ServerInputs, run_federated
 
 logger = logging.getLogger(__name__)
+
+FailKey = tuple[int, int] | tuple[int, int, str]
+"""``(round, partition id)`` or ``(round, partition id, phase)``."""
 
 
 class InProcessExchange:
     """Runs each client's handler directly; client state lives in a dict per client.
 
-    ``fail`` maps (round, partition id) -> behaviour (``"error"`` or ``"nan"``) to inject
-    failures in tests of the loop's error handling.
+    ``fail`` maps ``(round, partition id)`` -- or ``(round, partition id, phase)`` for one
+    phase only -- to a behaviour (``"error"`` or ``"nan"``), to inject failures in tests of
+    the loop's error handling.
     """
 
-    def __init__(self, cfg: RunConfig, fail: Mapping[tuple[int, int], str] | None = None) -> None:
+    def __init__(self, cfg: RunConfig, fail: Mapping[FailKey, str] | None = None) -> None:
         self.cfg = cfg
         self.runtimes: dict[int, ClientRuntime] = {}
         self.states: dict[int, ClientState] = {}
-        self.fail = dict(fail or {})
+        self.fail: dict[FailKey, str] = dict(fail or {})
 
     def runtime(self, pid: int) -> ClientRuntime:
         """The client's runtime, built on first use (its data stays loaded)."""
@@ -41,14 +47,16 @@ class InProcessExchange:
             self.states[pid] = {}
         return self.runtimes[pid]
 
-    def _call(self, kind: str, r: int, pid: int, payload: Payload, eval_first: bool) -> Reply:
-        mode = self.fail.get((r, pid))
+    def _call(self, request: Request, pid: int, payload: Payload) -> Reply:
+        r = request.server_round
+        mode = self.fail.get((r, pid, request.phase), self.fail.get((r, pid)))
         if mode == "error":
             return Reply(pid, error="injected failure")
         try:
-            arrays, metrics = handle(self.runtime(pid), kind, r, payload, self.states[pid], eval_first)
-        except Exception as exc:
-            logger.exception("client %d failed in round %d", pid, r)
+            arrays, metrics = handle(self.runtime(pid), request.kind, r, payload, self.states[pid],
+                                     request.eval_first, request.phase)
+        except Exception as exc:  # a failing client is a failed reply, as in deployment
+            logger.exception("client %d failed in round %d (phase %s)", pid, r, request.phase)
             return Reply(pid, error=f"{type(exc).__name__}: {exc}")
         if mode == "nan" and arrays:
             key = next(iter(arrays))
@@ -58,11 +66,12 @@ class InProcessExchange:
 
     def join(self, initial: Payload, num_clients: int) -> dict[int, Reply]:
         """Every client evaluates the initial model and reports its partition and size."""
-        return {pid: self._call(wire.JOIN, 0, pid, initial, False) for pid in range(num_clients)}
+        request = Request(wire.JOIN, 0, EVALUATE_PHASE)
+        return {pid: self._call(request, pid, initial) for pid in range(num_clients)}
 
-    def send(self, kind: str, server_round: int, payloads: Mapping[int, Payload], eval_first: bool) -> dict[int, Reply]:
+    def send(self, request: Request, payloads: Mapping[int, Payload]) -> dict[int, Reply]:
         """Serve ``payloads`` one client after the other (partition-id order)."""
-        return {pid: self._call(kind, server_round, pid, p, eval_first) for pid, p in payloads.items()}
+        return {pid: self._call(request, pid, p) for pid, p in payloads.items()}
 
 
 def server_inputs(cfg: RunConfig) -> ServerInputs:
@@ -80,7 +89,7 @@ def server_inputs(cfg: RunConfig) -> ServerInputs:
 def run_federated_inprocess(
     cfg: RunConfig, out_dir: str | Path | None = None, name: str = "run",
     progress: Callable[[dict[str, Any]], None] | None = None,
-    fail: Mapping[tuple[int, int], str] | None = None,
+    fail: Mapping[FailKey, str] | None = None,
 ) -> tuple[dict[str, Any], ServerCore[Any]]:
     """Run ``cfg`` in this process; return (result document, final server core)."""
     import torch

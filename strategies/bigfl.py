@@ -119,13 +119,16 @@ class BiGFLParams:
 
 
 
-class BiGFLCore(ServerCore):
-    """Server half of BiG-FL (see the module docstring)."""
+class BiGFLCore(ServerCore[BiGFLParams]):
+    """Server half of BiG-FL (see the module docstring).
 
-    def __init__(self, ctx: ServerContext) -> None:
+    One phase per round (the default plan): the clients' Hessians, when the ``neumann``
+    hypergradient needs them, come back in the same reply as ``θ_i``.
+    """
+
+    def __init__(self, ctx: ServerContext[BiGFLParams]) -> None:
         super().__init__(ctx)
-        p: BiGFLParams = ctx.params if ctx.params is not None else BiGFLParams()
-        self.params = p
+        p = self.params
         self.n = int(ctx.num_clients)
         self.template: Arrays = dict(ctx.initial_arrays)
         self.param_keys = tuple(ctx.param_keys) or tuple(self.template)
@@ -161,8 +164,7 @@ class BiGFLCore(ServerCore):
                          if self.want_hessian else None)
         self.shared: Arrays = {k: self.template[k] for k in self.other_keys}
         self.rng = np.random.default_rng([int(ctx.seed), 5, 1])
-        tc = getattr(ctx.config, "train", None)
-        self.neumann_c = p.neumann_c or (tc.lr if tc is not None else 1e-3)
+        self.neumann_c = p.neumann_c or ctx.config.train.lr
         if self.dim * self.dim * self.n > 5e8:
             logger.warning("bigfl: phi is %d x %d (%.1f GB as float64); consider bigfl.layers",
                            self.dim, self.dim, self.dim**2 * 8 / 1e9)

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -262,7 +263,7 @@ def hypergradient(
     if mode == "first_order":
         return g_phi.detach(), info
 
-    use_hess = mode in ("neumann", "exact") and hessians is not None
+    hess = hessians if mode in ("neumann", "exact") else None
     # F^R is linear in Θ (for fixed φ): build its graph once and reuse it for every VJP.
     theta_r = theta.detach().clone().requires_grad_(True)
     fr_theta = reg_pseudo_grad(a_hat, theta_r, phi.detach(), lambda_ll)
@@ -270,8 +271,8 @@ def hypergradient(
     def jt_apply(p: torch.Tensor) -> torch.Tensor:
         (vjp,) = torch.autograd.grad(fr_theta, theta_r, grad_outputs=p, retain_graph=True)
         out = vjp + kappa * p
-        if use_hess:
-            out = out + torch.einsum("nij,nj->ni", hessians, p.to(hessians.dtype)).to(p.dtype)
+        if hess is not None:
+            out = out + torch.einsum("nij,nj->ni", hess, p.to(hess.dtype)).to(p.dtype)
         return out
 
     if mode == "exact":
@@ -295,7 +296,9 @@ def hypergradient(
     return (g_phi - corr).detach(), info
 
 
-def _neumann(jt_apply, g_theta: torch.Tensor, k: int, c0: float, max_halvings: int):
+def _neumann(
+    jt_apply: Callable[[torch.Tensor], torch.Tensor], g_theta: torch.Tensor, k: int, c0: float, max_halvings: int,
+) -> tuple[torch.Tensor, float, int, bool]:
     """Truncated Neumann series ``v = c Σ_{k=0..K} (I − c J_Θᵀ)^k ∇_Θ f`` with safeguard."""
     c = float(c0)
     for halvings in range(max_halvings + 1):
@@ -317,7 +320,7 @@ def _neumann(jt_apply, g_theta: torch.Tensor, k: int, c0: float, max_halvings: i
     return torch.zeros_like(g_theta), c, max_halvings, False
 
 
-def _exact_solve(jt_apply, g_theta: torch.Tensor) -> torch.Tensor:
+def _exact_solve(jt_apply: Callable[[torch.Tensor], torch.Tensor], g_theta: torch.Tensor) -> torch.Tensor:
     """Solve ``J_Θᵀ v = ∇_Θ f`` densely (tiny problems only)."""
     n, d = g_theta.shape
     size = n * d
@@ -329,4 +332,5 @@ def _exact_solve(jt_apply, g_theta: torch.Tensor) -> torch.Tensor:
         e[idx] = 1.0
         cols.append(jt_apply(e.view(n, d)).reshape(-1))
     jt = torch.stack(cols, dim=1)  # jt[:, idx] = J_Θᵀ e_idx
-    return torch.linalg.solve(jt, g_theta.reshape(-1)).view(n, d)
+    v: torch.Tensor = torch.linalg.solve(jt, g_theta.reshape(-1)).view(n, d)
+    return v

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
 
 from graphfl.common.arrays import weighted_average
 from graphfl.common.core import ServerContext, ServerCore
@@ -34,10 +35,23 @@ class FedProxParams:
     weighted: bool = True
 
 
-class FedAvgCore(ServerCore["FedAvgParams | FedProxParams"]):
-    """Global-model averaging; the same payload object goes to every client."""
+class AveragingParams(Protocol):
+    """What FedAvg's server reads of its hyperparameters (FedAvg's and FedProx's have it)."""
 
-    def __init__(self, ctx: ServerContext[FedAvgParams | FedProxParams]) -> None:
+    @property
+    def weighted(self) -> bool: ...
+
+
+A = TypeVar("A", bound=AveragingParams)
+
+
+class FedAvgCore(ServerCore[A]):
+    """Global-model averaging; the same payload object goes to every client.
+
+    Generic in its hyperparameters: FedAvg and FedProx share it (FedProx differs on the client).
+    """
+
+    def __init__(self, ctx: ServerContext[A]) -> None:
         super().__init__(ctx)
         self.global_arrays = dict(ctx.initial_arrays)
         self._payload = Payload(self.global_arrays)
@@ -62,7 +76,7 @@ class FedAvgCore(ServerCore["FedAvgParams | FedProxParams"]):
         return self.global_arrays
 
 
-register(AlgorithmSpec("fedavg", FedAvgParams, FedAvgCore,
-                       "FedAvg: sample-weighted averaging of local SGD models"))
-register(AlgorithmSpec("fedprox", FedProxParams, FedAvgCore,
-                       "FedProx: FedAvg with a proximal term mu/2 |theta - global|^2"))
+register(AlgorithmSpec(
+    "fedavg", FedAvgParams, FedAvgCore[FedAvgParams], "FedAvg: sample-weighted averaging of local SGD models"))
+register(AlgorithmSpec(
+    "fedprox", FedProxParams, FedAvgCore[FedProxParams], "FedProx: FedAvg with a proximal term mu/2 |theta - global|^2"))

@@ -115,7 +115,8 @@ def squared_distances(points: np.ndarray, centers: np.ndarray) -> np.ndarray:
 
 def e_step(dist: np.ndarray) -> np.ndarray:
     """Assignment ``r_i = argmin_k d_ik`` (eq. 10.8); ties go to the smallest ``k``."""
-    return np.argmin(np.asarray(dist), axis=1).astype(np.int64)
+    assign: np.ndarray = np.argmin(np.asarray(dist), axis=1).astype(np.int64)
+    return assign
 
 
 def m_step(
@@ -204,19 +205,23 @@ def adjusted_rand(labels_true: np.ndarray, labels_pred: np.ndarray) -> float:
 # ---------------------------------------------------------------------------------------
 
 
-class FeSEMCore(ServerCore):
-    """Server half of FeSEM: K centers, E/M-steps, one center per client (see module doc)."""
+class FeSEMCore(ServerCore[FeSEMParams]):
+    """Server half of FeSEM: K centers, E/M-steps, one center per client (see module doc).
 
-    def __init__(self, ctx: ServerContext) -> None:
+    One phase per round (the default plan): ``configure_train`` hands out the centers (the
+    warm-up payload before the client has a cluster), ``aggregate_train`` runs the E/M-steps.
+    """
+
+    def __init__(self, ctx: ServerContext[FeSEMParams]) -> None:
         super().__init__(ctx)
-        p: FeSEMParams = ctx.params if ctx.params is not None else FeSEMParams()
-        self.params = p
+        p = self.params
         self.n = int(ctx.num_clients)
         self.template: Arrays = dict(ctx.initial_arrays)
         self.keys = tuple(self.template)  # full state_dict order
         self.param_keys = tuple(ctx.param_keys) or self.keys
         dist_keys = select_keys(self.param_keys, p.dist_layers)
-        offsets, pos = {}, 0
+        offsets: dict[str, tuple[int, int]] = {}
+        pos = 0
         for key in self.keys:
             size = int(np.asarray(self.template[key]).size)
             offsets[key] = (pos, pos + size)
@@ -231,14 +236,14 @@ class FeSEMCore(ServerCore):
         self.models = np.zeros((self.n, self.dim))
         self.have = np.zeros(self.n, dtype=bool)
         self.weights = np.ones(self.n)
-        for pid, count in (ctx.num_examples or {}).items():
+        for pid, count in ctx.num_examples.items():
             if 0 <= int(pid) < self.n:
                 self.weights[int(pid)] = max(float(count), 0.0)
         self.assign = np.full(self.n, -1, dtype=np.int64)
         self.centers: np.ndarray | None = None
         self.rounds_since_init = 0
         self.rng = np.random.default_rng([int(ctx.seed), 4, 1])
-        self.labels = None
+        self.labels: np.ndarray | None = None
         if ctx.cluster_labels is not None:
             labels = np.asarray(ctx.cluster_labels)
             if labels.shape != (self.n,):
@@ -246,8 +251,7 @@ class FeSEMCore(ServerCore):
                                labels.shape, self.n)
             else:
                 self.labels = labels
-        tc = getattr(ctx.config, "train", None)
-        steps = p.warmup_steps or (tc.local_steps if tc is not None else 10)
+        steps = p.warmup_steps or ctx.config.train.local_steps
         self._warmup = Payload(self.template, {WARMUP_KEY: True, STEPS_KEY: int(steps)})
         self._initial = Payload(self.template)
         self._center_payloads: list[Payload] = []

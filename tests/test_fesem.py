@@ -111,7 +111,32 @@ def test_core_warmup_then_centers_and_ari():
     m2 = core.aggregate_train(2, _ups(moved))
     assert m2["assignment"][1] == m2["assignment"][2]
     assert m2["num_changed"] == 1 and m2["reclustered"] == 1
-    assert m2["ari"] < 1.0
+    # planted {0,1},{2,3} vs found {0},{1,2,3}: 1 agreeing pair, expected 2·3/6 = 1, max 2.5 -> ARI 0
+    assert m2["ari"] == pytest.approx(0.0, abs=1e-12)
+    assert ari_by_pairs([1, 1, 0, 0], m2["assignment"]) == pytest.approx(0.0, abs=1e-12)
+
+
+def ari_by_pairs(truth, found) -> float:
+    """Adjusted Rand index from its pair-counting definition (independent of sklearn):
+    ``(I − E[I]) / (max − E[I])`` with ``I`` = pairs together in both, ``E[I] = a·b / C(n,2)``,
+    ``max = (a + b) / 2``, ``a``/``b`` = pairs together in ``truth``/``found``."""
+    from itertools import combinations
+
+    pairs = list(combinations(range(len(truth)), 2))
+    same_t = [truth[i] == truth[j] for i, j in pairs]
+    same_f = [found[i] == found[j] for i, j in pairs]
+    index = sum(t and f for t, f in zip(same_t, same_f))
+    expected = sum(same_t) * sum(same_f) / len(pairs)
+    top = (sum(same_t) + sum(same_f)) / 2
+    return 1.0 if top == expected else (index - expected) / (top - expected)
+
+
+def test_ari_by_pairs_agrees_with_hand_values():
+    assert ari_by_pairs([0, 0, 1, 1], [5, 5, 7, 7]) == 1.0                    # same partition, other names
+    # truth {0,1,2},{3,4,5} vs found {0,1},{2,3},{4,5}: I = 2, a = 6, b = 3, C(6,2) = 15
+    # E = 18/15 = 1.2, max = 4.5 -> (2 - 1.2) / (4.5 - 1.2) = 0.8 / 3.3
+    assert ari_by_pairs([0, 0, 0, 1, 1, 1], [0, 0, 1, 1, 2, 2]) == pytest.approx(0.8 / 3.3, abs=1e-12)
+    assert fs.adjusted_rand(np.array([0, 0, 0, 1, 1, 1]), np.array([0, 0, 1, 1, 2, 2])) == pytest.approx(0.8 / 3.3)
 
 
 def test_core_nan_upload_excluded_with_warning(caplog):
@@ -249,8 +274,62 @@ def test_inprocess_seed_mlp_task_reports_assignments_and_survives_nan():
     assert srv["clients_aggregated"] == 11
     assert np.all(np.isfinite(core.centers))
     assert len(srv["assignment"]) == 12 and sum(srv["cluster_sizes"]) == 12
-    assert -1.0 <= srv["ari"] <= 1.0
+    planted = core.labels.tolist()
+    assert planted == [int(v) for v in task_labels("synthetic-multicenter", 12)]
+    for row in curve[1:]:  # the logged ARI is that of the logged assignment vs the planted clusters
+        assert row["server"]["ari"] == pytest.approx(ari_by_pairs(planted, row["server"]["assignment"]), abs=1e-12)
     assert all(np.isfinite(row["test_loss"]) for row in curve)
+
+
+def task_labels(name: str, n: int) -> np.ndarray:
+    from graphfl.tasks import registry as task_registry
+
+    return task_registry.create(name, seed=0).cluster_labels(n)
+
+
+def test_client_step_with_prox_lambda_is_sgd_on_f_plus_lambda_times_squared_distance():
+    """Eq. 10.10: local loss F(θ) + λ‖θ − θ̄‖², gradient ∇F + 2λ(θ − θ̄) (so μ = 2λ for the
+    proximal helper's μ/2‖θ − θ̄‖²). Hand-computed on a 2-input linear model, full batch."""
+    import torch
+    from torch import nn
+
+    from graphfl.client.fesem_trainer import FeSEMTrainer
+    from graphfl.common.config import TrainConfig
+    from graphfl.common.core import ClientContext
+    from graphfl.common.types import ClientData, Payload
+
+    x = np.array([[1.0, 2.0], [0.5, -1.0], [-1.5, 0.0], [2.0, 1.0]], np.float32)
+    y = np.array([[1.0], [0.0], [-2.0], [3.0]], np.float32)
+
+    class TinyTask:
+        name, kind = "tiny", "regression"
+
+        def build_model(self):
+            torch.manual_seed(0)
+            return nn.Linear(2, 1, bias=False)
+
+        def loss_fn(self):
+            return nn.MSELoss()
+
+    lam, lr, steps = 0.7, 0.1, 4
+    cfg = RunConfig(train=TrainConfig(local_steps=steps, batch_size=4, lr=lr))
+    ctx = ClientContext(config=cfg, params=fs.FeSEMParams(prox_lambda=lam), partition_id=0, num_partitions=1,
+                        task=TinyTask(), data=ClientData(x, y, x, y))
+    center = np.array([[0.3, -0.4]], np.float32)
+    result = FeSEMTrainer(ctx).fit(2, Payload({"weight": center}), {})
+
+    def by_hand(coef: float) -> np.ndarray:
+        xd, yd, bar = x.astype(np.float64), y[:, 0].astype(np.float64), center[0].astype(np.float64)
+        theta = bar.copy()                                    # the client starts from its center
+        for _ in range(steps):
+            grad_f = 2.0 / len(xd) * xd.T @ (xd @ theta - yd)  # ∇ mean((Xθ − y)²)
+            theta = theta - lr * (grad_f + coef * (theta - bar))
+        return theta
+
+    np.testing.assert_allclose(result.arrays["weight"][0], by_hand(2 * lam), rtol=0, atol=1e-6)
+    assert np.abs(by_hand(2 * lam) - by_hand(lam)).max() > 1e-3  # the factor 2 is visible at this size
+    warm = FeSEMTrainer(ctx).fit(1, Payload({"weight": center}, {fs.WARMUP_KEY: True, fs.STEPS_KEY: steps}), {})
+    np.testing.assert_allclose(warm.arrays["weight"][0], by_hand(0.0), rtol=0, atol=1e-6)  # warm-up: no term
 
 
 def test_bench_permuted_digits_task_and_seed_aggregation():
