@@ -7,7 +7,8 @@ import socket
 
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
     """``n`` distinct TCP ports that were free a moment ago (bound together to :0, then
-    released; a small race remains)."""
+    released; a small race remains).
+    """
     socks = []
     try:
         for _ in range(n):
