@@ -16,7 +16,8 @@ def arrays_to_record(arrays: Arrays) -> ArrayRecord:
     """Named numpy arrays -> ``ArrayRecord`` (order kept; arrays made contiguous)."""
     rec = ArrayRecord()
     for key, value in arrays.items():
-        rec[key] = Array(np.ascontiguousarray(value))
+        arr = np.asarray(value)
+        rec[key] = Array(np.ascontiguousarray(arr).reshape(arr.shape))  # keeps 0-d arrays 0-d
     return rec
 
 

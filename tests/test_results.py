@@ -41,3 +41,13 @@ def test_rewrite_keeps_valid_json(tmp_path):
     write_results(tmp_path, d, plot=False)
     assert json.loads((tmp_path / "demo.json").read_text())["methods"]["fedavg"]["final"]["test_acc"] == 0.9
     assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_flower_records_keep_zero_dimensional_arrays() -> None:
+    """0-d client-state entries and buffers (BatchNorm's num_batches_tracked) survive a record round trip."""
+    import numpy as np
+
+    from graphfl.common.records import arrays_to_record, record_to_arrays
+
+    back = record_to_arrays(arrays_to_record({"count": np.asarray(3, np.int64), "w": np.ones((2, 3), np.float32)}))
+    assert back["count"].shape == () and int(back["count"]) == 3 and back["w"].shape == (2, 3)
