@@ -176,7 +176,8 @@ def _run(
     joined = exchange.join(Payload(initial), n)
     ok = {pid: rep for pid, rep in joined.items() if rep.error is None}
     if not ok:
-        raise RunError(f"no client answered the join round ({len(joined)} tried)")
+        raise RunError(f"no client answered the join round in time ({len(joined)} replied, none usable; "
+                       f"round-timeout={cfg.round_timeout:g} s)")
     missing = sorted(set(range(n)) - set(ok))
     if missing:
         logger.warning("clients %s did not join; continuing with %d of %d", missing, len(ok), n)

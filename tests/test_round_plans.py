@@ -105,6 +105,21 @@ def test_trainer_dispatches_phases_and_names_an_unknown_one():
         handle(rt, wire.EVALUATE, 1, Payload({}), state, phase="audit")
 
 
+def test_clientapp_reads_kind_round_phase_and_payload_config_from_the_message():
+    from flwr.app import ConfigRecord
+
+    from graphfl.client.app import read_request
+
+    rec = ConfigRecord({wire.KIND: "train", wire.ROUND: 3, wire.PHASE: "mix", wire.EVAL_FIRST: True,
+                        "probe-mix.round": 3, "fesem.warmup": False})
+    req = read_request(rec, wire.EVALUATE)
+    assert (req.kind, req.server_round, req.phase, req.eval_first) == ("train", 3, "mix", True)
+    assert req.payload_config == {"probe-mix.round": 3, "fesem.warmup": False}   # control keys stripped
+    assert read_request(None, wire.TRAIN).phase is None                         # handler's default phase
+    with pytest.raises(ValueError, match="'bad' is a list"):
+        read_request(ConfigRecord({"bad": [1, 2]}), wire.TRAIN)
+
+
 def _expected_mix(cfg, rounds, clients):
     """Hand-computed dots of every round from the clients' own data."""
     data = {pid: build_runtime(cfg, pid, cfg.nodes).ctx.data.x_train for pid in clients}
