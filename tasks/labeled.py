@@ -231,24 +231,47 @@ class CIFAR10(LabeledPoolTask):
 
 
 def _decode_cifar_tar(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """Decode every ``<split>/<class>/NNNN.jpg`` of a CIFAR-10 JPEG tarball to uint8 (N, 3, 32, 32).
+
+    A corrupt or truncated tarball, an unreadable JPEG, an image that is not 32×32, an
+    unknown class folder or a class with no images is a :class:`DataError` naming the file.
+    """
     from PIL import Image
 
     logger.info("decoding %s once (cached afterwards)", path)
     images, labels = [], []
-    with tarfile.open(path, "r:gz") as tar:
-        for member in tar:
-            if not member.isfile() or not member.name.endswith(".jpg"):
-                continue
-            cls = Path(member.name).parent.name
-            if cls not in CIFAR_CLASSES:
-                raise DataError(f"cifar10: unexpected class folder {cls!r} in {path}")
-            fh = tar.extractfile(member)
-            if fh is None:
-                raise DataError(f"cifar10: {path} member {member.name} cannot be read")
-            data = fh.read()
-            img = Image.open(io.BytesIO(data)).convert("RGB")
-            images.append(np.asarray(img, dtype=np.uint8).transpose(2, 0, 1))
-            labels.append(CIFAR_CLASSES.index(cls))
+    try:
+        with tarfile.open(path, "r:gz") as tar:
+            for member in tar:
+                if not member.isfile() or not member.name.endswith(".jpg"):
+                    continue
+                cls = Path(member.name).parent.name
+                if cls not in CIFAR_CLASSES:
+                    raise DataError(f"cifar10: unexpected class folder {cls!r} in {path}")
+                fh = tar.extractfile(member)
+                if fh is None:
+                    raise DataError(f"cifar10: member {member.name} of {path} cannot be read")
+                data = fh.read()
+                try:
+                    img = Image.open(io.BytesIO(data)).convert("RGB")
+                except OSError as exc:  # PIL.UnidentifiedImageError and truncated images are OSErrors
+                    raise DataError(f"cifar10: member {member.name} of {path} is not a readable JPEG "
+                                    f"({type(exc).__name__}: {exc}); re-copy the tarball") from None
+                if img.size != (32, 32):
+                    raise DataError(f"cifar10: member {member.name} of {path} is {img.size[0]}x{img.size[1]}, "
+                                    "not 32x32")
+                images.append(np.asarray(img, dtype=np.uint8).transpose(2, 0, 1))
+                labels.append(CIFAR_CLASSES.index(cls))
+    except DataError:
+        raise
+    except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
+        raise DataError(f"{path} is not a readable tar.gz file ({type(exc).__name__}: {exc}); "
+                        "re-copy it from the dataset's source") from None
     if not images:
         raise DataError(f"cifar10: no JPEG images found in {path}")
+    counts = np.bincount(labels, minlength=len(CIFAR_CLASSES))
+    missing = [c for c, n in zip(CIFAR_CLASSES, counts) if n == 0]
+    if missing:
+        raise DataError(f"cifar10: {path} has no images for class folder(s) {', '.join(missing)} "
+                        "(expected <split>/<class>/NNNN.jpg for all 10 classes)")
     return np.stack(images), np.asarray(labels, dtype=np.int64)

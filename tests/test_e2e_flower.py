@@ -1,4 +1,13 @@
-"""End-to-end runs on real Flower processes (SuperLink, SuperNodes, Ray simulation)."""
+"""End-to-end runs on real Flower processes (SuperLink, SuperNodes, Ray simulation).
+
+Time goes into starting processes (a SuperLink, SuperNodes, one ``flwr-clientapp`` process per
+message, ``flwr`` CLI calls), not into training. So tests that only need *a* running deployment
+share one per kind: a 3-SuperNode TLS federation (:class:`TestOneTlsFederation`: the probe,
+FeSEM and BiG-FL runs) and a 2-SuperNode TLS federation with SuperNode authentication
+(:class:`TestAuthenticatedFederation`: the refused key and the remote user's run). Models and
+rounds are tiny, and tests that own their processes (``graphfl run``'s own federation, a
+restarted SuperNode, Ctrl-C, Ray) use 2 SuperNodes where 3 add nothing.
+"""
 
 from __future__ import annotations
 
@@ -21,8 +30,11 @@ from graphfl.server.inprocess import run_federated_inprocess
 
 pytestmark = pytest.mark.e2e
 
-TINY = {"task": "digits", "nodes": 3, "rounds": 2, "train.local-steps": 5, "train.lr": 0.1,
+TINY = {"task": "digits", "nodes": 2, "rounds": 2, "train.local-steps": 5, "train.lr": 0.1,
         "connect-timeout": 90, "round-timeout": 120}
+PROBE = "graphfl.tests.probe_strategy"
+SHARED_NODES = 3
+STATUS_EVERY = 30.0   # `flwr list` costs a CLI process; fed.health() already notices a dead SuperLink
 
 
 def curve(out: Path, method: str) -> list[dict]:
@@ -75,18 +87,6 @@ def test_simulation_engine_matches_inprocess(tmp_path):
     assert_matches_inprocess(out, values)
 
 
-def test_per_node_payloads_and_client_state_in_deployment(tmp_path, monkeypatch):
-    monkeypatch.setenv("GRAPHFL_PLUGINS", "graphfl.tests.probe_strategy")
-    values = {**TINY, "strategy": "probe", "rounds": 3, "engine": "local-deployment", "out-dir": str(tmp_path)}
-    out = run_experiment(parse_run_config(values))
-    rows = curve(out, "probe")
-    for r in (1, 2, 3):
-        server = rows[r]["server"]
-        assert server["tags_ok"] is True and server["sums_ok"] is True
-        assert server["counts"] == {"0": r, "1": r, "2": r}           # context.state persisted
-    assert_no_processes_left(out)
-
-
 def test_supernode_restart_is_mapped_back_to_its_partition(tmp_path, monkeypatch):
     """A restarted SuperNode gets a new node id; the server finds its partition again."""
     monkeypatch.setenv("GRAPHFL_PLUGINS", "graphfl.tests.probe_strategy")
@@ -112,7 +112,7 @@ def test_supernode_restart_is_mapped_back_to_its_partition(tmp_path, monkeypatch
                 fed.group.start("supernode-1b", supernode_argv(fed.address, free_port(), 1, 2,
                                                                fed.tls_files.ca_cert))
 
-        sub.wait(handle, on_event, timeout=300, health=fed.health)
+        sub.wait(handle, on_event, timeout=300, health=fed.health, status_every=STATUS_EVERY)
     rows = curve(out, "probe")
     assert restarted
     last = rows[4]["server"]
@@ -175,27 +175,6 @@ def test_unreachable_superlink_is_a_clear_bounded_error(tmp_path):
     assert time.monotonic() - t0 < 60
 
 
-def test_fesem_and_bigfl_in_a_real_deployment_match_inprocess(tmp_path):
-    """Issue 3: both graph-aware strategies run on real SuperNodes (one federation, two runs)."""
-    from graphfl.deploy.run import prepare, write_overrides
-    from graphfl.server.flower_app import write_app_dir
-
-    base = {"task": "synthetic-multicenter", "nodes": 3, "rounds": 2, "train.local-steps": 5,
-            "train.lr": 0.1, "connect-timeout": 90, "round-timeout": 120, "engine": "local-deployment"}
-    with LocalFederation(tmp_path / "fed", 3, tls=True) as fed:
-        sub = fed.submitter()
-        for strategy in ("fesem", "bigfl"):
-            values = {**base, "strategy": strategy, "out-dir": str(tmp_path / strategy)}
-            cfg, out = prepare(parse_run_config(values))
-            handle = sub.submit(write_app_dir(out / "app"), write_overrides(out / "rc.toml", cfg), out)
-            sub.wait(handle, timeout=400, health=fed.health)
-            rows = curve(out, strategy)
-            assert [r["round"] for r in rows] == [0, 1, 2]
-            assert rows[2]["clients_ok"] == 3 and "failed" not in rows[2]
-            assert_matches_inprocess(out, values, strategy)
-    assert_no_processes_left(tmp_path / "fed")
-
-
 def test_ctrl_c_stops_every_process(tmp_path):
     """SIGINT during a deployment run: exit code 130, no SuperLink/SuperNode/ClientApp left."""
     out = tmp_path / "run"
@@ -217,28 +196,101 @@ def test_ctrl_c_stops_every_process(tmp_path):
     assert doc["methods"]["fedavg"]["curve"][0]["round"] == 0
 
 
-def test_supernode_authentication_admits_only_registered_keys(tmp_path):
-    """`graphfl certs --node-keys` material + `flwr supernode register`: registered SuperNodes
-    join (start() waits for their ids); an unregistered key is refused."""
-    from graphfl.common.certs import generate_node_keys
-    from graphfl.deploy.federation import supernode_argv
+@pytest.fixture(scope="class")
+def tls_federation(tmp_path_factory):
+    """One TLS SuperLink + 3 SuperNodes for every run of :class:`TestOneTlsFederation`.
 
-    with LocalFederation(tmp_path, 2, tls=True, node_auth=True) as fed:
+    The probe plug-in is in the processes' environment (the ServerApp and every ClientApp
+    inherit it); it only adds the test algorithm ``probe`` to the registry.
+    """
+    root = tmp_path_factory.mktemp("tls-federation")
+    with LocalFederation(root / "fed", SHARED_NODES, tls=True, env={"GRAPHFL_PLUGINS": PROBE}) as fed:
+        yield fed
+        fed.health()                                 # the SuperLink survived every run
+    assert_no_processes_left(root / "fed")
+
+
+def submit(fed: LocalFederation, values: dict, timeout: float = 400) -> Path:
+    """Submit one graphfl run to ``fed`` with ``flwr run`` and wait until it is done."""
+    from graphfl.deploy.run import prepare, write_overrides
+    from graphfl.server.flower_app import write_app_dir
+
+    cfg, out = prepare(parse_run_config(values))
+    sub = fed.submitter()
+    handle = sub.submit(write_app_dir(out / "app"), write_overrides(out / "rc.toml", cfg), out)
+    sub.wait(handle, timeout=timeout, health=fed.health, status_every=STATUS_EVERY)
+    return out
+
+
+class TestOneTlsFederation:
+    """Several runs, one after another, on one running TLS deployment (as a lab's server would)."""
+
+    def test_per_node_payloads_and_client_state_in_deployment(self, tls_federation, tmp_path, monkeypatch):
+        monkeypatch.setenv("GRAPHFL_PLUGINS", PROBE)
+        values = {**TINY, "strategy": "probe", "nodes": SHARED_NODES, "rounds": 3,
+                  "engine": "local-deployment", "out-dir": str(tmp_path)}
+        out = submit(tls_federation, values)
+        rows = curve(out, "probe")
+        for r in (1, 2, 3):
+            server = rows[r]["server"]
+            assert server["tags_ok"] is True and server["sums_ok"] is True
+            assert server["counts"] == {"0": r, "1": r, "2": r}           # context.state persisted
+
+    @pytest.mark.parametrize("strategy", ["fesem", "bigfl"])
+    def test_graph_aware_strategy_in_a_real_deployment_matches_inprocess(self, tls_federation, tmp_path, strategy):
+        """Issue 3: both graph-aware strategies run on real SuperNodes (one federation, two runs)."""
+        values = {"task": "synthetic-multicenter", "nodes": SHARED_NODES, "rounds": 2, "train.local-steps": 5,
+                  "train.lr": 0.1, "connect-timeout": 90, "round-timeout": 120, "engine": "local-deployment",
+                  "strategy": strategy, "out-dir": str(tmp_path / strategy)}
+        out = submit(tls_federation, values)
+        rows = curve(out, strategy)
+        assert [r["round"] for r in rows] == [0, 1, 2]
+        assert rows[2]["clients_ok"] == SHARED_NODES and "failed" not in rows[2]
+        assert_matches_inprocess(out, values, strategy)
+
+
+@pytest.fixture(scope="class")
+def auth_federation(tmp_path_factory):
+    """A TLS SuperLink with SuperNode authentication and 2 registered SuperNodes, for
+    :class:`TestAuthenticatedFederation` (the multi-host recipe with ``--node-auth``).
+    """
+    root = tmp_path_factory.mktemp("auth-federation")
+    with LocalFederation(root / "fed", 2, tls=True, node_auth=True) as fed:
+        yield fed
+        fed.health()
+    assert_no_processes_left(root / "fed")
+
+
+class TestAuthenticatedFederation:
+    """A deployment as the README's multi-host recipe builds it, with ``--node-auth``."""
+
+    def test_supernode_authentication_admits_only_registered_keys(self, auth_federation, tmp_path):
+        """`graphfl certs --node-keys` material + `flwr supernode register`: registered SuperNodes
+        join (start() waits for their ids); an unregistered key is refused."""
+        from graphfl.common.certs import generate_node_keys
+        from graphfl.deploy.federation import supernode_argv
+
+        fed = auth_federation
         rogue_key, _ = generate_node_keys(tmp_path / "rogue", 1)[0]
         rogue = fed.group.start("rogue", supernode_argv(fed.address, free_port(), 0, 2, fed.tls_files.ca_cert,
                                                        auth_key=rogue_key, max_wait_time=20))
-        code = rogue.popen.wait(timeout=60)
+        try:
+            code = rogue.popen.wait(timeout=60)
+        finally:
+            fed.group.procs.remove(rogue)
+            if rogue.popen.poll() is None:
+                rogue.popen.kill()
+                rogue.popen.wait()
         assert code != 0
         assert "2004" in rogue.log_path.read_text() or "Failed to activate" in rogue.log_path.read_text()
-        fed.group.procs.remove(rogue)
         for proc in fed.group.procs:
             assert proc.popen.poll() is None        # the registered SuperNodes are still running
 
-
-def test_submit_to_a_running_superlink_like_a_remote_user(tmp_path):
-    """Multi-host recipe, step 5: `graphfl run --superlink HOST:PORT --root-certificates CA`
-    against SuperLink/SuperNodes started separately (here on 127.0.0.1)."""
-    with LocalFederation(tmp_path / "fed", 2, tls=True) as fed:
+    def test_submit_to_a_running_superlink_like_a_remote_user(self, auth_federation, tmp_path):
+        """Multi-host recipe, step 5: `graphfl run --superlink HOST:PORT --root-certificates CA`
+        against SuperLink/SuperNodes started separately (here on 127.0.0.1; the SuperNodes
+        authenticate with registered keys, so this also runs a round on them)."""
+        fed = auth_federation
         out = tmp_path / "results"
         res = graphfl_cli("run", "--superlink", fed.address, "--root-certificates", str(fed.tls_files.ca_cert),
                           "--nodes", "2", "--rounds", "1", "--set", "train.local-steps=5", "--out", str(out),
@@ -248,4 +300,3 @@ def test_submit_to_a_running_superlink_like_a_remote_user(tmp_path):
         assert [r["round"] for r in rows] == [0, 1]
         wrong = graphfl_cli("run", "--superlink", fed.address, "--nodes", "2", "--out", str(tmp_path / "x"))
         assert wrong.returncode == 1 and "root-certificates" in wrong.stderr
-    assert_no_processes_left(tmp_path / "fed")

@@ -5,7 +5,6 @@ import torch
 from graphfl.common.config import ConfigError, DataConfig
 from graphfl.common.graph import gcn_propagation, knn_graph, load_adjacency, validate_adjacency
 from graphfl.tasks import registry
-from graphfl.tasks.base import DataError
 
 
 def test_registry_lists_tasks_and_rejects_unknown():
@@ -59,35 +58,6 @@ def test_digits_partition_is_deterministic_and_disjoint():
     assert np.array_equal(parts[2].y_train, again.y_train)
     hist = task.label_histogram(4)
     assert hist.shape == (4, 10) and hist.sum() == 1797
-
-
-def test_mnist_loads_from_data_dir(data_dir):
-    task = registry.create("mnist", data=DataConfig(max_samples=3000), data_dir=str(data_dir))
-    d = task.client_data(0, 5)
-    assert d.x_train.shape[1:] == (1, 28, 28) and d.x_train.dtype == np.float32
-    assert set(np.unique(d.y_train)) <= set(range(10))
-    model = task.build_model()
-    assert model(torch.as_tensor(d.x_train[:2])).shape == (2, 10)
-
-
-def test_missing_data_file_names_the_file(tmp_path):
-    task = registry.create("mnist", data_dir=str(tmp_path))
-    with pytest.raises(DataError, match="train-images-idx3-ubyte.gz"):
-        task.client_data(0, 2)
-    cifar = registry.create("cifar10", data_dir=str(tmp_path))
-    with pytest.raises(DataError, match="cifar10-jpg-train.tar.gz"):
-        cifar.client_data(0, 2)
-
-
-def test_cifar_jpeg_decoding(data_dir):
-    from graphfl.tasks.labeled import _decode_cifar_tar
-
-    x, y = _decode_cifar_tar(data_dir / "cifar10" / "cifar10-jpg-test.tar.gz")
-    assert x.shape == (10000, 3, 32, 32) and x.dtype == np.uint8
-    assert np.array_equal(np.bincount(y), np.full(10, 1000))
-    model = registry.create("cifar10").build_model()
-    out = model(torch.as_tensor(x[:2].astype(np.float32) / 255))
-    assert out.shape == (2, 10)
 
 
 def test_graph_utilities(tmp_path):
