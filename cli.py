@@ -127,6 +127,7 @@ def run(
     """Run one experiment and write run.json / run.md / run.png."""
     from graphfl.deploy.federation import FederationError
     from graphfl.deploy.run import run_experiment
+    from graphfl.server.rounds import RunError
     from graphfl.tasks.base import DataError
 
     flags = {"strategy": strategy, "task": task, "nodes": nodes, "rounds": rounds, "engine": engine,
@@ -143,7 +144,7 @@ def run(
             out_dir = run_experiment(cfg, printer, superlink=superlink,
                                      root_certificates=str(root_certificates) if root_certificates else None,
                                      insecure=insecure, node_auth=node_auth, overwrite=overwrite)
-    except (FederationError, DataError, ConfigError, TimeoutError) as exc:
+    except (FederationError, DataError, ConfigError, TimeoutError, RunError) as exc:
         fail(str(exc), code=1)
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: the run's processes were stopped and run.json marks the run "

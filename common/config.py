@@ -186,6 +186,8 @@ class RunConfig:
     fraction_train: float = field(default=1.0, metadata={"min": 0.0, "max": 1.0})
     round_timeout: float = field(default=300.0, metadata={"min": 1.0})
     connect_timeout: float = field(default=60.0, metadata={"min": 1.0})
+    min_replies: int = field(default=1, metadata={"min": 0})
+    """A phase with fewer valid replies than this fails the run (0: carry on with none)."""
     graph_file: str = ""
     train: TrainConfig = field(default_factory=TrainConfig)
     data: DataConfig = field(default_factory=DataConfig)

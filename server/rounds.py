@@ -205,7 +205,9 @@ def _run(
             if eval_first and phase.kind != wire.TRAIN:
                 raise RunError(f"{type(core).__name__}: piggy-backed evaluation needs a train-kind first phase, "
                                f"round {r} starts with {phase.kind} phase {phase.name!r}; set piggyback_eval = False")
-            phases.append(run_phase(phase, exchange, r, selected, eval_first))
+            outcome = run_phase(phase, exchange, r, selected, eval_first)
+            phases.append(outcome)
+            _require_replies(cfg, r, outcome)
         if not phases:
             raise RunError(f"{type(core).__name__}.round_plan({r}) has no phase")
         if piggyback and r > 1:
@@ -224,6 +226,22 @@ def _run(
     last = recorder.rounds[cfg.rounds]
     recorder.emit(_event("done", cfg.rounds, cfg.rounds, last, last, cfg.rounds))
     return core
+
+
+def _require_replies(cfg: RunConfig, server_round: int, outcome: PhaseOutcome) -> None:
+    """Fail the run when a phase got fewer valid replies than ``min-replies`` (the reasons named).
+
+    A round in which every update was rejected (e.g. NaN after ``train.lr = 1e30``) is not a
+    completed round; by default (``min-replies = 1``) it ends the run with status ``failed``.
+    """
+    valid = outcome.ok()
+    if not outcome.replies or len(valid) >= cfg.min_replies:  # a phase may address no client at all
+        return
+    reasons = {pid: rep.error for pid, rep in outcome.replies.items() if rep.error is not None}
+    reasons.update(outcome.rejected)
+    sample = "; ".join(f"client {pid}: {why}" for pid, why in sorted(reasons.items())[:3])
+    raise RunError(f"round {server_round}, phase {outcome.name!r}: {len(valid)} valid replies of "
+                   f"{len(outcome.replies)}, fewer than min-replies = {cfg.min_replies} ({sample})")
 
 
 def _event(kind: str, r: int, rounds: int, train_row: Mapping[str, Any], eval_row: Mapping[str, Any],

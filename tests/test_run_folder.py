@@ -75,3 +75,17 @@ def test_a_strategy_below_its_minimum_clients_is_refused(tmp_path: Path, monkeyp
     monkeypatch.setitem(registry._SERVER, "fedavg", dataclasses.replace(spec, min_clients=3))
     with pytest.raises(ConfigError, match="at least 3 clients"):
         preflight(_cfg(tmp_path))
+
+
+def test_a_round_without_a_valid_reply_fails_the_run(tmp_path: Path) -> None:
+    """train.lr = 1e30 makes every update NaN: that run failed, it did not complete."""
+    from graphfl.server.rounds import RunError
+
+    out = tmp_path / "diverged"
+    with pytest.raises(RunError, match="min-replies = 1"):
+        run_experiment(_cfg(out, **{"train.lr": 1e30}))
+    doc = json.loads((out / "run.json").read_text())
+    assert doc["status"] == "failed" and "NaN" in doc["error"]
+    ok = tmp_path / "tolerated"
+    run_experiment(_cfg(ok, **{"train.lr": 1e30, "min-replies": 0}))  # explicitly allowed: runs to the end
+    assert json.loads((ok / "run.json").read_text())["status"] == "completed"

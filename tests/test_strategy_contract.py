@@ -95,8 +95,9 @@ _RUNS: dict[str, ContractRun] = {}
 def contract_run(name: str) -> ContractRun:
     """One faulty 4-round run per strategy, shared by the tests below."""
     if name not in _RUNS:
+        # min-replies = 0: round 3 (every client fails) must be survived by the core, not end the run
         cfg = parse_run_config({"strategy": name, "task": "digits", "nodes": 4, "rounds": 4, "engine": "inprocess",
-                                "train.local-steps": 2, "train.lr": 0.1})
+                                "train.local-steps": 2, "train.lr": 0.1, "min-replies": 0})
         inputs = server_inputs(cfg)
         exchange = RecordingExchange(cfg, FAILURES)
         spec = registry.get(name)
