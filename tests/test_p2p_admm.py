@@ -222,3 +222,22 @@ def test_settings_are_checked():
     with pytest.raises(ConfigError, match="tabular"):
         registry.create("admm").init(make_oracle(0, ProblemSpec("vector", num_nodes=2)),
                                      NodeContext(0, (1,), {0: 0.5, 1: 0.5}, {1: 1.0}, 2))
+
+
+def test_local_es_runs_on_the_complete_graph_and_names_the_pairs_that_cannot_connect(tmp_path):
+    """graphfl p2p writes the complete graph for Local-ES (whatever --topology says); a peer that cannot
+    reach every other one stops before training (exit 5) naming the pairs, even under on-missing = skip."""
+    import json
+
+    from graphfl.p2p.peer import EXIT_UNREACHABLE, run_peer
+
+    path = prepare_network(tmp_path, "ring", 4, {"algorithm": "admm", "problem": "clusters", "dim": 2, "samples": 20,
+                                                 "rounds": 2, "edge-selection": "complete", "connect-timeout": 1},
+                           insecure=True)
+    net = load_network_file(path)
+    assert [(i, j) for i, j, _ in net.topology.edges] == [(0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3)]
+    assert net.run.on_missing == "skip"
+    assert run_peer(path, 1, tmp_path) == EXIT_UNREACHABLE  # nobody else was started
+    res = json.loads((tmp_path / "peer-1.json").read_text())
+    assert "(0, 1)" in res["error"] and "(1, 2)" in res["error"] and "(1, 3)" in res["error"]
+    assert "every pair of peers" in res["error"]
