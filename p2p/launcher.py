@@ -332,7 +332,7 @@ def edge_selection_summary(n: int, edges: Sequence[tuple[int, int]], peers: Mapp
         sel = (p.get("report") or {}).get("selection")
         if sel is None:
             continue
-        any_selection = any_selection or bool(sel) or "kept_neighbours" in (p.get("report") or {})
+        any_selection = True
         for r in sel:
             if r.get("decided_by") == int(pid):
                 records[(int(r["edge"][0]), int(r["edge"][1]))] = r

@@ -102,7 +102,14 @@ def run_peer(network_file: str | Path, peer_id: int, out_dir: str | Path, overri
             torch.set_num_threads(int(os.environ.get("GRAPHFL_TORCH_THREADS", "1")))
         algo = run.make_algorithm()
         algo.check_graph([(i, j) for i, j, _ in topo.edges], topo.n)
-        oracle = make_oracle(peer_id, problem_spec(net, peer_id), partition=me.partition)
+        spec = problem_spec(net, peer_id)
+        if spec.problem == "csv" and not spec.features:
+            from graphfl.p2p.oracles import feature_columns
+
+            here = feature_columns(spec.data_path or spec.data_dir, me.partition)
+            raise ConfigError(f"{net.path}: problem 'csv' needs [run] features, the feature columns in the order every "
+                              f"device uses (e.g. features = {','.join(here)!r}, this device's columns in file order)")
+        oracle = make_oracle(peer_id, spec, partition=me.partition)
         w = topo.mixing_matrix()
         ctx = NodeContext.from_matrix(w, peer_id, topo.adjacency())
         if resume:

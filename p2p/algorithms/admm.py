@@ -531,7 +531,7 @@ class ADMM(P2PAlgorithm[ADMMParams, Any]):
             "step": [float(v) for v in state.aux["step"]],
             "neighbours": list(ctx.neighbours),
             "kept_neighbours": sorted(int(j) for j in state.edges),
-            "selection": selection_records(state, ctx.node),
+            "selection": selection_records(state, ctx.node) if "selection" in state.aux else None,
         }
 
 
