@@ -6,8 +6,10 @@ Modules, one job each:
 * :mod:`~graphfl.p2p.mixing` — mixing matrices, validation, per-round re-weighting, ``mix``;
 * :mod:`~graphfl.p2p.algorithms` — the node contract (per-neighbour messages on named channels
   -> ``combine`` -> ``step``, per-edge state), the registry, one module per algorithm
-  (DFL-SGD, DFL-GT, gossip);
-* :mod:`~graphfl.p2p.oracles` — a node's local problem (task model + data) as a gradient oracle;
+  (DFL-SGD, DFL-GT, gossip, FedADMM, FedRelax);
+* :mod:`~graphfl.p2p.admm_math`, :mod:`~graphfl.p2p.fedrelax_math` — the pure cores of FedADMM and FedRelax;
+* :mod:`~graphfl.p2p.oracles` — a node's local problem (task model + data, or tabular data such as
+  the users' CSV files) as a gradient oracle / data problem;
 * :mod:`~graphfl.p2p.node` — one iteration of one node, shared by both runtimes;
 * :mod:`~graphfl.p2p.driver` — in-process driver (all nodes) and the one-node loop;
 * :mod:`~graphfl.p2p.checkpoint` — per-node checkpoints (npz + json, atomic, no pickle);

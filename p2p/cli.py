@@ -46,12 +46,17 @@ def peer_command(
 
 def p2p_command(
     algorithm: str = typer.Option("dfl-gt", "--algorithm", help="a registered p2p algorithm: " + _ALGORITHMS),
-    topology: str = typer.Option("ring", "--topology", help=TOPOLOGY_HELP),
-    peers: int | None = typer.Option(None, "--peers", help="number of peers (generators); default 5"),
+    topology: str | None = typer.Option(None, "--topology", help=TOPOLOGY_HELP + " (default ring, or DIR/edges.txt)"),
+    graph: Path | None = typer.Option(None, "--graph", help="the graph as an edge-list file ('i j [weight]' lines)"),
+    data_dir: Path | None = typer.Option(None, "--data-dir",
+                                         help="your data: DIR/device-<id>.csv, one per peer (problem csv; docs/data.md)"),
+    peers: int | None = typer.Option(None, "--peers", help="number of peers (default 5, or one per device file)"),
     rounds: int = typer.Option(100, "--rounds", help="communication rounds"),
     out: Path | None = typer.Option(None, "--out", help="output directory (default runs/p2p-<timestamp>)"),
     tau: int | None = typer.Option(None, "--tau", help="gossip every tau local steps (algorithms with a tau)"),
-    problem: str = typer.Option("synthetic-dfl", "--problem", help="a task name, or linreg | vector"),
+    problem: str | None = typer.Option(None, "--problem",
+                                       help="a task name, or linreg | clusters | clusters-logistic | csv | vector "
+                                            "(default synthetic-dfl, or csv with --data-dir)"),
     mixing: str = typer.Option("metropolis", "--mixing", help="metropolis | max-degree | laplacian"),
     seed: int = typer.Option(0, "--seed"),
     insecure: bool = typer.Option(False, "--insecure", help="plaintext (default: a fresh CA and mutual TLS)"),
@@ -61,15 +66,20 @@ def p2p_command(
 ) -> None:
     """Launch N local peer processes on 127.0.0.1, collect results into <out>/p2p.{json,md,png}."""
     from graphfl.p2p.launcher import LaunchError, launch
+    from graphfl.tasks.base import DataError
 
     try:
-        overrides: dict[str, Any] = {"algorithm": algorithm, "rounds": rounds, "problem": problem, "seed": seed}
+        if graph is not None and topology is not None:
+            raise ConfigError("give --graph or --topology, not both")
+        overrides: dict[str, Any] = {"algorithm": algorithm, "rounds": rounds, "seed": seed}
+        if problem is not None:
+            overrides["problem"] = problem
         if tau is not None:
             overrides["tau"] = tau
         overrides.update(_overrides(set_))
-        summary = launch(topology, peers, overrides, out=out, insecure=insecure, mixing=mixing,
-                         timeout=timeout or None, progress=not quiet)
-    except (ConfigError, LaunchError) as exc:
+        summary = launch(str(graph) if graph is not None else topology, peers, overrides, out=out, insecure=insecure,
+                         mixing=mixing, timeout=timeout or None, progress=not quiet, data_dir=data_dir)
+    except (ConfigError, LaunchError, DataError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     except KeyboardInterrupt:

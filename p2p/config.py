@@ -20,7 +20,6 @@ from graphfl.common.config import (
     build_dataclass,
     dataclass_to_flat,
     dump_toml,
-    flatten,
     load_toml,
     normalize_key,
     stable_hash,
@@ -41,6 +40,12 @@ class P2PConfig:
     whose keys sit in the same flat ``[run]`` table (``tau``, ``alpha0``, ``init-tracker``, ...).
     ``rounds`` counts communication rounds; a peer runs ``rounds * period`` iterations
     (``period`` = ``tau`` for the DFL algorithms).
+
+    Data keys: ``data-dir`` (problem ``csv``: the folder of ``device-<id>.csv`` files; relative
+    to the network file; a peer's own ``data`` in ``[[peers]]`` overrides it), ``features`` (the
+    feature columns in order, comma separated; ``""`` = the device file's order; the launcher
+    fills it in from device 0), ``shared-samples`` (``m'``, rows of the generated shared set
+    ``D'`` of the built-in problems, FedRelax).
     """
 
     algorithm: str = DEFAULT_ALGORITHM
@@ -62,6 +67,9 @@ class P2PConfig:
     eval_every: int = field(default=1, metadata={"min": 1})
     min_round_seconds: float = field(default=0.0, metadata={"min": 0.0})
     checkpoint_every: int = field(default=1, metadata={"min": 0})
+    data_dir: str = ""
+    features: str = ""
+    shared_samples: int = field(default=50, metadata={"min": 1})
     params: Any = None
 
     def __post_init__(self) -> None:
@@ -106,11 +114,42 @@ def _owners(key: str) -> list[str]:
     return [s.name for s in registry.all_specs() if key in s.param_keys()]
 
 
+def _table_keys() -> set[str]:
+    """Parameter keys of any registered algorithm that take a TOML table (field metadata ``table``)."""
+    import dataclasses
+
+    out: set[str] = set()
+    for spec in registry.all_specs():
+        out |= {normalize_key(f.name) for f in dataclasses.fields(spec.params) if f.metadata.get("table")}
+    return out
+
+
+def _flatten_run(values: Mapping[str, Any], tables: set[str], prefix: str = "") -> dict[str, Any]:
+    """:func:`flatten`, except that a table under a key in ``tables`` (``model-args``, also as
+    ``fedrelax.model-args``) is kept whole, as canonical JSON text with its keys as written.
+    """
+    import json
+
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        full = normalize_key(f"{prefix}{key}")
+        if full.rpartition(".")[2] in tables and isinstance(value, Mapping):
+            out[full] = json.dumps(dict(value), sort_keys=True)
+        elif isinstance(value, Mapping):
+            out.update(_flatten_run(value, tables, prefix=f"{full}."))
+        else:
+            out[full] = value
+    return out
+
+
 def parse_p2p_config(values: Mapping[str, Any], base: P2PConfig | None = None) -> P2PConfig:
     """Build a :class:`P2PConfig` from flat keys (``round-timeout = 5``, ``tau = 2``), on top of ``base``.
 
     Keys are the general ones (:data:`GENERAL_KEYS`) and those of the chosen algorithm's
     params. When ``values`` changes the algorithm, ``base``'s algorithm parameters are dropped.
+    An algorithm's key may also be written with the algorithm's name in front
+    (``fedrelax.model = "..."``, i.e. a ``[run.fedrelax]`` table); a parameter declared as a
+    table (``fedrelax.model-args = {max_depth = 3}``) keeps its table, stored as JSON text.
 
     Raises
     ------
@@ -118,7 +157,7 @@ def parse_p2p_config(values: Mapping[str, Any], base: P2PConfig | None = None) -
         Naming an unknown key (and the algorithm it belongs to, if another one), a bad value,
         or an unknown algorithm (with the valid names).
     """
-    flat = {normalize_key(k): v for k, v in flatten(values).items()}
+    flat = _flatten_run(values, _table_keys())
     merged: dict[str, Any] = {}
     if base is not None:
         merged.update(_general_flat(base))
@@ -127,6 +166,13 @@ def parse_p2p_config(values: Mapping[str, Any], base: P2PConfig | None = None) -
     merged.update(flat)
     algorithm = str(merged.get("algorithm", DEFAULT_ALGORITHM))
     spec = registry.get(algorithm)
+    for key in [k for k in merged if k.startswith(f"{algorithm}.")]:  # fedrelax.model -> model
+        short = key[len(algorithm) + 1:]
+        if short in merged and key in flat and short not in flat:
+            merged.pop(short)  # the prefixed key given now overrides the base's plain key
+        if short in merged:
+            raise ConfigError(f"[run] gives both {short!r} and {key!r}; write one of them")
+        merged[short] = merged.pop(key)
     clash = sorted(set(spec.param_keys()) & set(GENERAL_KEYS))
     if clash:
         raise ConfigError(f"algorithm {algorithm!r} declares parameter(s) {clash} that are general [run] keys; rename them")

@@ -28,7 +28,7 @@ from graphfl.p2p import checkpoint
 from graphfl.p2p.algorithms.base import PARAMS, THETA, Inbox, NodeContext, NodeState, Outgoing, P2PAlgorithm, Phase
 from graphfl.p2p.exchange import ExchangeInfo, NeighbourExchange
 from graphfl.p2p.mixing import reweight
-from graphfl.p2p.node import Iteration, WireSizes, drive, local_disagreement, node_iteration
+from graphfl.p2p.node import Iteration, Request, WireSizes, drive, local_disagreement, node_iteration
 
 logger = logging.getLogger(__name__)
 
@@ -72,13 +72,13 @@ def _advance(gen: Iteration, value: Inbox | None) -> _Step:
         return ("done", done.value)
 
 
-def _deliver(algo: P2PAlgorithm[Any, Any], t: int, phase: Phase, outs: Sequence[Outgoing],
+def _deliver(t: int, phase: Phase, outs: Sequence[Outgoing], senders: Sequence[tuple[int, ...]],
              ctxs: Sequence[NodeContext]) -> list[Inbox]:
     """Every node's inbox of one phase: what its senders addressed to it, with its full weights row."""
     inboxes = []
     for i, ctx in enumerate(ctxs):
         heard = {}
-        for j in algo.senders(phase, ctx):
+        for j in senders[i]:
             msg = outs[j].to(i)
             if msg is not None:
                 heard[j] = msg
@@ -173,14 +173,15 @@ def run_network_inprocess(
         while any(kind == "phase" for kind, _ in steps):
             if not all(kind == "phase" for kind, _ in steps):
                 raise RuntimeError(f"iteration {t}: nodes disagree on the number of phases")
-            requests: list[tuple[Phase, Outgoing]] = [value for _, value in steps]
+            requests: list[Request] = [value for _, value in steps]
             phase = requests[0][0]
-            if any(p.name != phase.name for p, _ in requests):
-                raise RuntimeError(f"iteration {t}: nodes are in different phases {[p.name for p, _ in requests]}")
-            outs = [out for _, out in requests]
+            if any(p.name != phase.name for p, _, _ in requests):
+                raise RuntimeError(f"iteration {t}: nodes are in different phases {[p.name for p, _, _ in requests]}")
+            outs = [out for _, out, _ in requests]
             wb, pb = _traffic(outs, ctxs, sizes, bytes_model)
             wire, payload = wire + wb, payload + pb
-            steps = [_advance(g, inbox) for g, inbox in zip(gens, _deliver(algo, t, phase, outs, ctxs))]
+            inboxes = _deliver(t, phase, outs, [senders for _, _, senders in requests], ctxs)
+            steps = [_advance(g, inbox) for g, inbox in zip(gens, inboxes)]
         states = [value[0] for _, value in steps]
         if algo.communicates(t):
             comm_rounds += 1
@@ -201,8 +202,9 @@ def run_network_inprocess(
             }
             if comm_rounds % eval_every == 0 or t + 1 == iterations:
                 rec["test_loss"] = float(np.mean([algo.evaluate(s, o) for s, o in zip(states, oracles)]))
-                theta_bar = np.mean([np.asarray(s.theta, np.float64) for s in states], axis=0).astype(states[0].theta.dtype)
-                rec["avg_model_test_loss"] = float(np.mean([o.test_loss(theta_bar) for o in oracles]))
+                if algo.theta_is_model:
+                    theta_bar = np.mean([np.asarray(s.theta, np.float64) for s in states], axis=0).astype(states[0].theta.dtype)
+                    rec["avg_model_test_loss"] = float(np.mean([o.test_loss(theta_bar) for o in oracles]))
             curve.append(rec)
             if checkpoint_dir is not None:
                 for i, (s, o) in enumerate(zip(states, oracles)):
@@ -315,8 +317,9 @@ def run_node(
         infos: list[ExchangeInfo] = []
         loss = float(state.loss)
 
-        def gather(phase: Phase, out: Outgoing, t: int = t, loss: float = loss, infos: list[ExchangeInfo] = infos) -> Inbox:
-            inbox, info = exchange.exchange(t, phase.name, phase.channels, out, algo.senders(phase, ctx), {"loss": loss})
+        def gather(phase: Phase, out: Outgoing, senders: tuple[int, ...], t: int = t, loss: float = loss,
+                   infos: list[ExchangeInfo] = infos) -> Inbox:
+            inbox, info = exchange.exchange(t, phase.name, phase.channels, out, senders, {"loss": loss})
             infos.append(info)
             return inbox
 

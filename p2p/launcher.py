@@ -13,6 +13,7 @@ SIGTERM if the launcher itself dies (``PR_SET_PDEATHSIG`` on Linux), so no orpha
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import json
 import logging
 import os
@@ -31,7 +32,9 @@ from graphfl.common.certs import generate_network_certs
 from graphfl.common.config import ConfigError
 from graphfl.common.envinfo import env_info
 from graphfl.common.ports import free_ports
-from graphfl.common.results import markdown_table, plot_panels, write_json
+from graphfl.common.results import markdown_table, write_json
+from graphfl.p2p.algorithms import registry
+from graphfl.p2p.algorithms.registry import PrepareContext
 from graphfl.p2p.config import P2PConfig, TlsSection, load_network_file, parse_p2p_config, write_network_file
 from graphfl.p2p.topology import make_topology
 
@@ -45,11 +48,39 @@ class LaunchError(RuntimeError):
 
 
 def prepare_network(
-    out: Path, topology: str, peers: int | None, overrides: Mapping[str, Any], *, insecure: bool = False,
-    mixing: str = "metropolis", seed: int = 0,
+    out: Path, topology: str | None, peers: int | None, overrides: Mapping[str, Any], *, insecure: bool = False,
+    mixing: str = "metropolis", seed: int = 0, data_dir: str | Path | None = None,
 ) -> Path:
-    """Write ``<out>/network.toml`` (and certificates); returns its path."""
+    """Write ``<out>/network.toml`` (and certificates); returns its path.
+
+    ``data_dir`` (``--data-dir``): the users' own data, one ``device-<id>.csv`` per peer
+    (docs/data.md): sets ``problem = "csv"`` (unless another problem is given), ``data-dir``, the
+    feature order (``features``, from device 0) and, by default, the number of peers (one per
+    device file) and the graph (``DIR/edges.txt`` when no topology is given). The algorithm may
+    replace the graph (:meth:`~graphfl.p2p.algorithms.base.P2PAlgorithm.graph_for`: FedADMM-Local-ES
+    runs on the complete graph). Then the algorithm's ``prepare`` hook runs in this process
+    (FedADMM: ``lam = "cv"``); its settings go into the network file, its report into
+    ``<out>/prepare.json``.
+    """
     out.mkdir(parents=True, exist_ok=True)
+    overrides = dict(overrides)
+    if data_dir is not None:
+        from graphfl.p2p.oracles import feature_columns
+        from graphfl.tasks.tabular import EDGES_FILE, device_files
+
+        folder = Path(data_dir).resolve()
+        files = device_files(folder)
+        overrides["data-dir"] = str(folder)
+        overrides.setdefault("problem", "csv")
+        if not overrides.get("features"):
+            overrides["features"] = ",".join(feature_columns(folder, 0))
+        if peers is None:
+            peers = len(files)
+        elif peers != len(files):
+            raise ConfigError(f"{folder} holds {len(files)} device files but --peers says {peers}")
+        if topology is None and (folder / EDGES_FILE).is_file():
+            topology = str(folder / EDGES_FILE)
+    topology = topology or "ring"
     if topology.endswith(".toml"):
         base = load_network_file(topology)
         topo = base.topology
@@ -63,13 +94,42 @@ def prepare_network(
         if ports is None:  # edge-list file: now we know n
             topo = make_topology(topology, topo.n, ports=free_ports(topo.n), seed=seed, mixing=mixing)
         run = parse_p2p_config(dict(overrides))
+    algo = run.make_algorithm()
+    given = [(i, j) for i, j, _ in topo.edges]
+    wanted = sorted((min(i, j), max(i, j)) for i, j in algo.graph_for(given, topo.n))
+    if wanted != given:
+        logger.warning("%s runs on its own graph (%d edges) instead of %s (%d edges)", run.algorithm, len(wanted),
+                       topo.name, len(given))
+        weights = {(i, j): w for i, j, w in topo.edges}
+        topo = dataclasses.replace(topo, edges=tuple((i, j, weights.get((i, j), 1.0)) for i, j in wanted),
+                                   name=f"{topo.name}-complete" if len(wanted) == topo.n * (topo.n - 1) // 2 else topo.name)
+    algo.check_graph(wanted, topo.n)
     topo.mixing_matrix()  # validate before starting anything
     if insecure:
         tls = TlsSection(insecure=True)
     else:
         generate_network_certs(out / "certs", topo.n)
         tls = TlsSection(ca="certs/ca.crt", cert="certs/peer-{id}.crt", key="certs/peer-{id}.key")
-    return write_network_file(out / "network.toml", topo, run, tls)
+    path = write_network_file(out / "network.toml", topo, run, tls)
+    spec = registry.get(run.algorithm)
+    if spec.prepare is not None:
+        net = load_network_file(path)
+
+        def problems() -> list[Any]:
+            from graphfl.p2p.oracles import make_oracle
+            from graphfl.p2p.peer import problem_spec
+
+            return [make_oracle(i, problem_spec(net, i), partition=net.topology.peer(i).partition)
+                    for i in range(net.topology.n)]
+
+        ctx = PrepareContext(problems, tuple(wanted), topo.n, run.rounds)
+        changes, report = spec.prepare(run.params, ctx)
+        if changes:
+            run = parse_p2p_config(changes, base=run)
+            path = write_network_file(out / "network.toml", topo, run, tls)
+        if report:
+            write_json(out / "prepare.json", report)
+    return path
 
 
 def _pdeathsig() -> None:  # pragma: no cover - runs in the child
@@ -198,6 +258,13 @@ def collect(out: Path, network_file: Path, exit_codes: Mapping[int, int | None] 
             "skipped_rounds": sum(1 for r in recs if r["missing"]),
             "seconds": res.get("seconds"),
         }
+        report = res.get("report") or {}
+        if report:
+            peers[str(i)]["report"] = report
+            if report.get("metrics"):
+                peers[str(i)]["metrics"] = report["metrics"]
+            if report.get("estimate") is not None:
+                peers[str(i)]["estimate"] = report["estimate"]
 
     def mean(vals: list[Any]) -> float | None:
         v = [x for x in vals if x is not None]
@@ -223,7 +290,10 @@ def collect(out: Path, network_file: Path, exit_codes: Mapping[int, int | None] 
         x = np.stack(thetas)
         consensus = float(np.mean(np.sum((x - x.mean(axis=0)) ** 2, axis=1)))
     ok = all(p["outcome"] == "done" for p in peers.values())
+    metric_keys = sorted({k for p in peers.values() for k in p.get("metrics", {})})
+    final_metrics = {k: mean([p.get("metrics", {}).get(k) for p in peers.values()]) for k in metric_keys}
     final = {
+        **final_metrics,
         "test_loss": mean([p["test_loss"] for p in peers.values()]),
         "train_loss": mean([p["train_loss"] for p in peers.values()]),
         "consensus": consensus,
@@ -232,9 +302,7 @@ def collect(out: Path, network_file: Path, exit_codes: Mapping[int, int | None] 
         "seconds": wall_s,
         "peers_done": sum(p["outcome"] == "done" for p in peers.values()),
     }
-    import dataclasses
-
-    return {
+    doc: dict[str, Any] = {
         "name": "p2p",
         "ok": ok,
         "config": {"run": dataclasses.asdict(net.run), "network": net.topology.name, "peers": n,
@@ -244,16 +312,51 @@ def collect(out: Path, network_file: Path, exit_codes: Mapping[int, int | None] 
         "peers": peers,
         "env": env_info(),
     }
+    selection = edge_selection_summary(net.topology.n, [(i, j) for i, j, _ in net.topology.edges], peers)
+    if selection is not None:
+        doc["edge_selection"] = selection
+    prep = out / "prepare.json"
+    if prep.is_file():
+        doc["prepare"] = json.loads(prep.read_text())
+    return doc
+
+
+def edge_selection_summary(n: int, edges: Sequence[tuple[int, int]], peers: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The network's edge selection from the peers' reports: each edge's owner's decision
+    (``kept``, ``dropped`` as ``[i, j]``, ``i < j``; ``tests`` with ``W²``, df, p-value); an edge
+    whose owner left no report counts as ``unknown``. ``None`` if no peer selected edges.
+    """
+    records: dict[tuple[int, int], dict[str, Any]] = {}
+    any_selection = False
+    for pid, p in peers.items():
+        sel = (p.get("report") or {}).get("selection")
+        if sel is None:
+            continue
+        any_selection = True
+        for r in sel:
+            if r.get("decided_by") == int(pid):
+                records[(int(r["edge"][0]), int(r["edge"][1]))] = r
+    if not any_selection:
+        return None
+    kept = sorted([list(e) for e, r in records.items() if r["kept"]])
+    dropped = sorted([list(e) for e, r in records.items() if not r["kept"]])
+    unknown = sorted([[i, j] for i, j in edges if (i, j) not in records])
+    return {"tested": len(edges), "kept": kept, "dropped": dropped, "unknown": unknown,
+            "tests": [{**records[e], "edge": list(e)} for e in sorted(records)]}
 
 
 def write_report(out: Path, result: dict[str, Any]) -> None:
-    """``p2p.json``, ``p2p.md`` (summary + per-peer table) and ``p2p.png`` (loss and bytes per round)."""
+    """``p2p.json``, ``p2p.md`` (summary, per-peer table, estimates and edge selection) and
+    ``p2p.png`` (loss vs rounds and vs bytes; with edge selection or per-peer estimates, a panel
+    with the graph: kept edges solid, dropped edges dashed).
+    """
     write_json(out / "p2p.json", result)
     algo, m = next(iter(result["methods"].items()))
     fin = m["final"]
     rows = [[i, p["outcome"], p["rounds_done"], p["test_loss"], p["train_loss"], p["bytes_sent"], p["compute_s"],
              p["comm_s"], p["skipped_rounds"], p["error"] or ""] for i, p in result["peers"].items()]
     cfg = result["config"]
+    metric_keys = [k for k in fin if k.startswith(("test_", "train_")) and k not in ("test_loss", "train_loss")]
     text = [
         f"# p2p run: {algo} on {cfg['network']} ({cfg['peers']} peers, {'mutual TLS' if cfg['tls'] else 'plaintext'})",
         "",
@@ -261,25 +364,103 @@ def write_report(out: Path, result: dict[str, Any]) -> None:
         f"mixing {cfg['mixing']}, on-missing {cfg['run']['on_missing']}",
         "",
         markdown_table(columns=["mean test loss", "mean train loss", "consensus distance", "bytes sent (wire)", "payload sent",
-                  "wall s", "peers done"], rows=
+                  "wall s", "peers done", *(f"mean {k}" for k in metric_keys)], rows=
                  [[fin["test_loss"], fin["train_loss"], fin["consensus"], fin["bytes_sent"], fin["payload_sent"],
-                   fin["seconds"], fin["peers_done"]]]),
+                   fin["seconds"], fin["peers_done"], *(fin[k] for k in metric_keys)]]),
         "",
         markdown_table(columns=["peer", "outcome", "rounds", "test loss", "train loss", "bytes sent", "compute s", "comm s",
                   "rounds with skips", "error"], rows=rows),
         "",
     ]
+    with_estimates = {i: p for i, p in result["peers"].items() if p.get("estimate") is not None}
+    if with_estimates:
+        features = next((p["report"].get("features") for p in with_estimates.values() if p["report"].get("features")), None)
+        dim = max(len(p["estimate"]) for p in with_estimates.values())
+        if dim <= 30:
+            names = features if features and len(features) == dim else [f"θ[{k}]" for k in range(dim)]
+            text += ["## Estimates per peer", "",
+                     markdown_table(columns=["peer", *names, *metric_keys],
+                                    rows=[[i, *p["estimate"], *(p.get("metrics", {}).get(k) for k in metric_keys)]
+                                          for i, p in with_estimates.items()]), ""]
+    sel = result.get("edge_selection")
+    if sel is not None:
+        text += [f"## Edge selection: {len(sel['kept'])} of {sel['tested']} edges kept", "",
+                 markdown_table(columns=["edge", "kept", "W²", "df", "p-value", "decided by"],
+                                rows=[[f"{t['edge'][0]}-{t['edge'][1]}", t["kept"], t["w2"], t["df"], t["pvalue"],
+                                       t["decided_by"]] for t in sel["tests"]]), ""]
+        if sel["unknown"]:
+            text += [f"edges without a decision (owner crashed?): {sel['unknown']}", ""]
+    cv = (result.get("prepare") or {}).get("lambda_cv")
+    if cv:
+        text += [f"λ chosen by {cv['folds']}-fold cross-validation: {cv['chosen']:g}", "",
+                 markdown_table(columns=["λ", "mean held-out loss", "se"],
+                                rows=list(zip(cv["lambdas"], cv["mean_loss"], cv["se_loss"]))), ""]
     (out / "p2p.md").write_text("\n".join(text))
-    plot_panels(out / "p2p.png", [
-        {"x": "round", "y": "test_loss", "ylabel": "mean local test loss", "series": {algo: m["curve"]}, "logy": True},
-        {"x": "bytes", "y": "test_loss", "xlabel": "bytes sent (all peers)", "ylabel": "mean local test loss",
-         "series": {algo: m["curve"]}, "logy": True},
-    ], title=f"{algo} on {cfg['network']}")
+    plot_report(out / "p2p.png", result)
+
+
+def plot_report(path: Path, result: Mapping[str, Any]) -> None:
+    """The curves of :func:`write_report`, plus the graph panel when there is something to show on it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    algo, m = next(iter(result["methods"].items()))
+    cfg = result["config"]
+    sel = result.get("edge_selection")
+    graph = sel is not None or any(p.get("estimate") is not None for p in result["peers"].values())
+    graph = graph and cfg["peers"] <= 200
+    panels = [("round", "communication round"), ("bytes", "bytes sent (all peers)")]
+    fig, axes = plt.subplots(1, len(panels) + int(graph), figsize=(5.5 * (len(panels) + int(graph)), 4.2), squeeze=False)
+    for ax, (x_key, xlabel) in zip(axes[0], panels):
+        pts = [(r[x_key], r["test_loss"]) for r in m["curve"] if r.get("test_loss") is not None]
+        if pts:
+            xs, ys = zip(*pts)
+            ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, label=algo)
+            if all(y > 0 for y in ys):
+                ax.set_yscale("log")
+            ax.legend(fontsize=7)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("mean local test loss")
+        ax.grid(alpha=0.3)
+    if graph:
+        draw_graph(axes[0][-1], cfg["peers"], [tuple(e[:2]) for e in cfg["edges"]], sel)
+    fig.suptitle(f"{algo} on {cfg['network']}")
+    fig.tight_layout()
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+def draw_graph(ax: Any, n: int, edges: Sequence[tuple[int, int]], selection: Mapping[str, Any] | None) -> None:
+    """Peers on a circle; kept (or, without selection, all) edges solid, dropped dashed, undecided dotted."""
+    ang = 2 * np.pi * np.arange(n) / max(n, 1)
+    pos = np.stack([np.cos(ang), np.sin(ang)], axis=1)
+    dropped = {tuple(e) for e in selection["dropped"]} if selection else set()
+    unknown = {tuple(e) for e in selection["unknown"]} if selection else set()
+    for i, j in edges:
+        e = (min(i, j), max(i, j))
+        style = "--" if e in dropped else (":" if e in unknown else "-")
+        color = "tab:red" if e in dropped else ("tab:gray" if e in unknown else "tab:blue")
+        ax.plot(*zip(pos[i], pos[j]), linestyle=style, color=color, lw=1.2, alpha=0.8 if style == "-" else 0.6)
+    ax.scatter(pos[:, 0], pos[:, 1], s=160, color="white", edgecolors="black", zorder=3)
+    for k in range(n):
+        ax.annotate(str(k), pos[k], ha="center", va="center", fontsize=8, zorder=4)
+    if selection:
+        ax.set_title(f"edges: {len(selection['kept'])} kept (solid), {len(selection['dropped'])} dropped (dashed)",
+                     fontsize=9)
+    else:
+        ax.set_title(f"graph: {len(edges)} edges", fontsize=9)
+    ax.set_aspect("equal")
+    ax.axis("off")
 
 
 def launch(
-    topology: str, peers: int | None, overrides: Mapping[str, Any], *, out: Path | None = None,
+    topology: str | None, peers: int | None, overrides: Mapping[str, Any], *, out: Path | None = None,
     insecure: bool = False, mixing: str = "metropolis", timeout: float | None = None, progress: bool = True,
+    data_dir: str | Path | None = None,
 ) -> dict[str, Any]:
     """Run a whole local network; returns the result dict plus ``text`` (a one-line summary).
 
@@ -292,7 +473,8 @@ def launch(
     """
     out = Path(out) if out is not None else Path("runs") / time.strftime("p2p-%Y%m%d-%H%M%S")
     seed = int(overrides.get("seed", 0))
-    network_file = prepare_network(out, topology, peers, overrides, insecure=insecure, mixing=mixing, seed=seed)
+    network_file = prepare_network(out, topology, peers, overrides, insecure=insecure, mixing=mixing, seed=seed,
+                                   data_dir=data_dir)
     net = load_network_file(network_file)
     run: P2PConfig = net.run
     n = net.topology.n
@@ -314,9 +496,14 @@ def launch(
     write_report(out, result)
     fin = result["methods"][run.algorithm]["final"]
     tl = fin["test_loss"]
+    extra = "".join(f", mean {k} {fin[k]:.4g}" for k in ("test_mse", "test_acc", "test_error")
+                    if fin.get(k) is not None)
+    sel = result.get("edge_selection")
+    if sel is not None:
+        extra += f", edges kept {len(sel['kept'])}/{sel['tested']}"
     result["text"] = (
         f"{run.algorithm}: {fin['peers_done']}/{n} peers done in {wall:.1f} s, mean test loss "
-        f"{'n/a' if tl is None else f'{tl:.4g}'}, consensus {fin['consensus']}, results in {out}/p2p.json"
+        f"{'n/a' if tl is None else f'{tl:.4g}'}{extra}, consensus {fin['consensus']}, results in {out}/p2p.json"
     )
     if not result["ok"]:
         bad = {i: (p["outcome"], p["error"]) for i, p in result["peers"].items() if p["outcome"] != "done"}

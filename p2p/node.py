@@ -1,9 +1,10 @@
 """One iteration of one node, written once for every runtime.
 
-:func:`node_iteration` is a generator: it yields ``(phase, outgoing)`` for each exchange of the
-iteration, receives the phase's :class:`~graphfl.p2p.algorithms.base.Inbox`, and returns the new
-state. The in-process driver answers all nodes' requests in lock-step from their outgoing
-messages; the gRPC node loop answers them through
+:func:`node_iteration` is a generator: it yields ``(phase, outgoing, senders)`` for each exchange
+of the iteration (``senders``: the neighbours the node waits for in that phase), receives the
+phase's :class:`~graphfl.p2p.algorithms.base.Inbox`, and returns the new state. The in-process
+driver answers all nodes' requests in lock-step from their outgoing messages; the gRPC node loop
+answers them through
 :class:`~graphfl.p2p.exchange.NeighbourExchange`. Both therefore run exactly the same
 ``outgoing -> combine -> step`` code (:func:`drive` for one node).
 """
@@ -18,31 +19,34 @@ import numpy as np
 from graphfl.p2p import codec
 from graphfl.p2p.algorithms.base import PARAMS, THETA, Channels, Inbox, NodeContext, NodeState, Outgoing, P2PAlgorithm, Phase
 
-Iteration = Generator[tuple[Phase, Outgoing], Inbox, tuple[NodeState, list[Inbox]]]
-"""Yields ``(phase, outgoing)``, is sent the phase's inbox, returns ``(new state, inboxes)``."""
+Request = tuple[Phase, Outgoing, tuple[int, ...]]
+"""One exchange a node asks for: the phase, what it sends, and the neighbours it waits for."""
+Iteration = Generator[Request, Inbox, tuple[NodeState, list[Inbox]]]
+"""Yields ``(phase, outgoing, senders)``, is sent the phase's inbox, returns ``(new state, inboxes)``."""
 
 
 def node_iteration(algo: P2PAlgorithm[Any, Any], state: NodeState, oracle: Any, ctx: NodeContext) -> Iteration:
     """Iteration ``t = state.t`` of one node (see the module docstring and ``p2p/algorithms/base.py``)::
 
     combined = None                          (no communication at this t)
-    combined = ∪_phase combine(inbox_phase)  (communication: one exchange per phase)
+    combined = ∪_phase combine(inbox_phase)  (communication: one exchange per active phase)
     state    = step(state, combined)
     """
     combined: Channels | None = None
     inboxes: list[Inbox] = []
     if algo.communicates(state.t):
         combined = {}
-        for phase in algo.phases:
+        for phase in algo.active_phases(state):
             out = algo.outgoing(state, phase, combined, ctx)
-            inbox = yield phase, out
+            inbox = yield phase, out, tuple(algo.expected_senders(phase, state, combined, ctx))
             inboxes.append(inbox)
             combined.update(algo.combine(state, inbox, ctx))
     return algo.step(state, combined, oracle, ctx), inboxes
 
 
-def drive(iteration: Iteration, gather: Callable[[Phase, Outgoing], Inbox]) -> tuple[NodeState, list[Inbox]]:
-    """Run one node's iteration, answering each phase with ``gather(phase, outgoing)``."""
+def drive(iteration: Iteration,
+          gather: Callable[[Phase, Outgoing, tuple[int, ...]], Inbox]) -> tuple[NodeState, list[Inbox]]:
+    """Run one node's iteration, answering each phase with ``gather(phase, outgoing, senders)``."""
     try:
         request = next(iteration)
         while True:

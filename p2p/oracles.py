@@ -1,11 +1,25 @@
-"""Gradient oracles: a node's local problem ``f_i`` behind the :class:`GradientOracle` protocol.
+"""A node's local problem: gradient oracles and tabular data behind small protocols.
 
 * ``linreg`` — heterogeneous least squares in numpy (fast; tests and examples):
   node ``i`` has ``A_i ~ N(μ_i, 1)`` (``m x d``), ``b_i = A_i w_i + noise`` with node-specific
   ``w_i``; ``f_i(θ) = ‖A_i θ − b_i‖² / (2m)``.
+* ``clusters`` / ``clusters-logistic`` — the FedADMM simulation (ALGORITHMS §6.12, two clusters
+  instead of five): node ``i`` belongs to cluster ``0`` if ``i < n/2`` else ``1``; every cluster
+  has its own ``ϑ^(k) ~ N(0, I_d)``; ``x ~ N(0, I_d)``; ``y = xᵀϑ + N(0, 1)`` (regression) or
+  ``y ~ Bernoulli(σ(xᵀϑ))`` (0/1 classes). ``samples`` training rows and ``samples // 4 + 1``
+  test rows per node.
+* ``csv`` — the users' own data: one CSV file per device (docs/data.md, "Your own data"),
+  read by :func:`load_device` (the same rules as :func:`graphfl.tasks.tabular.load_tabular`, for
+  one device file, so that a device needs only its own file); a linear model.
 * ``vector`` — a random vector per node and no gradient (plain gossip, throughput benchmark).
 * any task of :mod:`graphfl.tasks` (e.g. ``synthetic-dfl``) — a torch model, loss and the
   node's data partition; θ is the flattened parameter vector (ALGORITHMS §1.1).
+
+The numpy problems (``linreg``, ``clusters*``, ``csv``) are also :class:`DataProblem` s: they
+expose the node's arrays (``x_train``, ``y_train``, ``x_test``, ``y_test``), the shared unlabelled
+set ``D'`` (:meth:`DataProblem.shared`) and the run ``seed``, which is what FedADMM and
+FedRelax work on. As gradient oracles they are linear least squares (DFL-SGD / DFL-GT on CSV
+data: a linear model).
 
 Every oracle draws minibatches from its own RNG seeded by ``(seed, node)``, so a node
 produces the same gradients in any process.
@@ -14,16 +28,23 @@ produces the same gradients in any process.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
+import numpy.typing as npt
 
 from graphfl.common.config import ConfigError
 
 logger = logging.getLogger(__name__)
 
-BUILTIN_PROBLEMS = ("linreg", "vector")
+FloatArray = npt.NDArray[np.float64]
+
+DATA_PROBLEMS = ("linreg", "clusters", "clusters-logistic", "csv")
+"""Built-in problems that are :class:`DataProblem` s (FedADMM and FedRelax run on these)."""
+BUILTIN_PROBLEMS = (*DATA_PROBLEMS, "vector")
 
 
 @dataclass(frozen=True)
@@ -39,13 +60,54 @@ class ProblemSpec:
     standardize: bool = False
     input_scale: float = 1.0
     device: str = "cpu"
+    data_dir: str = ""
+    """``csv``: the folder of ``device-<id>.csv`` files (a peer's own ``data`` overrides it)."""
+    data_path: str = ""
+    """``csv``: this peer's own data — a folder holding ``device-<id>.csv`` or one CSV file."""
+    features: str = ""
+    """``csv``: the feature columns in order, comma separated ("" = the device file's order)."""
+    shared_samples: int = 50
+    """``m'``: rows of the generated shared set ``D'`` of the built-in problems (FedRelax)."""
+
+
+class DataProblem(Protocol):
+    """A node's tabular data (FedADMM, FedRelax): training and test arrays, ``D'`` and the seed.
+
+    ``x_*`` are ``(rows, p)`` float64, ``y_*`` ``(rows,)`` float64 (0/1 for classification);
+    the test split may have no rows. :meth:`shared` is the shared unlabelled set ``D'`` in this
+    node's feature coordinates (every node holds the same points; a ``csv`` device maps them
+    with its own standardisation). ``seed`` is the run's seed (``[run] seed``).
+    """
+
+    x_train: FloatArray
+    y_train: FloatArray
+    x_test: FloatArray
+    y_test: FloatArray
+    seed: int
+    name: str
+    batch_size: int
+
+    def shared(self) -> FloatArray: ...
+
+    def initial_theta(self) -> Any: ...
+
+    def test_loss(self, theta: Any) -> float: ...
+
+
+def is_data_problem(obj: Any) -> bool:
+    """Whether ``obj`` carries the :class:`DataProblem` arrays."""
+    return all(hasattr(obj, k) for k in ("x_train", "y_train", "x_test", "y_test", "seed", "shared"))
 
 
 class LinRegOracle:
     """Heterogeneous least squares; see the module docstring."""
 
+    name = "linreg"
+
     def __init__(self, node: int, spec: ProblemSpec) -> None:
         d, m = spec.dim, spec.samples
+        self.seed = spec.seed
+        self._shared_spec = (spec.seed, spec.num_nodes, spec.shared_samples)
         data_rng = np.random.default_rng([spec.seed, 1, node])
         self.a = data_rng.normal(loc=0.5 * node, scale=1.0, size=(m, d))
         w_true = np.random.default_rng([spec.seed, 2]).normal(size=d) + 0.3 * data_rng.normal(size=d)
@@ -76,6 +138,213 @@ class LinRegOracle:
     def test_loss(self, theta: np.ndarray) -> float:
         r = self.a_test @ theta - self.b_test
         return float(0.5 * np.mean(r * r))
+
+    # DataProblem view of the same arrays
+    @property
+    def x_train(self) -> FloatArray:
+        return self.a
+
+    @property
+    def y_train(self) -> FloatArray:
+        return self.b
+
+    @property
+    def x_test(self) -> FloatArray:
+        return self.a_test
+
+    @property
+    def y_test(self) -> FloatArray:
+        return self.b_test
+
+    def shared(self) -> FloatArray:
+        """``D'``: ``shared-samples`` points ``N(μ̄, (1 + μ̄)²)`` per feature, ``μ̄ = 0.25 (n − 1)``
+        (the middle of the nodes' input means), the same on every node.
+        """
+        seed, n, m = self._shared_spec
+        mid = 0.25 * (n - 1)
+        out: FloatArray = np.random.default_rng([seed, 6]).normal(mid, 1.0 + mid, size=(m, self.dim))
+        return out
+
+
+class TabularOracle:
+    """A node's tabular data with a linear model: :class:`DataProblem` and, for DFL-SGD / DFL-GT,
+    a least-squares gradient oracle.
+
+    ``f_i(θ) = ‖X θ − y‖² / (2 m)`` (θ float64, no separate intercept: add a column of ones,
+    ``intercept = true`` in ``dataset.toml``); minibatches of ``batch_size`` rows drawn with
+    replacement from ``default_rng([seed, 3, node])``; ``test_loss`` is ``½ mean (y − xᵀθ)²``
+    on the test rows (NaN without test rows). ``classes``: the response is 0/1.
+    """
+
+    def __init__(self, node: int, name: str, x_train: FloatArray, y_train: FloatArray, x_test: FloatArray,
+                 y_test: FloatArray, *, seed: int, batch_size: int, shared: FloatArray | None = None,
+                 shared_error: str = "", features: Sequence[str] = ()) -> None:
+        self.node = node
+        self.name = name
+        self.x_train, self.y_train = np.asarray(x_train, np.float64), np.asarray(y_train, np.float64)
+        self.x_test, self.y_test = np.asarray(x_test, np.float64), np.asarray(y_test, np.float64)
+        if self.x_train.ndim != 2 or self.x_train.shape[0] == 0:
+            raise ConfigError(f"node {node}: {name} has no training rows (X shape {self.x_train.shape})")
+        self.dim = int(self.x_train.shape[1])
+        self.seed = seed
+        self.batch_size = batch_size
+        self.features = tuple(features)
+        self._shared = shared
+        self._shared_error = shared_error
+        self.rng = np.random.default_rng([seed, 3, node])
+
+    def shared(self) -> FloatArray:
+        if self._shared is None:
+            raise ConfigError(self._shared_error or f"node {self.node}: problem {self.name!r} has no shared set D'")
+        return self._shared
+
+    def initial_theta(self) -> FloatArray:
+        return np.zeros(self.dim)
+
+    def sample(self) -> npt.NDArray[np.int64]:
+        return self.rng.integers(0, len(self.y_train), size=self.batch_size)
+
+    def grad(self, theta: FloatArray, batch: npt.NDArray[np.int64]) -> tuple[FloatArray, float]:
+        a, b = self.x_train[batch], self.y_train[batch]
+        r = a @ theta - b
+        g: FloatArray = a.T @ r / len(batch)
+        return g, float(0.5 * np.mean(r * r))
+
+    def test_loss(self, theta: FloatArray) -> float:
+        if self.x_test.shape[0] == 0:
+            return float("nan")
+        r = self.x_test @ np.asarray(theta, np.float64) - self.y_test
+        return float(0.5 * np.mean(r * r))
+
+
+def clusters_problem(node: int, spec: ProblemSpec, logistic: bool = False) -> TabularOracle:
+    """``clusters`` / ``clusters-logistic`` (module docstring): two clusters, first and second half of the nodes."""
+    d, m = spec.dim, spec.samples
+    cluster = 0 if node < spec.num_nodes / 2 else 1
+    truth = np.random.default_rng([spec.seed, 7, cluster]).normal(size=d)
+    rng = np.random.default_rng([spec.seed, 8, node])
+    x = rng.normal(size=(m + m // 4 + 1, d))
+    z = x @ truth
+    y = (rng.random(len(z)) < 1.0 / (1.0 + np.exp(-z))).astype(np.float64) if logistic else z + rng.normal(size=len(z))
+    shared = np.random.default_rng([spec.seed, 6]).normal(size=(spec.shared_samples, d))
+    name = "clusters-logistic" if logistic else "clusters"
+    return TabularOracle(node, name, x[:m], y[:m], x[m:], y[m:], seed=spec.seed, batch_size=spec.batch_size,
+                         shared=shared)
+
+
+# ---------------------------------------------------------------------------------------------
+# users' own data: one CSV file per device
+# ---------------------------------------------------------------------------------------------
+
+
+def device_file(path: str | Path, device: int) -> Path:
+    """The CSV of ``device``: ``path`` itself if it is a file, else ``path/device-<device>.csv``."""
+    from graphfl.tasks.tabular import DEVICE_FILE
+
+    p = Path(path)
+    return p if p.is_file() else p / DEVICE_FILE.format(id=device)
+
+
+def feature_columns(path: str | Path, device: int = 0, response: str | None = None) -> tuple[str, ...]:
+    """The feature columns of a device file, in file order (every column except the response)."""
+    from graphfl.tasks.base import DataError
+    from graphfl.tasks.tabular import read_numeric_csv, resolve_settings
+
+    f = device_file(path, device)
+    settings = resolve_settings(f.parent, response=response)
+    header, _ = read_numeric_csv(f)
+    if settings.response not in header:
+        raise DataError(f"{f}: no response column {settings.response!r} in the header {list(header)} "
+                        f"(set 'response' in dataset.toml)")
+    return tuple(c for c in header if c != settings.response)
+
+
+def _columns(path: Path, header: tuple[str, ...], wanted: Sequence[str], response: str | None) -> list[int]:
+    from graphfl.tasks.base import DataError
+
+    expected = set(wanted) | ({response} if response else set())
+    if set(header) != expected:
+        raise DataError(f"{path}: columns differ from the network's: missing {sorted(expected - set(header))}, "
+                        f"extra {sorted(set(header) - expected)} (every device needs the same columns; "
+                        f"[run] features = {','.join(wanted)!r})")
+    col = {c: k for k, c in enumerate(header)}
+    return [col[c] for c in wanted]
+
+
+def load_device(path: str | Path, device: int, *, features: Sequence[str] = (),
+                split_seed: int = 0) -> tuple[Any, FloatArray | None, tuple[str, ...]]:
+    """One device's data from its own CSV (docs/data.md rules, :mod:`graphfl.tasks.tabular`).
+
+    ``path`` is the device's file or the folder holding ``device-<device>.csv``; the settings
+    (``dataset.toml``) and ``shared.csv`` are read from the file's folder. ``features`` fixes the
+    feature columns and their order (every device of a network must use the same; ``()`` = the
+    file's order). The split uses ``split_seed`` unless ``dataset.toml`` sets ``split-seed``.
+    Returns ``(DeviceData, D' in raw units or None, feature names)``; the same arrays as
+    :func:`graphfl.tasks.tabular.load_tabular` gives for that device.
+    """
+    from graphfl.tasks.base import DataError
+    from graphfl.tasks.tabular import (
+        INTERCEPT_COLUMN,
+        SHARED_FILE,
+        DeviceData,
+        read_numeric_csv,
+        resolve_settings,
+        split_rows,
+    )
+
+    f = device_file(path, device)
+    if not f.is_file():
+        raise DataError(f"{f} not found: device {device} needs its CSV (a folder with device-{device}.csv, or the "
+                        f"file itself as the peer's data; see docs/data.md)")
+    settings = resolve_settings(f.parent, base={"split_seed": split_seed})
+    header, values = read_numeric_csv(f)
+    if settings.response not in header:
+        raise DataError(f"{f}: no response column {settings.response!r} in the header {list(header)} "
+                        f"(set 'response' in {f.parent / 'dataset.toml'})")
+    raw = tuple(features) or tuple(c for c in header if c != settings.response)
+    if not raw:
+        raise DataError(f"{f}: no feature columns besides the response {settings.response!r}")
+    x = values[:, _columns(f, header, raw, settings.response)]
+    y = values[:, header.index(settings.response)]
+    tr, te = split_rows(len(y), settings.test_fraction, settings.split_seed, device)
+    p = x.shape[1]
+    if settings.standardize == "none":
+        mean, sd = np.zeros(p), np.ones(p)
+    else:  # the training rows' mean and sd (ddof 0); a constant feature is only centred
+        mean, sd = x[tr].mean(axis=0), x[tr].std(axis=0)
+        flat = sd <= 1e-12 * np.maximum(1.0, np.abs(mean))
+        if np.any(flat):
+            logger.warning("%s: feature(s) %s are constant on the training rows; centred only (sd taken as 1)",
+                           f, [raw[k] for k in np.flatnonzero(flat)])
+            sd = np.where(flat, 1.0, sd)
+    proto = DeviceData(device, f, x[tr], y[tr], x[te], y[te], mean, sd, settings.intercept)
+    dev = replace(proto, x_train=proto.transform(x[tr]), x_test=proto.transform(x[te]))
+    shared: FloatArray | None = None
+    sf = f.parent / SHARED_FILE
+    if sf.is_file():
+        sh_header, sh_values = read_numeric_csv(sf)
+        if settings.response in sh_header:
+            raise DataError(f"{sf}: has the response column {settings.response!r}; the shared set D' is unlabelled, "
+                            f"so give only the feature columns {list(raw)}")
+        shared = sh_values[:, _columns(sf, sh_header, raw, None)]
+    names = raw + ((INTERCEPT_COLUMN,) if settings.intercept else ())
+    return dev, shared, names
+
+
+def csv_problem(node: int, spec: ProblemSpec, partition: int | None = None) -> TabularOracle:
+    """Problem ``csv``: device ``partition`` (default ``node``) from the peer's ``data`` or ``data-dir``."""
+    device = node if partition is None else partition
+    where = spec.data_path or spec.data_dir
+    if not where:
+        raise ConfigError("problem 'csv' needs the devices' data: --data-dir DIR ([run] data-dir), or a 'data' "
+                          "path in the peer's [[peers]] table (see docs/p2p.md, 'Your own data')")
+    features = tuple(c.strip() for c in spec.features.split(",") if c.strip())
+    dev, shared_raw, names = load_device(where, device, features=features, split_seed=spec.seed)
+    shared = None if shared_raw is None else dev.transform(shared_raw)
+    return TabularOracle(node, "csv", dev.x_train, dev.y_train, dev.x_test, dev.y_test, seed=spec.seed,
+                         batch_size=spec.batch_size, shared=shared, features=names,
+                         shared_error=f"{dev.path.parent / 'shared.csv'} not found: FedRelax needs the shared "
+                                      "unlabelled set D' (feature columns only) next to the device files")
 
 
 class VectorOracle:
@@ -183,6 +452,10 @@ def make_oracle(node: int, spec: ProblemSpec, partition: int | None = None) -> A
     """The oracle of ``node`` for ``spec.problem`` (a built-in problem or a task name)."""
     if spec.problem == "linreg":
         return LinRegOracle(node if partition is None else partition, spec)
+    if spec.problem in ("clusters", "clusters-logistic"):
+        return clusters_problem(node if partition is None else partition, spec, spec.problem == "clusters-logistic")
+    if spec.problem == "csv":
+        return csv_problem(node, spec, partition)
     if spec.problem == "vector":
         return VectorOracle(node if partition is None else partition, spec)
     try:

@@ -6,7 +6,10 @@ algorithm, listens, handshakes with its neighbours (bounded by ``connect-timeout
 
 * ``<out>/peer-<id>.json`` — config, per-round records (loss, test loss, local disagreement,
   compute/communication seconds, bytes sent/received, skipped neighbours) and the outcome;
-* ``<out>/peer-<id>.npz`` — the final ``theta`` (and ``tracker`` for DFL-GT);
+* ``<out>/peer-<id>.npz`` — the algorithm's output arrays: the final ``theta`` (and ``tracker`` for
+  DFL-GT, ``estimate`` = ``θ̄_i`` for FedADMM);
+* ``report`` in ``peer-<id>.json`` — the algorithm's results beyond the records (FedADMM: estimate,
+  test metrics, selected edges; FedRelax: test metrics);
 * ``<out>/peer-<id>.ckpt.json`` + ``peer-<id>.ckpt-r<round>.npz`` — the checkpoint, rewritten
   every ``checkpoint-every`` rounds (:mod:`graphfl.p2p.checkpoint`); ``resume=True``
   (``graphfl peer --resume``) continues from it;
@@ -41,6 +44,7 @@ from graphfl.p2p.exchange import FailurePolicy, NeighbourExchange, RoundFailed
 from graphfl.p2p.grpc_transport import GrpcTransport, Identity
 from graphfl.p2p.oracles import BUILTIN_PROBLEMS, ProblemSpec, make_oracle
 from graphfl.p2p.transport import HandshakeRefused, TransportError
+from graphfl.tasks.base import DataError
 
 logger = logging.getLogger(__name__)
 
@@ -53,12 +57,19 @@ def _write_json(path: Path, obj: Any) -> None:
 
 
 def problem_spec(net: NetworkFile, peer_id: int) -> ProblemSpec:
-    """The local problem of peer ``peer_id`` as the network file's ``[run]`` table describes it."""
+    """The local problem of peer ``peer_id`` as the network file's ``[run]`` table describes it.
+
+    ``data-dir`` is relative to the network file; the peer's own ``data`` (``[[peers]]``) wins.
+    """
     run = net.run
+    me = net.topology.peer(peer_id)
+    data_dir = run.data_dir
+    if data_dir and not Path(data_dir).is_absolute():
+        data_dir = str(net.path.parent / data_dir)
     return ProblemSpec(
         problem=run.problem, num_nodes=net.topology.n, seed=run.seed, batch_size=run.batch_size, dim=run.dim,
-        samples=run.samples, standardize=run.standardize, input_scale=run.input_scale,
-        device=net.topology.peer(peer_id).device,
+        samples=run.samples, standardize=run.standardize, input_scale=run.input_scale, device=me.device,
+        data_dir=data_dir, data_path=me.data, features=run.features, shared_samples=run.shared_samples,
     )
 
 
@@ -99,7 +110,15 @@ def run_peer(network_file: str | Path, peer_id: int, out_dir: str | Path, overri
 
             torch.set_num_threads(int(os.environ.get("GRAPHFL_TORCH_THREADS", "1")))
         algo = run.make_algorithm()
-        oracle = make_oracle(peer_id, problem_spec(net, peer_id), partition=me.partition)
+        algo.check_graph([(i, j) for i, j, _ in topo.edges], topo.n)
+        spec = problem_spec(net, peer_id)
+        if spec.problem == "csv" and not spec.features:
+            from graphfl.p2p.oracles import feature_columns
+
+            here = feature_columns(spec.data_path or spec.data_dir, me.partition)
+            raise ConfigError(f"{net.path}: problem 'csv' needs [run] features, the feature columns in the order every "
+                              f"device uses (e.g. features = {','.join(here)!r}, this device's columns in file order)")
+        oracle = make_oracle(peer_id, spec, partition=me.partition)
         w = topo.mixing_matrix()
         ctx = NodeContext.from_matrix(w, peer_id, topo.adjacency())
         if resume:
@@ -126,6 +145,11 @@ def run_peer(network_file: str | Path, peer_id: int, out_dir: str | Path, overri
         missing = sorted(set(transport.neighbours) - reached)
         if missing:
             errors = {j: transport.last_errors.get(j, "") for j in missing}
+            if algo.needs_every_neighbour_at_start() and state.t == 0:
+                pairs = [(min(peer_id, j), max(peer_id, j)) for j in missing]
+                raise TransportError(f"peer {peer_id}: {run.algorithm} needs every pair of peers to connect before "
+                                     f"training (edge selection on the complete graph), but pair(s) {pairs} could not "
+                                     f"connect within {run.connect_timeout:g} s: {errors}")
             if run.on_missing == "fail":
                 raise TransportError(f"peer {peer_id}: neighbour(s) {missing} unreachable after "
                                      f"{run.connect_timeout:g} s: {errors}")
@@ -156,10 +180,8 @@ def run_peer(network_file: str | Path, peer_id: int, out_dir: str | Path, overri
         node = run_node(algo, oracle, exchange, run.iterations, ctx=ctx, state=state, start_t=start_t,
                         eval_every=run.eval_every, min_round_seconds=run.min_round_seconds, on_round=on_round,
                         on_checkpoint=on_checkpoint, stop=stop)
-        arrays = {"theta": node.state.theta}
-        if node.state.tracker is not None:
-            arrays["tracker"] = node.state.tracker
-        checkpoint.savez(out / f"peer-{peer_id}.npz", **arrays)
+        checkpoint.savez(out / f"peer-{peer_id}.npz", **algo.output(node.state, oracle))
+        result["report"] = algo.report(node.state, oracle, ctx)
         result["start_t"] = start_t
         result["final_t"] = node.state.t
         result["stats"] = transport.stats()
@@ -167,7 +189,7 @@ def run_peer(network_file: str | Path, peer_id: int, out_dir: str | Path, overri
             result["outcome"], code = "stopped", EXIT_STOPPED
         else:
             result["outcome"] = "done"
-    except ConfigError as exc:
+    except (ConfigError, DataError) as exc:
         result["outcome"], result["error"], code = "config-error", str(exc), EXIT_CONFIG
         logger.error("peer %d: configuration error: %s", peer_id, exc)
     except HandshakeRefused as exc:

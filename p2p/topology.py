@@ -30,12 +30,18 @@ GENERATORS = ("ring", "grid", "complete", "erdos-renyi", "knn")
 
 @dataclass(frozen=True)
 class PeerInfo:
-    """One peer: its id, the address it listens on, its data partition and its device."""
+    """One peer: its id, the address it listens on, its data partition, its device and its own data.
+
+    ``data`` (optional) is the peer's own data for problem ``csv``: its CSV file or the folder
+    holding ``device-<partition>.csv`` (relative paths are relative to the network file). It is
+    local to the device, so it is not part of the topology fingerprint.
+    """
 
     id: int
     address: str
     partition: int
     device: str = "auto"
+    data: str = ""
 
 
 @dataclass(frozen=True)
@@ -119,8 +125,8 @@ class Topology:
         doc: dict[str, Any] = {
             "network": {"name": self.name, "version": self.version, "mixing": self.mixing,
                         "mixing-variant": self.mixing_variant, "mixing-epsilon": self.mixing_epsilon},
-            "peers": [{"id": p.id, "address": p.address, "partition": p.partition, "device": p.device}
-                      for p in self.peers],
+            "peers": [{"id": p.id, "address": p.address, "partition": p.partition, "device": p.device,
+                       **({"data": p.data} if p.data else {})} for p in self.peers],
         }
         if self.edges:
             doc["edges"] = [{"nodes": [i, j], "weight": w} for i, j, w in self.edges]
@@ -241,7 +247,7 @@ def make_topology(
 
 
 _NETWORK_KEYS = {"name", "version", "mixing", "mixing-variant", "mixing-epsilon", "edge-list"}
-_PEER_KEYS = {"id", "address", "partition", "device"}
+_PEER_KEYS = {"id", "address", "partition", "device", "data"}
 _EDGE_KEYS = {"nodes", "weight"}
 
 
@@ -274,7 +280,10 @@ def topology_from_dict(doc: Mapping[str, Any], where: str = "network file", base
         host, sep, port = addr.rpartition(":")
         if not sep or not host or not port.isdigit():
             raise ConfigError(f"{where}: peer {pid}: address must be HOST:PORT, got {addr!r}")
-        peers.append(PeerInfo(pid, addr, int(rp.get("partition", pid)), str(rp.get("device", "auto"))))
+        data = str(rp.get("data", ""))
+        if data and base is not None and not Path(data).is_absolute():
+            data = str(base / data)
+        peers.append(PeerInfo(pid, addr, int(rp.get("partition", pid)), str(rp.get("device", "auto")), data))
     peers.sort(key=lambda p: p.id)
     edges: list[tuple[int, int, float]] = []
     if "edge-list" in net:

@@ -35,7 +35,7 @@ Algorithms register under one name in :mod:`graphfl.p2p.algorithms.registry`.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
@@ -107,6 +107,9 @@ class NodeContext:
         FedRelax's ``A_ii'`` (ALGORITHMS §7.1).
     num_nodes
         ``n``, the number of nodes of the network.
+    num_edges
+        ``|E|``, the number of edges of the whole graph (FedADMM's Bonferroni correction over
+        the tested edges); ``-1`` when unknown.
     """
 
     node: int
@@ -114,6 +117,7 @@ class NodeContext:
     row: Mapping[int, float]
     edge_weights: Mapping[int, float]
     num_nodes: int
+    num_edges: int = -1
 
     @property
     def degree(self) -> int:
@@ -140,7 +144,9 @@ class NodeContext:
                 raise ValueError(f"node {node}: the adjacency's neighbours {list(nbrs)} differ from the mixing "
                                  f"matrix's {list(by_w)}")
             ew = {j: float(adj[node, j]) for j in nbrs}
-        return cls(node, nbrs, row, ew, int(wm.shape[0]))
+        pattern = (wm if adjacency is None else np.asarray(adjacency, dtype=np.float64)) != 0
+        np.fill_diagonal(pattern, False)
+        return cls(node, nbrs, row, ew, int(wm.shape[0]), int(np.count_nonzero(np.triu(pattern | pattern.T, 1))))
 
 
 @dataclass
@@ -210,7 +216,9 @@ class Outgoing:
     def per_neighbour(cls, messages: Mapping[int, Channels], own: Channels | None = None) -> Outgoing:
         """``messages[j]`` to neighbour ``j``; no message to a neighbour not in ``messages`` (ADMM's edges).
 
-        ``own`` (optional) is the node's own message for :func:`mix_inbox`; it is not sent.
+        ``own`` (optional) is the node's own message for :func:`mix_inbox`; it is not sent. It
+        reaches ``combine`` as ``inbox.own``, so it may also carry the node's own values of this
+        phase (FedADMM: its new ``θ_i`` and the edges it keeps).
         """
         return cls(own=own, messages=dict(messages))
 
@@ -283,6 +291,9 @@ class P2PAlgorithm(ABC, Generic[P, O_contra]):
 
     name: ClassVar[str] = ""
     phases: ClassVar[tuple[Phase, ...]] = ()
+    theta_is_model: ClassVar[bool] = True
+    """Whether ``θ_i`` are model parameters that can be averaged and evaluated by the local
+    problem's ``test_loss`` (FedRelax: ``θ_i`` are predictions on ``D'``, so no)."""
 
     def __init__(self, params: P) -> None:
         self.params = params
@@ -325,6 +336,24 @@ class P2PAlgorithm(ABC, Generic[P, O_contra]):
         """The neighbours that send to this node in ``phase`` (default: all of them)."""
         return ctx.neighbours
 
+    def active_phases(self, state: NodeState) -> tuple[Phase, ...]:
+        """The phases of iteration ``state.t`` (default: all of :attr:`phases`, every round).
+
+        An algorithm with a one-off protocol phase before training (FedADMM's edge selection)
+        returns it only at ``t = 0``. Every node of a network must return the same phases for
+        the same ``t``.
+        """
+        return self.phases
+
+    def expected_senders(self, phase: Phase, state: NodeState, combined: Channels, ctx: NodeContext) -> tuple[int, ...]:
+        """The neighbours this node waits for in ``phase`` (default: :meth:`senders`), given its
+        ``state`` and what the earlier phases of this round ``combined``.
+
+        Override when the senders depend on them (FedADMM after edge selection waits only for
+        the endpoints of the edges it kept).
+        """
+        return self.senders(phase, ctx)
+
     def combine(self, state: NodeState, inbox: Inbox, ctx: NodeContext) -> Channels:
         """Turn one phase's inbox into inputs of :meth:`step`; default: mix with ``W_i·`` (:func:`mix_inbox`)."""
         return mix_inbox(ctx.node, inbox)
@@ -336,6 +365,39 @@ class P2PAlgorithm(ABC, Generic[P, O_contra]):
     def evaluate(self, state: NodeState, oracle: O_contra) -> float:
         """The node's test loss (default: the local problem's ``test_loss(θ_i)``)."""
         return float(oracle.test_loss(state.theta))
+
+    # -- results ----------------------------------------------------------------------------
+    def output(self, state: NodeState, oracle: O_contra) -> dict[str, Array]:
+        """The node's result arrays (written to ``peer-<id>.npz``); default ``theta`` (and ``tracker``).
+
+        ``estimate``, when present, is the node's final estimate reported in ``p2p.json``
+        (FedADMM: the averaged iterate ``θ̄_i``).
+        """
+        out: dict[str, Array] = {THETA: state.theta}
+        if state.tracker is not None:
+            out["tracker"] = state.tracker
+        return out
+
+    def report(self, state: NodeState, oracle: O_contra, ctx: NodeContext) -> dict[str, Any]:
+        """JSON-ready results of the node beyond the per-round records (test metrics, selected
+        edges, ...), written to ``peer-<id>.json`` under ``report``; default none.
+        """
+        return {}
+
+    def check_graph(self, edges: Sequence[tuple[int, int]], num_nodes: int) -> None:
+        """Refuse a communication graph the algorithm cannot run on (a :class:`ConfigError`); default: any."""
+
+    def graph_for(self, edges: Sequence[tuple[int, int]], num_nodes: int) -> list[tuple[int, int]]:
+        """The communication graph the algorithm runs on, given the user's (``graphfl p2p`` writes this
+        one into the network file); default: the given edges. FedADMM-Local-ES: every pair.
+        """
+        return [(int(i), int(j)) for i, j in edges]
+
+    def needs_every_neighbour_at_start(self) -> bool:
+        """Whether a peer must reach every neighbour before its first round, even under
+        ``on-missing = "skip"`` (FedADMM-Local-ES: its selection phase needs every pair).
+        """
+        return False
 
 
 def same_specs(like: Array) -> TensorSpec:

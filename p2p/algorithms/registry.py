@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic
 
@@ -24,8 +24,36 @@ BUILTIN_MODULES: tuple[str, ...] = (
     "graphfl.p2p.algorithms.dfl_gt",
     "graphfl.p2p.algorithms.dfl_sgd",
     "graphfl.p2p.algorithms.gossip",
+    "graphfl.p2p.algorithms.admm",
+    "graphfl.p2p.algorithms.fedrelax",
 )
 PLUGINS_ENV = "GRAPHFL_PLUGINS"
+
+
+@dataclass(frozen=True)
+class PrepareContext:
+    """What an algorithm's ``prepare`` hook may use before a local network starts (``graphfl p2p``).
+
+    Attributes
+    ----------
+    problems
+        Builds every node's local problem (loads every device's data: call it only when needed).
+    edges
+        The communication graph ``(i, j)``, ``i < j``.
+    num_nodes, rounds
+        ``n`` and the configured number of rounds.
+    """
+
+    problems: Callable[[], Sequence[Any]]
+    edges: tuple[tuple[int, int], ...]
+    num_nodes: int
+    rounds: int
+
+
+Prepare = Callable[[Any, PrepareContext], tuple[dict[str, Any], dict[str, Any]]]
+"""``prepare(params, context) -> ([run] overrides, report)``: work done once, in the launcher's
+process, before the peers start (FedADMM: ``lam = "cv"`` resolved by cross-validation). The
+overrides are written into the network file (so every peer agrees); the report goes to ``p2p.json``."""
 
 
 @dataclass(frozen=True)
@@ -48,6 +76,8 @@ class P2PAlgorithmSpec(Generic[P]):
         parameter values) that finishes in seconds; the contract test
         (``tests/test_p2p_contract.py``) runs every registered algorithm on it, in one process
         and as real peer processes.
+    prepare
+        Optional :data:`Prepare` hook run by ``graphfl p2p`` before the peers start.
     """
 
     name: str
@@ -55,6 +85,7 @@ class P2PAlgorithmSpec(Generic[P]):
     factory: Callable[[P], P2PAlgorithm[P, Any]]
     summary: str = ""
     example: Mapping[str, Any] = dataclasses.field(default_factory=lambda: {"problem": "linreg"})
+    prepare: Prepare | None = None
 
     def param_keys(self) -> list[str]:
         """The ``[run]`` keys of this algorithm's hyperparameters (``init-tracker``, ...)."""

@@ -1,0 +1,513 @@
+"""Users' own tabular data: one CSV file per device, an optional edge list and shared set D'.
+
+Folder layout (docs/data.md, "Your own data: one CSV per device")::
+
+    DIR/device-0.csv ... DIR/device-<n-1>.csv   one file per device, ids contiguous from 0
+    DIR/edges.txt                               optional: the device graph, lines 'i j [weight]'
+    DIR/shared.csv                              optional: FedRelax's shared unlabelled set D'
+    DIR/dataset.toml                            optional: settings (response, split, ...)
+
+Rules
+-----
+* Every device file has a header row naming its columns; every other non-blank row holds one
+  number per column. One column is the response (``response`` setting, default ``y``); every
+  other column is a feature. All devices must have the same set of columns (the order may
+  differ; device 0's order is used). Empty cells, ``nan``/``inf`` and non-numbers are errors.
+* ``shared.csv`` has exactly the feature columns (no response column: D' is unlabelled).
+* The edge list is parsed by :func:`graphfl.common.graph.read_edge_list` (ids checked against
+  the number of devices).
+* Split: device ``i`` shuffles its rows with ``numpy.random.default_rng([split_seed, i])`` and
+  puts the first ``n_test = clip(⌊test_fraction · n_i + ½⌋, 1, n_i − 1)`` rows of the
+  permutation in its test split (``n_test = 0`` when ``test_fraction = 0`` or ``n_i = 1``); the
+  rest, in file order, are its training rows.
+* Standardisation (``standardize = "device"``, default): device ``i`` centres and scales every
+  feature by the mean and standard deviation (``ddof = 0``) of its *training* rows; its test
+  rows (and its copy of D', :meth:`DeviceData.transform`) use the same mean/sd. A feature
+  constant on a device's training rows is only centred (sd taken as 1, with a warning).
+  ``standardize = "none"`` keeps raw values. The response is never transformed.
+* ``intercept = true`` appends a column of ones named ``(intercept)`` after standardisation.
+
+Settings come from the function arguments, else ``dataset.toml``, else the defaults of
+:class:`TabularSettings`. Every error is a :class:`~graphfl.tasks.base.DataError` naming the file
+(and the line and column where there is one); a bad edge list raises
+:class:`~graphfl.common.graph.GraphError` naming file and line.
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+import math
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from graphfl.common.graph import adjacency_from_edges, read_edge_list
+from graphfl.tasks.base import ClientData, DataError, Task, TaskSpec
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+logger = logging.getLogger(__name__)
+
+FloatArray = npt.NDArray[np.float64]
+
+DEVICE_FILE = "device-{id}.csv"
+EDGES_FILE = "edges.txt"
+SHARED_FILE = "shared.csv"
+SETTINGS_FILE = "dataset.toml"
+INTERCEPT_COLUMN = "(intercept)"
+_DEVICE_RE = re.compile(r"^device-(.*)\.csv$")
+_STANDARDIZE = ("device", "none")
+
+
+@dataclass(frozen=True)
+class TabularSettings:
+    """How a folder of device CSVs is read (keys of ``dataset.toml`` use ``-`` for ``_``).
+
+    Attributes
+    ----------
+    response
+        Name of the response column (default ``"y"``).
+    test_fraction
+        Share of each device's rows held out for testing, in ``[0, 0.9]`` (default 0.2).
+    split_seed
+        Seed of the per-device split (default 0): device ``i`` uses ``default_rng([split_seed, i])``.
+    standardize
+        ``"device"`` (each device's training mean/sd) or ``"none"``.
+    intercept
+        Append a column of ones after standardisation.
+    """
+
+    response: str = "y"
+    test_fraction: float = 0.2
+    split_seed: int = 0
+    standardize: Literal["device", "none"] = "device"
+    intercept: bool = False
+
+    def check(self, source: str) -> TabularSettings:
+        """Validate the values; ``source`` names where they came from in the error."""
+        if not isinstance(self.response, str) or not self.response.strip():
+            raise DataError(f"{source}: response must be a non-empty column name, got {self.response!r}")
+        tf = self.test_fraction
+        if isinstance(tf, bool) or not isinstance(tf, (int, float)) or not (0.0 <= float(tf) <= 0.9):
+            raise DataError(f"{source}: test-fraction must be a number in [0, 0.9], got {tf!r}")
+        if isinstance(self.split_seed, bool) or not isinstance(self.split_seed, int) or self.split_seed < 0:
+            raise DataError(f"{source}: split-seed must be an integer >= 0, got {self.split_seed!r}")
+        if self.standardize not in _STANDARDIZE:
+            raise DataError(f"{source}: standardize must be one of {list(_STANDARDIZE)}, got {self.standardize!r}")
+        if not isinstance(self.intercept, bool):
+            raise DataError(f"{source}: intercept must be true or false, got {self.intercept!r}")
+        return replace(self, response=self.response.strip(), test_fraction=float(tf))
+
+
+@dataclass(frozen=True)
+class DeviceData:
+    """One device's arrays after split and standardisation (float64).
+
+    ``mean``/``scale`` are the training statistics applied to the raw features (0 and 1 with
+    ``standardize = "none"``); :meth:`transform` maps raw rows (e.g. of D') the same way.
+    """
+
+    device: int
+    path: Path
+    x_train: FloatArray
+    y_train: FloatArray
+    x_test: FloatArray
+    y_test: FloatArray
+    mean: FloatArray
+    scale: FloatArray
+    intercept: bool = False
+
+    def transform(self, raw: npt.ArrayLike) -> FloatArray:
+        """``(raw − mean) / scale`` (plus the column of ones if ``intercept``)."""
+        x = np.asarray(raw, dtype=np.float64)
+        if x.ndim != 2 or x.shape[1] != self.mean.shape[0]:
+            raise ValueError(f"device {self.device}: expected rows with {self.mean.shape[0]} raw features, "
+                             f"got shape {x.shape}")
+        out: FloatArray = (x - self.mean) / self.scale
+        if self.intercept:
+            out = np.hstack([out, np.ones((out.shape[0], 1))])
+        return out
+
+    def arrays(self) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
+        """``(X_train, y_train, X_test, y_test)``."""
+        return self.x_train, self.y_train, self.x_test, self.y_test
+
+
+@dataclass(frozen=True)
+class TabularDataset:
+    """A loaded folder: devices, feature names, graph and D'.
+
+    ``features`` are the columns of every ``X`` (with ``(intercept)`` last when enabled);
+    ``adjacency`` is ``None`` without ``edges.txt``; ``shared_raw`` is D' in raw units
+    (``None`` without ``shared.csv``) — each device maps it with its own
+    :meth:`DeviceData.transform` (:meth:`shared_for`).
+    """
+
+    root: Path
+    settings: TabularSettings
+    features: tuple[str, ...]
+    devices: tuple[DeviceData, ...]
+    adjacency: FloatArray | None = None
+    shared_raw: FloatArray | None = None
+    raw_features: tuple[str, ...] = field(default=())
+
+    @property
+    def num_devices(self) -> int:
+        return len(self.devices)
+
+    @property
+    def num_features(self) -> int:
+        return len(self.features)
+
+    def edges(self) -> list[tuple[int, int]]:
+        """Undirected edges ``(i, j)``, ``i < j``, sorted (empty without a graph)."""
+        if self.adjacency is None:
+            return []
+        return [(int(i), int(j)) for i, j in zip(*np.nonzero(np.triu(self.adjacency, 1)))]
+
+    def shared_for(self, device: int) -> FloatArray:
+        """D' in device ``device``'s coordinates; raises if the folder has no ``shared.csv``."""
+        if self.shared_raw is None:
+            raise DataError(f"{self.root / SHARED_FILE} not found: this dataset has no shared set D'")
+        return self.devices[device].transform(self.shared_raw)
+
+
+# ---------------------------------------------------------------------------------------------
+# files
+# ---------------------------------------------------------------------------------------------
+
+
+def read_settings(root: str | Path) -> dict[str, Any]:
+    """The keys present in ``DIR/dataset.toml`` (``{}`` without the file), as field names.
+
+    Raises
+    ------
+    DataError
+        Unparsable TOML or an unknown key (the message names the file and the valid keys).
+    """
+    path = Path(root) / SETTINGS_FILE
+    if not path.is_file():
+        return {}
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise DataError(f"{path}: cannot be read as TOML: {exc}") from None
+    valid = {f.name.replace("_", "-"): f.name for f in fields(TabularSettings)}
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key not in valid:
+            raise DataError(f"{path}: unknown key {key!r}; valid keys: {sorted(valid)}")
+        out[valid[key]] = value
+    return out
+
+
+def resolve_settings(root: str | Path, base: dict[str, Any] | None = None, **explicit: Any) -> TabularSettings:
+    """Settings for ``root``: ``explicit`` (non-``None``) > ``dataset.toml`` > ``base`` > defaults."""
+    merged: dict[str, Any] = dict(base or {})
+    merged.update(read_settings(root))
+    merged.update({k: v for k, v in explicit.items() if v is not None})
+    unknown = set(merged) - {f.name for f in fields(TabularSettings)}
+    if unknown:
+        raise TypeError(f"unknown tabular settings {sorted(unknown)}")
+    return TabularSettings(**merged).check(str(Path(root) / SETTINGS_FILE))
+
+
+def device_files(root: str | Path) -> list[Path]:
+    """``DIR/device-0.csv … device-<n-1>.csv`` in id order.
+
+    Raises
+    ------
+    DataError
+        The folder or ``device-0.csv`` is missing, a ``device-*.csv`` name is not a plain
+        non-negative integer id (``device-07.csv``, ``device-a.csv``), or the ids have a gap.
+    """
+    folder = Path(root)
+    if not folder.is_dir():
+        raise DataError(f"data folder {folder} not found: give --data-dir DIR (a folder holding "
+                        f"{DEVICE_FILE.format(id=0)}, {DEVICE_FILE.format(id=1)}, ...; see docs/data.md)")
+    ids: dict[int, Path] = {}
+    for path in folder.iterdir():
+        m = _DEVICE_RE.match(path.name)
+        if not m:
+            continue
+        token = m.group(1)
+        if not token.isdigit() or (len(token) > 1 and token.startswith("0")):
+            raise DataError(f"{path}: device files are named device-<id>.csv with id 0, 1, 2, ... "
+                            f"(no leading zeros); {token!r} is not such an id")
+        ids[int(token)] = path
+    if not ids:
+        raise DataError(f"{folder / DEVICE_FILE.format(id=0)} not found: a data folder holds one CSV per device, "
+                        f"device-0.csv ... device-<n-1>.csv (see docs/data.md)")
+    n = max(ids) + 1
+    missing = [i for i in range(n) if i not in ids]
+    if missing:
+        raise DataError(f"{folder / DEVICE_FILE.format(id=missing[0])} not found: device ids must be contiguous "
+                        f"0..{n - 1} (missing {missing[:10]})")
+    return [ids[i] for i in range(n)]
+
+
+def _parse_number(path: Path, line: int, column: str, cell: str) -> float:
+    text = cell.strip()
+    if not text:
+        raise DataError(f"{path}:{line}: column {column!r} is empty (every cell needs a number)")
+    try:
+        value = float(text)
+    except ValueError:
+        raise DataError(f"{path}:{line}: column {column!r} has {cell!r}, which is not a number") from None
+    if not math.isfinite(value):
+        raise DataError(f"{path}:{line}: column {column!r} has {cell!r}; NaN and infinite values are not allowed")
+    return value
+
+
+def read_numeric_csv(path: str | Path) -> tuple[tuple[str, ...], FloatArray]:
+    """Header and values of a numeric CSV (comma separated, UTF-8, optional BOM).
+
+    Blank lines are skipped; line numbers in errors are the file's physical lines.
+
+    Raises
+    ------
+    DataError
+        Missing/unreadable file, no header, an empty or duplicate column name, a row with the
+        wrong number of cells, an empty, non-numeric or non-finite cell, or no data rows.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(f"{p} not found")
+    try:
+        with p.open(newline="", encoding="utf-8-sig") as fh:
+            reader = csv.reader(fh)
+            header: list[str] | None = None
+            rows: list[list[float]] = []
+            for cells in reader:
+                if not cells or all(not c.strip() for c in cells):
+                    continue
+                if header is None:
+                    header = [c.strip() for c in cells]
+                    for k, name in enumerate(header):
+                        if not name:
+                            raise DataError(f"{p}:{reader.line_num}: header column {k + 1} has no name")
+                        if name in header[:k]:
+                            raise DataError(f"{p}:{reader.line_num}: column {name!r} appears twice in the header")
+                    continue
+                if len(cells) != len(header):
+                    raise DataError(f"{p}:{reader.line_num}: expected {len(header)} cells (one per header column), "
+                                    f"got {len(cells)}")
+                rows.append([_parse_number(p, reader.line_num, name, c) for name, c in zip(header, cells)])
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{p}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except csv.Error as exc:
+        raise DataError(f"{p}: malformed CSV: {exc}") from None
+    except OSError as exc:
+        raise DataError(f"{p}: cannot be read: {exc}") from None
+    if header is None:
+        raise DataError(f"{p}: the file is empty; it needs a header row naming the columns")
+    if not rows:
+        raise DataError(f"{p}: no data rows after the header (every device needs at least one row)")
+    return tuple(header), np.asarray(rows, dtype=np.float64)
+
+
+def _check_columns(path: Path, header: tuple[str, ...], expected: set[str], reference: Path) -> None:
+    got = set(header)
+    if got != expected:
+        missing = sorted(expected - got)
+        extra = sorted(got - expected)
+        raise DataError(f"{path}: columns differ from {reference.name}: missing {missing}, extra {extra} "
+                        f"(every device needs the same columns)")
+
+
+def split_rows(n_rows: int, test_fraction: float, split_seed: int, device: int) -> tuple[npt.NDArray[np.int64],
+                                                                                        npt.NDArray[np.int64]]:
+    """Training and test row indices (each sorted) of one device (rule in the module docstring)."""
+    if n_rows < 1:
+        raise ValueError(f"n_rows must be >= 1, got {n_rows}")
+    n_test = 0
+    if test_fraction > 0 and n_rows >= 2:
+        n_test = int(min(max(math.floor(test_fraction * n_rows + 0.5), 1), n_rows - 1))
+    perm = np.random.default_rng([split_seed, device]).permutation(n_rows)
+    return np.sort(perm[n_test:]).astype(np.int64), np.sort(perm[:n_test]).astype(np.int64)
+
+
+def _standardiser(path: Path, x_train: FloatArray, names: tuple[str, ...], mode: str) -> tuple[FloatArray, FloatArray]:
+    p = x_train.shape[1]
+    if mode == "none":
+        return np.zeros(p), np.ones(p)
+    mean = x_train.mean(axis=0)
+    sd = x_train.std(axis=0)
+    flat = sd <= 1e-12 * np.maximum(1.0, np.abs(mean))
+    if np.any(flat):
+        logger.warning("%s: feature(s) %s are constant on the training rows; centred only (sd taken as 1)",
+                       path, [names[k] for k in np.flatnonzero(flat)])
+        sd = np.where(flat, 1.0, sd)
+    return mean, sd
+
+
+def load_tabular(
+    root: str | Path,
+    *,
+    response: str | None = None,
+    test_fraction: float | None = None,
+    split_seed: int | None = None,
+    standardize: Literal["device", "none"] | None = None,
+    intercept: bool | None = None,
+    base: dict[str, Any] | None = None,
+) -> TabularDataset:
+    """Read a folder of device CSVs (module docstring): split, standardise, graph and D'.
+
+    Parameters
+    ----------
+    root
+        The folder holding ``device-<id>.csv``.
+    response, test_fraction, split_seed, standardize, intercept
+        Override ``dataset.toml`` (``None`` = take the file's value, else the default).
+    base
+        Defaults that ``dataset.toml`` overrides (used by the ``csv`` task for its run seed).
+
+    Raises
+    ------
+    DataError
+        Any malformed file, naming the file (and line/column).
+    graphfl.common.graph.GraphError
+        A malformed ``edges.txt`` or an edge naming an unknown device (file and line).
+    """
+    folder = Path(root)
+    files = device_files(folder)
+    settings = resolve_settings(folder, base, response=response, test_fraction=test_fraction,
+                                split_seed=split_seed, standardize=standardize, intercept=intercept)
+    first_header: tuple[str, ...] | None = None
+    raw_features: tuple[str, ...] = ()
+    devices: list[DeviceData] = []
+    for dev, path in enumerate(files):
+        header, values = read_numeric_csv(path)
+        if settings.response not in header:
+            raise DataError(f"{path}: no response column {settings.response!r} in the header {list(header)} "
+                            f"(set 'response' in {SETTINGS_FILE} or pass response=...)")
+        if first_header is None:
+            first_header = header
+            raw_features = tuple(c for c in header if c != settings.response)
+            if not raw_features:
+                raise DataError(f"{path}: no feature columns besides the response {settings.response!r}")
+        else:
+            _check_columns(path, header, set(first_header), files[0])
+        col = {name: k for k, name in enumerate(header)}
+        x = values[:, [col[c] for c in raw_features]]
+        y = values[:, col[settings.response]]
+        tr, te = split_rows(len(y), settings.test_fraction, settings.split_seed, dev)
+        if len(te) == 0 and settings.test_fraction > 0:
+            logger.warning("%s: only %d row(s); no test rows for this device", path, len(y))
+        mean, scale = _standardiser(path, x[tr], raw_features, settings.standardize)
+        proto = DeviceData(dev, path, x[tr], y[tr], x[te], y[te], mean, scale, settings.intercept)
+        devices.append(replace(proto, x_train=proto.transform(x[tr]), x_test=proto.transform(x[te])))
+    assert first_header is not None
+    adjacency: FloatArray | None = None
+    edges_path = folder / EDGES_FILE
+    if edges_path.exists():
+        adjacency = adjacency_from_edges(len(files), read_edge_list(edges_path, len(files)).edges)
+    shared: FloatArray | None = None
+    shared_path = folder / SHARED_FILE
+    if shared_path.exists():
+        header, values = read_numeric_csv(shared_path)
+        if settings.response in header:
+            raise DataError(f"{shared_path}: has the response column {settings.response!r}; the shared set D' "
+                            f"is unlabelled, so give only the feature columns {list(raw_features)}")
+        _check_columns(shared_path, header, set(raw_features), files[0])
+        col = {name: k for k, name in enumerate(header)}
+        shared = values[:, [col[c] for c in raw_features]]
+    features = raw_features + ((INTERCEPT_COLUMN,) if settings.intercept else ())
+    logger.info("loaded %d devices from %s: %d features, response %r, %d edges, D' %s", len(devices), folder,
+                len(features), settings.response, 0 if adjacency is None else int(np.count_nonzero(adjacency) // 2),
+                "absent" if shared is None else f"{shared.shape[0]} rows")
+    return TabularDataset(folder, settings, features, tuple(devices), adjacency, shared, raw_features)
+
+
+def device_arrays(root: str | Path, **settings: Any) -> list[tuple[FloatArray, FloatArray, FloatArray, FloatArray]]:
+    """Per-device ``(X_train, y_train, X_test, y_test)`` of :func:`load_tabular` (same keywords)."""
+    return [d.arrays() for d in load_tabular(root, **settings).devices]
+
+
+# ---------------------------------------------------------------------------------------------
+# the graphfl task
+# ---------------------------------------------------------------------------------------------
+
+
+def _stamp(folder: Path) -> tuple[tuple[str, int, int], ...]:
+    """Names, sizes and mtimes of the folder's files (cache key: an edited file reloads)."""
+    out = []
+    for p in sorted(folder.iterdir()):
+        if p.is_file():
+            st = p.stat()
+            out.append((p.name, st.st_size, st.st_mtime_ns))
+    return tuple(out)
+
+
+@lru_cache(maxsize=4)
+def _load_cached(folder: str, stamp: tuple[tuple[str, int, int], ...], base: tuple[tuple[str, Any], ...],
+                 explicit: tuple[tuple[str, Any], ...]) -> TabularDataset:
+    del stamp  # part of the key only
+    return load_tabular(folder, base=dict(base), **dict(explicit))
+
+
+class CSVTask(Task):
+    """Task ``csv``: the folder ``--data-dir`` (else ``$GRAPHFL_DATA``) of device CSVs.
+
+    Client ``i`` is device ``i``; the run must have exactly as many clients as device files.
+    Regression with a linear model (``torch.nn.Linear(features, 1)``) and MSE. The client
+    graph is ``edges.txt`` when present. Test fraction and split seed default to the run's
+    ``data.test-fraction`` and ``seed``; ``dataset.toml`` and keyword options override them.
+    """
+
+    spec = TaskSpec("csv", "regression", default_nodes=4, needs_data_dir=True,
+                    summary="your data: DIR/device-<id>.csv (+ edges.txt, shared.csv), linear regression")
+
+    def __init__(self, *args: Any, response: str | None = None, standardize: str | None = None,
+                 intercept: bool | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._explicit = tuple(sorted({"response": response, "standardize": standardize,
+                                       "intercept": intercept}.items()))
+
+    def folder(self) -> Path:
+        if self.data_dir:
+            return Path(self.data_dir)
+        env = os.environ.get("GRAPHFL_DATA")
+        if env:
+            return Path(env)
+        raise DataError("task csv needs a data folder: give --data-dir DIR (a folder holding device-0.csv, "
+                        "device-1.csv, ...; see docs/data.md) or set $GRAPHFL_DATA")
+
+    def dataset(self) -> TabularDataset:
+        """The loaded folder (cached until a file in it changes)."""
+        folder = self.folder()
+        device_files(folder)  # clear error before anything else
+        base = (("split_seed", self.seed), ("test_fraction", float(self.data.test_fraction)))
+        return _load_cached(str(folder), _stamp(folder), base, self._explicit)
+
+    def client_data(self, partition_id: int, num_partitions: int) -> ClientData:
+        self.check_num_partitions(num_partitions)
+        ds = self.dataset()
+        if num_partitions != ds.num_devices:
+            raise DataError(f"{ds.root} holds {ds.num_devices} device files but the run has {num_partitions} "
+                            f"clients; use --nodes {ds.num_devices}")
+        if not 0 <= partition_id < num_partitions:
+            raise ValueError(f"partition id {partition_id} outside 0..{num_partitions - 1}")
+        d = ds.devices[partition_id]
+        f32 = np.float32
+        return ClientData(d.x_train.astype(f32), d.y_train[:, None].astype(f32),
+                          d.x_test.astype(f32), d.y_test[:, None].astype(f32))
+
+    def client_graph(self, num_partitions: int) -> np.ndarray | None:
+        return self.dataset().adjacency
+
+    def build_model(self) -> torch.nn.Module:
+        import torch
+
+        from graphfl.tasks.models import seeded
+
+        return seeded(self.seed, torch.nn.Linear, self.dataset().num_features, 1)
