@@ -26,6 +26,10 @@ from graphfl.server.exchange import Reply
 logger = logging.getLogger(__name__)
 
 
+EVAL_KEYS = ("test_loss", "test_acc", "local_test_loss", "local_test_acc")
+"""Client evaluation metrics the curve records (mean and per client)."""
+
+
 @dataclass
 class PhaseOutcome:
     """What one phase of a round produced (filled in by the round loop).
@@ -105,11 +109,16 @@ class RunRecorder:
         return self.rounds.setdefault(r, {"round": r})
 
     def record_eval(self, r: int, per_client: Mapping[int, Mapping[str, float]]) -> None:
-        """Mean and per-client ``test_loss``/``test_acc`` of the model after round ``r``."""
+        """Mean and per-client evaluation metrics (:data:`EVAL_KEYS`) of the model after round ``r``.
+
+        ``local_test_loss`` / ``local_test_acc`` are reported by algorithms whose evaluated model
+        differs from the client's last local model (FeSEM evaluates the center and reports its
+        last local model beside it, ALGORITHMS.md §4.5).
+        """
         row = self.row(r)
         if not per_client:
             return
-        for key in ("test_loss", "test_acc"):
+        for key in EVAL_KEYS:
             values = {pid: m[key] for pid, m in per_client.items() if key in m}
             if values:
                 row[key] = mean_finite(list(values.values()))

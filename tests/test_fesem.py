@@ -350,3 +350,17 @@ def test_bench_permuted_digits_task_and_seed_aggregation():
     res = mc._combine(runs, "test_loss")
     assert res["final"]["test_loss"] == pytest.approx(1.0)
     assert res["final"]["test_loss_sd"] == pytest.approx(np.std([0.5, 1.5], ddof=1))
+
+
+def test_both_fesem_losses_are_recorded_per_round():
+    """§4.5 asks for the center's loss and the last local model's: both land in run.json's curve."""
+    from graphfl.common.config import parse_run_config
+    from graphfl.server.inprocess import run_federated_inprocess
+
+    cfg = parse_run_config({"strategy": "fesem", "task": "digits-permuted", "nodes": 6, "rounds": 2,
+                            "engine": "inprocess", "train.local-steps": 3, "fesem.k": 3})
+    doc, _ = run_federated_inprocess(cfg)
+    last = doc["methods"]["fesem"]["curve"][-1]
+    assert last["test_loss"] is not None and last["local_test_loss"] is not None
+    assert last["local_test_loss"] != last["test_loss"]  # the local model is not the center
+    assert set(last["local_test_loss_per_client"]) == {str(i) for i in range(6)}
