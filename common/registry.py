@@ -21,8 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic
 
-from graphfl.common.config import ConfigError
+from graphfl.common.config import ConfigError, RunConfig
 from graphfl.common.core import ClientContext, ClientTrainer, P, ServerContext, ServerCore
+from graphfl.common.types import Arrays
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,10 @@ class AlgorithmSpec(Generic[P]):
         One line for ``graphfl list``.
     min_clients
         Fewest clients the algorithm can run with (checked before a run starts).
+    preflight
+        ``preflight(cfg, initial_arrays, param_keys)`` raises :class:`ConfigError` (one line
+        naming the setting to change) when the run cannot work with this task's model, e.g. its
+        memory needs; called before any process starts and again by the round loop.
     """
 
     name: str
@@ -48,6 +53,7 @@ class AlgorithmSpec(Generic[P]):
     server_core: Callable[[ServerContext[P]], ServerCore[P]]
     summary: str = ""
     min_clients: int = 1
+    preflight: Callable[[RunConfig, Arrays, tuple[str, ...]], None] | None = None
 
 
 @dataclass(frozen=True)

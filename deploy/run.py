@@ -145,6 +145,11 @@ def preflight(cfg: RunConfig) -> None:
         raise ConfigError(f"{cfg.strategy} needs at least {spec.min_clients} clients, got nodes = {cfg.nodes}")
     task = tasks.create(cfg.task, data=cfg.data, data_dir=cfg.data_dir, seed=cfg.seed)
     task.client_data(0, cfg.nodes)
+    if spec.preflight is not None:
+        from graphfl.client.training import get_arrays, param_keys
+
+        model = task.build_model()
+        spec.preflight(cfg, get_arrays(model), param_keys(model))
 
 
 def run_experiment(

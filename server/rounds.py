@@ -172,6 +172,10 @@ def _run(
 ) -> ServerCore[Any]:
     n = cfg.nodes
     initial = inputs.initial_arrays
+    if n < spec.min_clients:
+        raise RunError(f"{spec.name} needs at least {spec.min_clients} clients, got nodes = {n}")
+    if spec.preflight is not None:
+        spec.preflight(cfg, initial, inputs.param_keys)
     t0 = time.perf_counter()
     joined = exchange.join(Payload(initial), n)
     ok = {pid: rep for pid, rep in joined.items() if rep.error is None}

@@ -89,3 +89,29 @@ def test_a_round_without_a_valid_reply_fails_the_run(tmp_path: Path) -> None:
     ok = tmp_path / "tolerated"
     run_experiment(_cfg(ok, **{"train.lr": 1e30, "min-replies": 0}))  # explicitly allowed: runs to the end
     assert json.loads((ok / "run.json").read_text())["status"] == "completed"
+
+
+def test_bigfl_on_a_cnn_is_refused_in_one_line_naming_the_setting(tmp_path: Path) -> None:
+    """phi over all of mnist's CNN would be 22 TB: refused before anything starts, not a MemoryError."""
+    from graphfl.common.registry import get
+    from graphfl.tasks import registry as tasks
+
+    cfg = parse_run_config({"strategy": "bigfl", "task": "mnist", "nodes": 4}, ignore_other_strategies=False)
+    model = tasks.create("mnist", seed=0).build_model()
+    arrays = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+    keys = tuple(k for k, _ in model.named_parameters())
+    check = get("bigfl").preflight
+    assert check is not None
+    with pytest.raises(ConfigError, match=r"set bigfl.layers to a few layers, e.g. bigfl.layers = '[\w.]+'"):
+        check(cfg, arrays, keys)
+    last = keys[-1].rsplit(".", 1)[0]
+    ok = parse_run_config({"strategy": "bigfl", "task": "mnist", "nodes": 4, "bigfl.layers": last},
+                          ignore_other_strategies=False)
+    check(ok, arrays, keys)  # the suggested setting fits
+
+
+def test_bigfl_needs_two_clients(tmp_path: Path) -> None:
+    from graphfl.deploy.run import preflight
+
+    with pytest.raises(ConfigError, match="bigfl needs at least 2 clients"):
+        preflight(_cfg(tmp_path, strategy="bigfl", nodes=1))
