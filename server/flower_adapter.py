@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NoReturn
@@ -48,7 +49,12 @@ def reply_from_message(msg: Message, partition_id: int | None = None) -> Reply:
     metrics: dict[str, float] = {}
     for rec in content.metric_records.values():
         metrics.update({k: float(v) for k, v in rec.items() if isinstance(v, (int, float))})
-    pid = int(metrics.get(wire.PARTITION_ID, -1 if partition_id is None else partition_id))
+    fallback = -1 if partition_id is None else partition_id
+    for key in (wire.PARTITION_ID, wire.NUM_PARTITIONS, wire.NUM_EXAMPLES):
+        value = metrics.get(key)
+        if value is not None and not (math.isfinite(value) and value >= 0 and float(value).is_integer()):
+            return Reply(fallback, error=f"reply metric {key!r} = {value!r} is not a non-negative integer")
+    pid = int(metrics.get(wire.PARTITION_ID, fallback))
     arrays = None
     if wire.ARRAYS in content.array_records:
         try:
