@@ -26,6 +26,8 @@ console = Console(stderr=True)
 logger = logging.getLogger("graphfl.cli")
 
 BENCHMARKS = {
+    "admm": "graphfl.bench.admm",
+    "fedrelax": "graphfl.bench.fedrelax",
     "multicenter": "graphfl.bench.multicenter",
     "dfl": "graphfl.bench.dfl",
     "p2p-throughput": "graphfl.bench.p2p_throughput",
