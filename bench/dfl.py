@@ -90,6 +90,8 @@ UNSPECIFIED = [
     "FedAvg = averaging of all n models every tau steps (full participation)",
     "DFL-GT tracker initialised with the first stochastic gradient (GNSD), not 0 (ALGORITHMS §3.3)",
     "'final' = mean over the last 10% of evaluation points; stationarity and consensus at the last point",
+    "a test run whose training loss diverges at the tuned alpha0 is rerun with the next smaller grid value "
+    "(recorded per seed as alpha0_used_per_seed)",
 ]
 
 
@@ -146,6 +148,21 @@ def run_method(method: str, tau: int, alpha0: float, iterations: int, seed: int,
     if not all(math.isfinite(c["test_loss"]) and c["test_loss"] < 1e6 for c in curve):
         raise Diverged(f"{method}, tau={tau}, alpha0={alpha0}: test loss non-finite")
     return {"curve": curve, "seconds": time.perf_counter() - t0, "final": summarize(curve)}
+
+
+def run_with_backoff(method: str, tau: int, alpha0: float, form: Form, seed: int,
+                     n: int) -> tuple[dict[str, Any] | None, float | None]:
+    """The test run at the tuned ``alpha0``; if its *training* loss diverges, the next smaller grid step.
+
+    Divergence is detected on the minibatch training loss only, so this uses no test data. Returns
+    ``(run, alpha0 used)`` or ``(None, None)`` when every smaller step diverges too.
+    """
+    for a0 in sorted((a for a in form.grid if a <= alpha0), reverse=True):
+        try:
+            return run_method(method, tau, a0, form.iterations, seed, n, eval_points=form.eval_points), a0
+        except Diverged as exc:
+            logger.warning("%s (seed %d); backing off to the next smaller step", exc, seed)
+    return None, None
 
 
 def tail_mean(curve: list[dict[str, Any]], key: str, frac: float = TAIL) -> float:
@@ -241,13 +258,14 @@ def run(quick: bool, seed: int, out: Path) -> dict[str, Any]:
                 tuned[m] = tune(m, tau, n, form, seed)
                 runs: list[dict[str, Any]] = []
                 diverged = 0
+                used: list[float | None] = []
                 for s in seeds:
-                    try:
-                        runs.append(run_method(m, tau, tuned[m]["alpha0"], form.iterations, s, n,
-                                               eval_points=form.eval_points))
-                    except Diverged as exc:
-                        logger.warning("%s (seed %d)", exc, s)
+                    r, a0 = run_with_backoff(m, tau, tuned[m]["alpha0"], form, s, n)
+                    used.append(a0)
+                    if r is None:
                         diverged += 1
+                    else:
+                        runs.append(r)
                 label = f"{topo} {m} tau={tau}"
                 if not runs:
                     methods[label] = {"final": {"test_loss": None, "diverged": diverged}, "curve": []}
@@ -259,6 +277,7 @@ def run(quick: bool, seed: int, out: Path) -> dict[str, Any]:
                                      "stationarity", "consensus")}
                 methods[label] = {
                     "topology": topo, "nodes": n, "tau": tau, "method": m, "alpha0": tuned[m]["alpha0"],
+                    "alpha0_used_per_seed": used,
                     "final": {**{k: v["mean"] for k, v in final.items()},
                               **{f"{k}_sd": v["sd"] for k, v in final.items()},
                               "rounds": per_seed[0]["rounds"], "bytes": per_seed[0]["bytes"],
@@ -352,7 +371,9 @@ def render_markdown(doc: dict[str, Any]) -> str:
         f = res["final"]
         if "topology" not in res:
             continue
-        rows.append([res["topology"], res["tau"], res["method"], res["alpha0"],
+        a0 = res["alpha0"] if all(u == res["alpha0"] for u in res["alpha0_used_per_seed"]) else \
+            f"{res['alpha0']:g} (used {', '.join('–' if u is None else f'{u:g}' for u in res['alpha0_used_per_seed'])})"
+        rows.append([res["topology"], res["tau"], res["method"], a0,
                      _pm_str(f["test_loss"], f["test_loss_sd"]), _pm_str(f["test_loss_over_run"], f["test_loss_over_run_sd"]),
                      _pm_str(f["avg_model_test_loss"], f["avg_model_test_loss_sd"]),
                      _pm_str(f["stationarity"], f["stationarity_sd"]), _pm_str(f["consensus"], f["consensus_sd"]),
