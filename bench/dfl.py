@@ -1,26 +1,33 @@
 """Benchmark B1 ``dfl`` (ALGORITHMS.md §2.10, §11; seed 000 §10.2, Fig. 10.1).
 
-The paper's 5-node experiment: heterogeneous nonlinear regression (task ``synthetic-dfl``:
-node inputs on disjoint intervals, node-specific nonlinearity), MLP 10→64→64→1, step
-``alpha0/√(t+1)``, FedAvg vs DFL-SGD vs DFL-GT, gossip period ``tau ∈ {1, 5, 10}``. The
-paper reports (qualitatively) FedAvg fastest and DFL-GT faster than DFL-SGD.
+The paper's experiment: heterogeneous nonlinear regression (task ``synthetic-dfl``: node inputs
+on node-specific intervals, node-specific nonlinearity, one shared ``w*``), a three-layer MLP
+(10→64→64→1), step ``alpha0/√(t+1)``, FedAvg vs DFL-SGD vs DFL-GT. The paper reports
+(qualitatively, no numbers) FedAvg fastest and DFL-GT faster than DFL-SGD.
 
-Set-up (ALGORITHMS §2.10 reconstructions): ring ``C_5`` with Metropolis weights (all 1/3);
-minibatch 32; FedAvg = DFL-SGD with ``W = (1/n) 1 1ᵀ`` (full participation, averaging every
-``tau`` steps, server traffic ``n`` uploads + ``n`` downloads per round); DFL-GT with the GNSD
-tracker initialisation. All three run through the same per-node code as the gRPC peers (the
-registered p2p algorithms, :mod:`graphfl.p2p.algorithms`), in one process
-(:func:`graphfl.p2p.driver.run_network_inprocess`).
+Fair set-up (issue 10):
 
-Step size. The paper's ``alpha0 = 15`` is tried first on the raw inputs (up to 100); when it
-diverges (non-finite loss) the benchmark records that and applies the spec's fallback: inputs
-scaled by the global constant 1/100 on every node (keeps the nodes' input intervals disjoint, as
-the paper intends; per-node standardisation would make them overlap), and ``alpha0`` is the
-largest value of ``STEP_GRID`` for which all three methods stay finite at ``tau = 1`` over the
-whole run. Both decisions are written to the result's ``config.step_search``.
+* **Topologies.** The paper's 5-node network (a ring ``C_5``, Metropolis weights all 1/3;
+  ALGORITHMS §2.10 reconstruction) and a slowly mixing 20-node ring (node ``i`` uses interval and
+  nonlinearity ``i mod 5``, so every neighbour has a different task: the heterogeneity bias that
+  gradient tracking removes grows with ``1/(1 − λ₂(W))``, about 1.5 on ``C_5`` and 31 on ``C_20``).
+  FedAvg = DFL-SGD with ``W = (1/n) 1 1ᵀ`` (full participation, averaging every ``tau`` steps,
+  server traffic). All methods run through the registered p2p step functions in one process.
+* **Inputs.** Each node's inputs are standardised with its own training mean/std (targets are
+  built from the raw inputs, as in the paper). The previous constant scale 0.01 after the
+  targets were built shrank two nodes' inputs to near-constants.
+* **Step size.** Every (topology, ``tau``, method) picks its own ``alpha0`` from the same grid
+  (which includes the paper's 15) by the validation loss: 20 % of each node's training data held
+  out (:mod:`graphfl.tasks.holdout`), first seed only, criterion = mean own-model validation MSE
+  over the last 10 % of evaluation points; a run whose loss leaves the finite range counts as
+  +inf. The test split is never used for a choice.
+* **Metrics** (test split, chosen settings, ``SEEDS`` seeds, mean ± sd): own-model loss (node
+  i's model on node i's test split, "local testing loss"), the average model ``θ̄`` on every
+  node's test split (the objective of eq. 10.1), the stationarity ``‖(1/n) Σ_i ∇f_i(θ̄)‖²``
+  (full-batch gradients on the training data, ALGORITHMS §2.7) and the consensus violation
+  ``(1/n) Σ‖θ_i − θ̄‖²``; per seed the paired differences GT − SGD and FedAvg − GT with their
+  sign counts.
 
-Metric: mean over nodes of each node's own model's local test MSE ("local testing loss"), vs
-communication rounds and vs bytes on the wire (protobuf frames, as the gRPC layer sends them).
 ``run(quick, seed, out)`` writes ``<out>/dfl.{json,md,png}``.
 """
 
@@ -29,6 +36,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,80 +48,190 @@ from graphfl.p2p.algorithms import NodeState, registry
 from graphfl.p2p.driver import run_network_inprocess
 from graphfl.p2p.oracles import ProblemSpec, make_oracle
 from graphfl.p2p.topology import make_topology
+from graphfl.tasks.holdout import VALIDATION_FRACTION, validation_task
 
 logger = logging.getLogger(__name__)
 
 NAME = "dfl"
-N_NODES = 5
+PROBLEM = "synthetic-dfl"
+TOPOLOGIES = {"ring5": 5, "ring20": 20}
 PAPER_ALPHA0 = 15.0
-STEP_GRID = (15.0, 5.0, 1.5, 0.5, 0.15, 0.05)
-INPUT_SCALE = 0.01
 TAUS = (1, 5, 10)
 METHODS = ("fedavg", "dfl-sgd", "dfl-gt")
+BATCH = 32
+TAIL = 0.1  # fraction of evaluation points averaged for "final"
+
+
+@dataclass(frozen=True)
+class Form:
+    """What ``--quick`` and the full form run."""
+
+    iterations: int
+    seeds: int
+    grid: tuple[float, ...]
+    eval_points: int
+
+
+QUICK = Form(iterations=300, seeds=3, grid=(0.1, 0.2, 0.4, PAPER_ALPHA0), eval_points=15)
+FULL = Form(iterations=2000, seeds=3, grid=(0.025, 0.05, 0.1, 0.2, 0.4, 0.8, PAPER_ALPHA0), eval_points=40)
+
+UNSPECIFIED = [
+    "topology of the 5-node network: ring C5 (the paper shows no graph); Metropolis weights (1/3)",
+    "a second, slowly mixing topology: 20-node ring, node i uses interval/nonlinearity i mod 5",
+    "data: input dim 10, w* ~ N(0, I), y = sigma_i(x w*) + N(0, 0.01^2), 1000 train + 200 test per node",
+    "inputs standardised per node (own training mean/std); targets from the raw inputs",
+    "model MLP 10-64-64-1 with ReLU, MSE loss, batch 32, identical initial model on all nodes",
+    "step rule alpha0/sqrt(t+1) (the paper's 1/sqrt(t) shifted to avoid t = 0); alpha0 tuned per "
+    "(topology, tau, method) on a grid that contains the paper's 15",
+    f"validation: {VALIDATION_FRACTION:.0%} of each node's training data, first seed only; criterion: "
+    f"mean own-model validation MSE over the last {TAIL:.0%} of evaluation points; diverged = +inf; "
+    "final runs train on the full training split",
+    "tau in {1, 5, 10} (the paper does not give tau)",
+    "FedAvg = averaging of all n models every tau steps (full participation)",
+    "DFL-GT tracker initialised with the first stochastic gradient (GNSD), not 0 (ALGORITHMS §3.3)",
+    "'final' = mean over the last 10% of evaluation points; stationarity and consensus at the last point",
+    "a test run whose training loss diverges at the tuned alpha0 is rerun with the next smaller grid value "
+    "(recorded per seed as alpha0_used_per_seed)",
+]
 
 
 class Diverged(RuntimeError):
     """A run left the finite range (the step size is too large for this method)."""
 
 
-def _oracles(seed: int, input_scale: float, batch: int = 32) -> list[Any]:
-    spec = ProblemSpec("synthetic-dfl", num_nodes=N_NODES, seed=seed, batch_size=batch, input_scale=input_scale)
-    return [make_oracle(i, spec) for i in range(N_NODES)]
+def make_oracles(n: int, seed: int, split: str = "test") -> list[Any]:
+    """The ``n`` nodes' oracles; ``split = "val"`` trains on 80 % and evaluates on the held-out 20 %."""
+    problem = validation_task(PROBLEM) if split == "val" else PROBLEM
+    spec = ProblemSpec(problem, num_nodes=n, seed=seed, batch_size=BATCH, standardize=True)
+    return [make_oracle(i, spec) for i in range(n)]
 
 
-def run_method(method: str, tau: int, alpha0: float, iterations: int, seed: int, input_scale: float,
-               eval_points: int = 40) -> dict[str, Any]:
-    """One run; raises :class:`Diverged` as soon as a loss is non-finite."""
-    w = np.full((N_NODES, N_NODES), 1.0 / N_NODES) if method == "fedavg" else make_topology("ring", N_NODES).mixing_matrix()
+def mixing(method: str, n: int) -> np.ndarray:
+    """FedAvg: ``(1/n) 1 1ᵀ``; the DFL methods: the ``n``-ring with Metropolis weights."""
+    if method == "fedavg":
+        return np.full((n, n), 1.0 / n)
+    w: np.ndarray = make_topology("ring", n).mixing_matrix()
+    return w
+
+
+def stationarity(oracles: list[Any], theta_bar: np.ndarray) -> float:
+    """``‖(1/n) Σ_i ∇f_i(θ̄)‖²`` with each node's full-batch training gradient (ALGORITHMS §2.7)."""
+    g = np.mean([np.asarray(o.full_grad(theta_bar), np.float64) for o in oracles], axis=0)
+    return float(g @ g)
+
+
+def run_method(method: str, tau: int, alpha0: float, iterations: int, seed: int, n: int,
+               split: str = "test", eval_points: int = 20, with_stationarity: bool = True) -> dict[str, Any]:
+    """One run; raises :class:`Diverged` as soon as a loss is non-finite or above 1e6."""
+    w = mixing(method, n)
     algo = registry.create("dfl-sgd" if method == "fedavg" else method, tau=tau, alpha0=alpha0)
-
-    def guard(t: int, states: list[NodeState]) -> None:
-        if not all(math.isfinite(s.loss) for s in states) or any(s.loss > 1e6 for s in states):
-            raise Diverged(f"{method}, tau={tau}, alpha0={alpha0}: loss non-finite at iteration {t}")
-
+    oracles = make_oracles(n, seed, split)
     rounds = iterations // tau
+    eval_every = max(1, rounds // eval_points)
+    stat: dict[int, float] = {}
+
+    def on_step(t: int, states: list[NodeState]) -> None:
+        if not all(math.isfinite(s.loss) and s.loss < 1e6 for s in states):
+            raise Diverged(f"{method}, tau={tau}, alpha0={alpha0}: loss non-finite at iteration {t}")
+        last = t + 1 == iterations
+        if with_stationarity and (last or ((t + 1) % tau == 0 and ((t // tau) + 1) % eval_every == 0)):
+            theta_bar = np.mean([np.asarray(s.theta, np.float64) for s in states], axis=0).astype(np.float32)
+            stat[t + 1] = stationarity(oracles, theta_bar)
+
     t0 = time.perf_counter()
-    res = run_network_inprocess(algo, _oracles(seed, input_scale), w, iterations, eval_every=max(1, rounds // eval_points),
-                        bytes_model="server" if method == "fedavg" else "gossip", on_step=guard)
-    curve = [{"round": c["round"], "test_loss": c.get("test_loss"), "avg_model_test_loss": c.get("avg_model_test_loss"),
-              "train_loss": c["train_loss"],
+    res = run_network_inprocess(algo, oracles, w, iterations, eval_every=eval_every,
+                                bytes_model="server" if method == "fedavg" else "gossip", on_step=on_step)
+    curve = [{"round": c["round"], "t": c["t"], "test_loss": c["test_loss"],
+              "avg_model_test_loss": c["avg_model_test_loss"], "stationarity": stat.get(c["t"]),
               "consensus": c["consensus"], "bytes": c["bytes"], "seconds": c["seconds"]}
              for c in res.curve if "test_loss" in c]
-    if not all(math.isfinite(c["test_loss"]) for c in curve):
+    if not all(math.isfinite(c["test_loss"]) and c["test_loss"] < 1e6 for c in curve):
         raise Diverged(f"{method}, tau={tau}, alpha0={alpha0}: test loss non-finite")
-    return {"curve": curve, "seconds": time.perf_counter() - t0, "bytes_per_round": res.wire_bytes_per_round}
+    return {"curve": curve, "seconds": time.perf_counter() - t0, "final": summarize(curve)}
 
 
-def step_search(iterations: int, seed: int) -> dict[str, Any]:
-    """Try the paper's step on raw inputs, then pick the largest stable step on scaled inputs."""
-    log: list[dict[str, Any]] = []
-    try:
-        for m in METHODS:
-            run_method(m, 1, PAPER_ALPHA0, min(iterations, 300), seed, 1.0)
-        log.append({"alpha0": PAPER_ALPHA0, "input_scale": 1.0, "stable": True})
-        return {"alpha0": PAPER_ALPHA0, "input_scale": 1.0, "tried": log}
-    except Diverged as exc:
-        log.append({"alpha0": PAPER_ALPHA0, "input_scale": 1.0, "stable": False, "why": str(exc)})
-    for a0 in STEP_GRID:
+def run_with_backoff(method: str, tau: int, alpha0: float, form: Form, seed: int,
+                     n: int) -> tuple[dict[str, Any] | None, float | None]:
+    """The test run at the tuned ``alpha0``; if its *training* loss diverges, the next smaller grid step.
+
+    Divergence is detected on the minibatch training loss only, so this uses no test data. Returns
+    ``(run, alpha0 used)`` or ``(None, None)`` when every smaller step diverges too.
+    """
+    for a0 in sorted((a for a in form.grid if a <= alpha0), reverse=True):
         try:
-            for m in METHODS:
-                run_method(m, 1, a0, iterations, seed, INPUT_SCALE, eval_points=5)
-            log.append({"alpha0": a0, "input_scale": INPUT_SCALE, "stable": True})
-            return {"alpha0": a0, "input_scale": INPUT_SCALE, "tried": log}
+            return run_method(method, tau, a0, form.iterations, seed, n, eval_points=form.eval_points), a0
         except Diverged as exc:
-            log.append({"alpha0": a0, "input_scale": INPUT_SCALE, "stable": False, "why": str(exc)})
-            logger.info("step search: %s", exc)
-    raise RuntimeError(f"no stable step size in {STEP_GRID}: {log}")
+            logger.warning("%s (seed %d); backing off to the next smaller step", exc, seed)
+    return None, None
 
 
-def _tail_mean(curve: list[dict[str, Any]], frac: float = 0.1, key: str = "test_loss") -> float:
-    k = max(1, int(len(curve) * frac))
-    return float(np.mean([c[key] for c in curve[-k:]]))
+def tail_mean(curve: list[dict[str, Any]], key: str, frac: float = TAIL) -> float:
+    vals = [c[key] for c in curve if c.get(key) is not None]
+    k = max(1, int(round(len(vals) * frac)))
+    return float(np.mean(vals[-k:]))
 
 
-def _auc(curve: list[dict[str, Any]], key: str = "test_loss") -> float:
-    """Mean of ``key`` over the evaluation points (lower = faster convergence)."""
-    return float(np.mean([c[key] for c in curve]))
+def summarize(curve: list[dict[str, Any]]) -> dict[str, Any]:
+    """Final metrics of one run's curve."""
+    last = curve[-1]
+    return {"test_loss": tail_mean(curve, "test_loss"),
+            "test_loss_over_run": float(np.mean([c["test_loss"] for c in curve])),
+            "avg_model_test_loss": tail_mean(curve, "avg_model_test_loss"),
+            "avg_model_over_run": float(np.mean([c["avg_model_test_loss"] for c in curve])),
+            "stationarity": last.get("stationarity"), "consensus": last["consensus"],
+            "rounds": last["round"], "bytes": last["bytes"]}
+
+
+def tune(method: str, tau: int, n: int, form: Form, seed: int) -> dict[str, Any]:
+    """``alpha0`` of ``method`` by validation loss (first seed, 20 % of the training data held out)."""
+    grid: dict[str, float | None] = {}
+    why: dict[str, str] = {}
+    for a0 in form.grid:
+        try:
+            r = run_method(method, tau, a0, form.iterations, seed, n, split="val",
+                           eval_points=form.eval_points, with_stationarity=False)
+            grid[f"{a0:g}"] = r["final"]["test_loss"]
+        except Diverged as exc:
+            grid[f"{a0:g}"] = None
+            why[f"{a0:g}"] = str(exc)
+    finite = {float(k): v for k, v in grid.items() if v is not None}
+    if not finite:
+        raise RuntimeError(f"{method} tau={tau} n={n}: every alpha0 in {form.grid} diverged: {why}")
+    chosen = min(finite, key=lambda a: (finite[a], a))
+    ordered = sorted(form.grid)
+    return {"grid_val_loss": grid, "diverged": why, "alpha0": chosen,
+            "at_grid_edge": chosen in (ordered[0], ordered[-1])}
+
+
+def _pm(values: list[float]) -> dict[str, Any]:
+    vals = [float(v) for v in values if v is not None]
+    if not vals:
+        return {"mean": None, "sd": None, "per_seed": values}
+    return {"mean": float(np.mean(vals)), "sd": float(np.std(vals, ddof=1)) if len(vals) > 1 else None,
+            "per_seed": vals}
+
+
+def paired(a: list[dict[str, Any]], b: list[dict[str, Any]], key: str) -> dict[str, Any]:
+    """Per-seed ``a − b`` of final ``key`` (negative = ``a`` better), mean ± sd and sign count."""
+    diffs = [float(x[key]) - float(y[key]) for x, y in zip(a, b) if x.get(key) is not None and y.get(key) is not None]
+    out = _pm(diffs)
+    out["first_better"] = int(sum(d < 0 for d in diffs))
+    out["seeds"] = len(diffs)
+    return out
+
+
+def _mean_curve(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    curve = []
+    for k, c in enumerate(runs[0]["curve"]):
+        row = dict(c)
+        for key in ("test_loss", "avg_model_test_loss", "stationarity", "consensus"):
+            vals = [r["curve"][k].get(key) for r in runs]
+            if all(v is not None for v in vals):
+                row[key] = float(np.mean(vals))
+                if key == "test_loss":
+                    row["test_loss_sd"] = float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0
+        curve.append(row)
+    return curve
 
 
 def run(quick: bool, seed: int, out: Path) -> dict[str, Any]:
@@ -123,105 +241,192 @@ def run(quick: bool, seed: int, out: Path) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(1)
-    iterations = 600 if quick else 2000
-    seeds = [seed] if quick else [seed, seed + 1, seed + 2]
+    form = QUICK if quick else FULL
+    seeds = [seed + k for k in range(form.seeds)]
     t_start = time.perf_counter()
-    search = step_search(iterations, seed)
-    alpha0, scale = search["alpha0"], search["input_scale"]
-    logger.info("B1: alpha0 = %g, input scale = %g", alpha0, scale)
+    tuning: dict[str, dict[str, dict[str, Any]]] = {}
     methods: dict[str, Any] = {}
-    summary_rows = []
-    ordering: dict[int, dict[str, Any]] = {}
-    for tau in TAUS:
-        per_tau = {}
-        for m in METHODS:
-            runs: list[dict[str, Any] | None] = []
-            for s in seeds:
-                try:
-                    runs.append(run_method(m, tau, alpha0, iterations, s, scale))
-                except Diverged as exc:
-                    logger.warning("%s", exc)
-                    runs.append(None)
-            ok = [r for r in runs if r is not None]
-            label = f"{m} tau={tau}"
-            if not ok:
-                methods[label] = {"final": {"test_loss": None, "diverged": len(seeds)}, "curve": []}
-                continue
-            base = ok[0]["curve"]
-            curve = []
-            for k, c in enumerate(base):
-                vals = [r["curve"][k]["test_loss"] for r in ok]
-                avals = [r["curve"][k]["avg_model_test_loss"] for r in ok]
-                curve.append({**c, "test_loss": float(np.mean(vals)), "test_loss_sd": float(np.std(vals)),
-                              "avg_model_test_loss": float(np.mean(avals))})
-            final = {"test_loss": _tail_mean(curve), "mean_loss_over_run": _auc(curve),
-                     "avg_model_test_loss": _tail_mean(curve, key="avg_model_test_loss"),
-                     "avg_model_mean_loss_over_run": _auc(curve, key="avg_model_test_loss"),
-                     "consensus": curve[-1]["consensus"], "bytes": curve[-1]["bytes"],
-                     "rounds": curve[-1]["round"], "diverged": len(runs) - len(ok),
-                     "seconds": float(np.mean([r["seconds"] for r in ok]))}
-            methods[label] = {"final": final, "curve": curve}
-            per_tau[m] = final
-            summary_rows.append([tau, m, final["test_loss"], final["mean_loss_over_run"],
-                                 final["avg_model_test_loss"], final["avg_model_mean_loss_over_run"],
-                                 final["consensus"], final["rounds"], final["bytes"], final["diverged"]])
-        if len(per_tau) == len(METHODS):
-            by_final = sorted(per_tau, key=lambda m: per_tau[m]["test_loss"])
-            by_auc = sorted(per_tau, key=lambda m: per_tau[m]["mean_loss_over_run"])
-            by_avg = sorted(per_tau, key=lambda m: per_tau[m]["avg_model_mean_loss_over_run"])
-            ordering[tau] = {"by_final_loss": by_final, "by_mean_loss_over_run": by_auc,
-                             "avg_model_by_mean_loss_over_run": by_avg,
-                             "paper_order_holds": by_auc == ["fedavg", "dfl-gt", "dfl-sgd"],
-                             "paper_order_holds_avg_model": by_avg == ["fedavg", "dfl-gt", "dfl-sgd"],
-                             "gt_beats_sgd": per_tau["dfl-gt"]["mean_loss_over_run"] < per_tau["dfl-sgd"]["mean_loss_over_run"],
-                             "gt_beats_sgd_avg_model": per_tau["dfl-gt"]["avg_model_mean_loss_over_run"]
-                             < per_tau["dfl-sgd"]["avg_model_mean_loss_over_run"]}
+    pairs: dict[str, dict[str, Any]] = {}
+    ordering: dict[str, dict[str, Any]] = {}
+    for topo, n in TOPOLOGIES.items():
+        tuning[topo], pairs[topo], ordering[topo] = {}, {}, {}
+        for tau in TAUS:
+            tuned = {}
+            finals: dict[str, list[dict[str, Any]]] = {}
+            for m in METHODS:
+                logger.info("B1 %s tau=%d %s: tuning alpha0 on validation", topo, tau, m)
+                tuned[m] = tune(m, tau, n, form, seed)
+                runs: list[dict[str, Any]] = []
+                diverged = 0
+                used: list[float | None] = []
+                for s in seeds:
+                    r, a0 = run_with_backoff(m, tau, tuned[m]["alpha0"], form, s, n)
+                    used.append(a0)
+                    if r is None:
+                        diverged += 1
+                    else:
+                        runs.append(r)
+                label = f"{topo} {m} tau={tau}"
+                if not runs:
+                    methods[label] = {"final": {"test_loss": None, "diverged": diverged}, "curve": []}
+                    continue
+                per_seed = [r["final"] for r in runs]
+                finals[m] = per_seed if not diverged else []
+                final = {key: _pm([f[key] for f in per_seed])
+                         for key in ("test_loss", "test_loss_over_run", "avg_model_test_loss", "avg_model_over_run",
+                                     "stationarity", "consensus")}
+                methods[label] = {
+                    "topology": topo, "nodes": n, "tau": tau, "method": m, "alpha0": tuned[m]["alpha0"],
+                    "alpha0_used_per_seed": used,
+                    "final": {**{k: v["mean"] for k, v in final.items()},
+                              **{f"{k}_sd": v["sd"] for k, v in final.items()},
+                              "rounds": per_seed[0]["rounds"], "bytes": per_seed[0]["bytes"],
+                              "diverged": diverged, "seconds": float(np.mean([r["seconds"] for r in runs]))},
+                    "per_seed": final,
+                    "curve": _mean_curve(runs),
+                }
+            tuning[topo][str(tau)] = tuned
+            if all(finals.get(m) for m in METHODS):
+                keys = ("test_loss", "test_loss_over_run", "avg_model_test_loss", "stationarity")
+                pairs[topo][str(tau)] = {
+                    "gt_minus_sgd": {k: paired(finals["dfl-gt"], finals["dfl-sgd"], k) for k in keys},
+                    "fedavg_minus_gt": {k: paired(finals["fedavg"], finals["dfl-gt"], k) for k in keys},
+                    "fedavg_minus_sgd": {k: paired(finals["fedavg"], finals["dfl-sgd"], k) for k in keys},
+                }
+                means = {m: methods[f"{topo} {m} tau={tau}"]["final"] for m in METHODS}
+                by_speed = sorted(METHODS, key=lambda m: means[m]["test_loss_over_run"])
+                by_final = sorted(METHODS, key=lambda m: means[m]["test_loss"])
+                by_avg = sorted(METHODS, key=lambda m: means[m]["avg_model_test_loss"])
+                paper = ["fedavg", "dfl-gt", "dfl-sgd"]
+                ordering[topo][str(tau)] = {
+                    "own_model_by_mean_over_run": by_speed, "own_model_by_final": by_final,
+                    "avg_model_by_final": by_avg,
+                    "paper_order_by_speed": by_speed == paper, "paper_order_by_final": by_final == paper,
+                }
     doc = {
         "name": NAME,
-        "config": {"quick": quick, "seeds": seeds, "nodes": N_NODES, "topology": "ring C5, Metropolis (1/3)",
-                   "iterations": iterations, "taus": list(TAUS), "batch_size": 32, "model": "MLP 10-64-64-1",
-                   "step": f"{alpha0}/sqrt(t+1)", "alpha0": alpha0, "input_scale": scale,
-                   "step_search": search, "paper_alpha0": PAPER_ALPHA0},
+        "config": {"quick": quick, "seeds": seeds, "topologies": TOPOLOGIES, "taus": list(TAUS),
+                   "iterations": form.iterations, "alpha0_grid": list(form.grid), "eval_points": form.eval_points,
+                   "batch_size": BATCH, "model": "MLP 10-64-64-1 (ReLU)", "step": "alpha0/sqrt(t+1)",
+                   "inputs": "standardised per node (own training mean/std)", "tuning_seed": seed,
+                   "validation_fraction": VALIDATION_FRACTION, "paper_alpha0": PAPER_ALPHA0},
+        "unspecified_settings": UNSPECIFIED,
+        "paper": {"figure": "seed 000 Fig. 10.1 (test loss vs communication rounds, 5 nodes)",
+                  "claims": ["FedAvg converges fastest", "DFL-GT converges faster than DFL-SGD"],
+                  "numbers": None},
+        "tuning": tuning,
         "methods": methods,
-        "ordering": {str(k): v for k, v in ordering.items()},
+        "paired": pairs,
+        "ordering": ordering,
         "env": env_info(),
         "seconds": time.perf_counter() - t_start,
     }
+    doc["verdict"] = verdict(doc)
     write_json(out / f"{NAME}.json", doc)
-    changes = ("none" if alpha0 == PAPER_ALPHA0 and scale == 1.0 else
-               f"alpha0 = 15 diverged on raw inputs; used inputs x {scale:g} (all nodes) and alpha0 = {alpha0:g}")
-    lines = [
-        "# B1: FedAvg vs DFL-SGD vs DFL-GT (5-node nonlinear regression, seed 000 Fig. 10.1)",
-        "",
-        f"{iterations} iterations, seeds {seeds}, step {alpha0:g}/sqrt(t+1); changes from the paper: {changes}.",
-        "",
-        "Own model: node i's model on node i's test split (\"local testing loss\"); average model: the "
-        "network average θ̄ on every node's test split (the objective of eq. 10.1). Final = mean of the last "
-        "10% of evaluation points; 'over run' = mean over all evaluation points (lower = faster).",
-        "",
-        markdown_table(columns=["tau", "method", "own model: final", "own model: over run", "avg model: final",
-                  "avg model: over run", "consensus", "rounds", "bytes", "diverged runs"], rows=summary_rows),
-        "",
-        "Ordering by mean test MSE over the run (lower = faster); the paper reports fedavg < dfl-gt < dfl-sgd:",
-        "",
-    ]
-    for tau, o in ordering.items():
-        lines.append(f"- tau={tau}: own models {' < '.join(o['by_mean_loss_over_run'])} (GT beats SGD: "
-                     f"{o['gt_beats_sgd']}); average model {' < '.join(o['avg_model_by_mean_loss_over_run'])} "
-                     f"(GT beats SGD: {o['gt_beats_sgd_avg_model']})")
-    (out / f"{NAME}.md").write_text("\n".join(lines) + "\n")
-    style: dict[str, dict[str, str]] = {}
-    series_r = {label: v["curve"] for label, v in methods.items() if v["curve"]}
-    for label in series_r:
-        ls = {"1": "-", "5": "--", "10": ":"}[label.split("=")[1]]
-        color = {"fedavg": "C0", "dfl-sgd": "C1", "dfl-gt": "C2"}[label.split()[0]]
-        style[label] = {"linestyle": ls, "color": color}
-    plot_panels(out / f"{NAME}.png", [
-        {"x": "round", "y": "test_loss", "xlabel": "communication rounds", "ylabel": "mean local test MSE",
-         "series": series_r, "logy": True, "style": style},
-        {"x": "bytes", "y": "test_loss", "xlabel": "bytes on the wire", "ylabel": "mean local test MSE",
-         "series": series_r, "logy": True, "logx": True, "style": style},
-        {"x": "round", "y": "avg_model_test_loss", "xlabel": "communication rounds",
-         "ylabel": "test MSE of the average model", "series": series_r, "logy": True, "style": style},
-    ], title="B1: DFL on a 5-node ring")
+    (out / f"{NAME}.md").write_text(render_markdown(doc))
+    plot(doc, out / f"{NAME}.png")
     return doc
+
+
+def verdict(doc: dict[str, Any]) -> list[str]:
+    """One line per (topology, tau): does the paper's ordering appear, with the paired numbers."""
+    lines = []
+    for topo, per_tau in doc["paired"].items():
+        for tau, p in per_tau.items():
+            o = doc["ordering"][topo][tau]
+            gs = p["gt_minus_sgd"]
+            fg = p["fedavg_minus_gt"]
+            lines.append(
+                f"{topo} tau={tau}: speed order {' < '.join(o['own_model_by_mean_over_run'])}, final order "
+                f"{' < '.join(o['own_model_by_final'])} (paper: fedavg < dfl-gt < dfl-sgd); GT-SGD own-model final "
+                f"{_fmt_pm(gs['test_loss'])} (GT better in {gs['test_loss']['first_better']}/{gs['test_loss']['seeds']} "
+                f"seeds), avg-model {_fmt_pm(gs['avg_model_test_loss'])} ({gs['avg_model_test_loss']['first_better']}/"
+                f"{gs['avg_model_test_loss']['seeds']}), stationarity {_fmt_pm(gs['stationarity'])} "
+                f"({gs['stationarity']['first_better']}/{gs['stationarity']['seeds']}); FedAvg-GT own-model over run "
+                f"{_fmt_pm(fg['test_loss_over_run'])} ({fg['test_loss_over_run']['first_better']}/"
+                f"{fg['test_loss_over_run']['seeds']})")
+    return lines
+
+
+def _fmt_pm(d: dict[str, Any]) -> str:
+    if d.get("mean") is None:
+        return "–"
+    return f"{d['mean']:+.4g}" + ("" if d.get("sd") is None else f" ± {d['sd']:.2g}")
+
+
+def render_markdown(doc: dict[str, Any]) -> str:
+    cfg = doc["config"]
+    lines = [
+        "# B1: FedAvg vs DFL-SGD vs DFL-GT (seed 000 Fig. 10.1)", "",
+        f"{cfg['iterations']} iterations, seeds {cfg['seeds']}, step alpha0/sqrt(t+1) with alpha0 tuned per "
+        f"(topology, tau, method) on the validation split (grid {cfg['alpha0_grid']}, seed {cfg['tuning_seed']}); "
+        "inputs standardised per node. Test split, mean ± sd over seeds. Own = node i's model on node i's test "
+        "split; avg = the average model θ̄ on all test splits; stationarity = ‖(1/n) Σ ∇f_i(θ̄)‖² (full batch, "
+        "training data); final = mean of the last 10% of evaluation points, over run = mean of all of them "
+        "(lower = faster).", "",
+        "## Results (test)", "",
+    ]
+    rows = []
+    for res in doc["methods"].values():
+        f = res["final"]
+        if "topology" not in res:
+            continue
+        a0 = res["alpha0"] if all(u == res["alpha0"] for u in res["alpha0_used_per_seed"]) else \
+            f"{res['alpha0']:g} (used {', '.join('–' if u is None else f'{u:g}' for u in res['alpha0_used_per_seed'])})"
+        rows.append([res["topology"], res["tau"], res["method"], a0,
+                     _pm_str(f["test_loss"], f["test_loss_sd"]), _pm_str(f["test_loss_over_run"], f["test_loss_over_run_sd"]),
+                     _pm_str(f["avg_model_test_loss"], f["avg_model_test_loss_sd"]),
+                     _pm_str(f["stationarity"], f["stationarity_sd"]), _pm_str(f["consensus"], f["consensus_sd"]),
+                     f["rounds"], f["diverged"]])
+    lines += [markdown_table(rows, ["topology", "tau", "method", "alpha0", "own final", "own over run", "avg model final",
+                                    "stationarity", "consensus", "rounds", "diverged"]), ""]
+    lines += ["## Paired per seed (negative = first method better; count = seeds where it is better)", ""]
+    prow = []
+    for topo, per_tau in doc["paired"].items():
+        for tau, p in per_tau.items():
+            for name, key in (("GT − SGD", "gt_minus_sgd"), ("FedAvg − GT", "fedavg_minus_gt"),
+                              ("FedAvg − SGD", "fedavg_minus_sgd")):
+                d = p[key]
+                prow.append([topo, tau, name] + [f"{_fmt_pm(d[k])} ({d[k]['first_better']}/{d[k]['seeds']})"
+                                                 for k in ("test_loss", "test_loss_over_run", "avg_model_test_loss",
+                                                           "stationarity")])
+    lines += [markdown_table(prow, ["topology", "tau", "pair", "own final", "own over run", "avg model final",
+                                    "stationarity"]), ""]
+    lines += ["## Tuning (validation MSE per alpha0; – = diverged)", ""]
+    trow = []
+    grid = [f"{a:g}" for a in cfg["alpha0_grid"]]
+    for topo, per_tau in doc["tuning"].items():
+        for tau, per_m in per_tau.items():
+            for m, t in per_m.items():
+                trow.append([topo, tau, m] + [t["grid_val_loss"].get(a) for a in grid]
+                            + [t["alpha0"], "yes" if t["at_grid_edge"] else ""])
+    lines += [markdown_table(trow, ["topology", "tau", "method"] + [f"a0={a}" for a in grid] + ["chosen", "edge"]), ""]
+    lines += ["## Against the paper (Fig. 10.1: FedAvg fastest, DFL-GT faster than DFL-SGD)", ""]
+    lines += [f"- {v}" for v in doc["verdict"]]
+    lines += ["", "## Settings the paper does not give", ""] + [f"- {u}" for u in doc["unspecified_settings"]]
+    lines += ["", f"Wall time {doc['seconds']:.0f} s.", ""]
+    return "\n".join(lines)
+
+
+def _pm_str(mean: float | None, sd: float | None) -> str:
+    if mean is None:
+        return "–"
+    fmt = "{:.3e}" if abs(mean) < 1e-3 and mean != 0 else "{:.4f}"
+    return fmt.format(mean) + ("" if sd is None else " ± " + fmt.format(sd))
+
+
+def plot(doc: dict[str, Any], path: Path) -> None:
+    panels = []
+    for topo in TOPOLOGIES:
+        series = {f"{r['method']} tau={r['tau']}": r["curve"] for r in doc["methods"].values()
+                  if r.get("topology") == topo and r["curve"]}
+        style = {label: {"linestyle": {"1": "-", "5": "--", "10": ":"}[label.split("=")[1]],
+                         "color": {"fedavg": "C0", "dfl-sgd": "C1", "dfl-gt": "C2"}[label.split()[0]]}
+                 for label in series}
+        panels.append({"x": "round", "y": "test_loss", "xlabel": "communication rounds",
+                       "ylabel": "mean local test MSE (own model)", "series": series, "logy": True, "style": style,
+                       "title": f"{topo}: own-model test loss"})
+        panels.append({"x": "round", "y": "stationarity", "xlabel": "communication rounds",
+                       "ylabel": "||mean grad f_i(theta_bar)||^2", "series": series, "logy": True, "style": style,
+                       "title": f"{topo}: stationarity at the average model"})
+    plot_panels(path, panels, title="B1: FedAvg vs DFL-SGD vs DFL-GT (alpha0 tuned on validation)")

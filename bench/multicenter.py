@@ -1,26 +1,46 @@
-"""Benchmark B2 (ALGORITHMS.md §11, §5.9; seed 000 Table 10.1 / Fig. 10.3): multi-center FL.
+"""Benchmark B2 (ALGORITHMS.md §11, §4.9, §5.9; seed 000 Table 10.1 / Fig. 10.3): multi-center FL.
 
-Part 1 — the paper's synthetic experiment: 50 clients whose 8×8 linear ground truths come from
-a mixture of 3 Gaussians, 4-NN client graph, MLP 8-16-16-8 (no bias, sigmoid hidden). Methods:
-FedAvg, FeSEM (K = 3), BiG-FL and local-only training, all with the same local SGD settings.
-Metric: mean over clients of the local test MSE, per round (Fig. 10.3), mean ± sd over seeds.
-DFL (DFL-SGD on the same 4-NN graph, Metropolis weights, gossip every ``local-steps``
-iterations; the p2p layer's in-process driver) runs with plain SGD at constant step
-``lr / (1 - momentum)`` = 1.0, the effective step of the others' momentum SGD (the p2p step
-functions have no momentum).
+Part 1 — the paper's synthetic experiment: 50 clients whose 8×8 linear ground truths come from a
+mixture of 3 Gaussians, 4-NN client graph, MLP 8-16-16-8 (no bias, sigmoid hidden, linear output).
+Two generators (``tasks/synthetic.py``):
 
-Part 2 — a real dataset with planted clusters: scikit-learn digits split over 12 clients in
-3 groups; group g relabels every digit with its own permutation π_g (group 0: identity), so a
-single global model cannot fit all groups. The client graph links the clients of a group in a
-ring (the task knows it, as the synthetic task knows its 4-NN graph). BiG-FL acts on the last
-layer (``bigfl.layers = net.2``), the hidden layer is averaged (FedAvg). Metric: mean local test
-accuracy.
+* ``mixture`` (``synthetic-multicenter``): client i's weight is its mixture sample ``v_i``;
+* ``smooth`` (``synthetic-multicenter-smooth``): the paper's graph model, eq. 10.13 — the weights
+  are the rows of ``U = ÂV`` (``Â`` the GCN matrix of the 4-NN graph of the samples ``V``).
 
-Timing: the wall time of each core's ``aggregate_train`` is recorded in the same runs, so
-BiG-FL's server time per round (n = 50, d = 512: H = ÂΘφ, UL loss, Neumann hypergradient,
-messages) is compared with FedAvg's aggregation time on the same machine.
+Methods: FedAvg, FeSEM (K = 3), BiG-FL, local-only training and DFL (DFL-SGD on the task's 4-NN
+graph, Metropolis weights, gossip every ``local-steps`` iterations; the p2p in-process driver).
+
+Fair set-up (issue 10):
+
+* **One optimiser for all**: plain SGD (momentum 0; the client trainers reset momentum buffers
+  every round and the DFL step functions have none), ``local-steps`` = 10, batch 20, a constant
+  step per method chosen on the validation split (:mod:`graphfl.tasks.holdout`: 20 % of each
+  client's training data; the first seed only; criterion = the mean validation MSE over clients
+  after the last round). DFL uses the same constant step per iteration.
+* **BiG-FL**: step first (at λ_LL = 0.1, α = 1e-3), then the grid λ_LL ∈ {0, 1e-3, 1e-2, 0.1} ×
+  α ∈ {1e-3, 0.1, 1} on validation (with λ_LL = 0, φ does not enter the lower level, so α has no
+  effect and one run stands for the row).
+* **FeSEM**: step first (warm-up = ``local-steps``), then the warm-up length ∈ {10, 50, 200, 1000}
+  on validation. Reported: the center's test loss (``test_loss``, its default output) and the
+  last local model's (``local_test_loss``). A planted-label start (the diagnostic "perfectly
+  clustered FeSEM": the first assignment is the true clusters, through a hook on the server core;
+  once with the E-step continuing, once with the assignment frozen) shows what clustering alone
+  could give.
+* **Test graph** (ALGORITHMS §5.9): a homologous graph of 50 new nodes from the same mixture
+  (``…-testgraph``). BiG-FL runs its lower level there with φ frozen at the φ it learned on the
+  train graph (α = 0; also with φ = I as a control); the other methods have no graph-level state
+  that transfers and are trained on the test graph from scratch with their tuned settings.
+
+Part 2 — digits with planted clusters: scikit-learn digits over 12 clients in 3 groups, group g
+relabels every digit with its own permutation; client graph = a ring inside each group. BiG-FL
+acts on the last layer (``bigfl.layers = net.2``), the hidden layer is averaged. Metric: mean
+local test accuracy (step tuned on validation accuracy).
 
 ``run(quick, seed, out)`` writes ``<out>/multicenter.{json,md,png}``.
+
+FeSEM's ``local_test_loss`` is read from the run's curve rows when the round recorder keeps it;
+otherwise the bench evaluates the final models once more through the same client exchange.
 """
 
 from __future__ import annotations
@@ -28,40 +48,110 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from graphfl.tasks.holdout import VALIDATION_FRACTION, validation_task
+
 logger = logging.getLogger(__name__)
 
 NAME = "multicenter"
-B2_METHODS = ("fedavg", "fesem", "bigfl", "local", "dfl")
+GENERATORS = {"mixture": "synthetic-multicenter", "smooth": "synthetic-multicenter-smooth"}
+TESTGRAPH_SUFFIX = "-testgraph"
+METHODS = ("fedavg", "fesem", "bigfl", "local", "dfl")
 REAL_METHODS = ("fedavg", "fesem", "bigfl", "local")
+NODES = 50
+REAL_TASK, REAL_NODES = "digits-permuted", 12
 
-# Shared local training for every method (the spec leaves τ, β, m open; a plain SGD run on
-# one client with these settings reaches test MSE ≈ 0.02 after 400 steps).
-B2_TRAIN = {"train.lr": 0.1, "train.momentum": 0.9, "train.local-steps": 10, "train.batch-size": 20}
-REAL_TRAIN = {"train.lr": 0.05, "train.momentum": 0.9, "train.local-steps": 10,
-              "train.batch-size": 20, "data.dirichlet-alpha": 100.0}
-METHOD_PARAMS: dict[str, dict[str, Any]] = {
-    "fesem": {"fesem.k": 3},
-    "bigfl": {},
-}
+# Shared local optimiser: plain SGD, momentum 0, 10 steps of batch 20 per round; lr tuned per method.
+TRAIN = {"train.momentum": 0.0, "train.local-steps": 10, "train.batch-size": 20}
+REAL_TRAIN = {"train.momentum": 0.0, "train.local-steps": 10, "train.batch-size": 20,
+              "data.dirichlet-alpha": 100.0}
+METHOD_PARAMS: dict[str, dict[str, Any]] = {"fesem": {"fesem.k": 3}}
 REAL_PARAMS: dict[str, dict[str, Any]] = {
     "fesem": {"fesem.k": 3},
     "bigfl": {"bigfl.layers": "net.2", "bigfl.others": "fedavg"},
 }
+BIGFL_DEFAULT = {"bigfl.lambda-ll": 0.1, "bigfl.alpha": 1e-3}
+BIGFL_LAMBDAS = (0.0, 1e-3, 1e-2, 0.1)
+BIGFL_ALPHAS = (1e-3, 0.1, 1.0)
+FESEM_WARMUPS = (10, 50, 200, 1000)
+FROZEN = 10**9  # fesem.recluster-every that never re-runs the E-step
+
+
+@dataclass(frozen=True)
+class Form:
+    """What ``--quick`` and the full form run."""
+
+    rounds: int
+    seeds: int
+    lr_grid: tuple[float, ...]
+    real_rounds: int
+    real_lr_grid: tuple[float, ...]
+    tune_generators: tuple[str, ...]  # generators tuned on their own validation split
+    testgraph: tuple[str, ...]  # generators run on the test graph
+
+
+QUICK = Form(rounds=15, seeds=2, lr_grid=(0.3, 1.0, 3.0), real_rounds=10, real_lr_grid=(0.1, 0.3, 1.0),
+             tune_generators=("smooth",), testgraph=("smooth",))
+FULL = Form(rounds=200, seeds=3, lr_grid=(0.1, 0.3, 1.0, 3.0), real_rounds=50, real_lr_grid=(0.03, 0.1, 0.3, 1.0),
+            tune_generators=("mixture", "smooth"), testgraph=("mixture", "smooth"))
+
+
+def unspecified(form: Form) -> list[str]:
+    """Every choice the paper does not give (also in docs/strategies.md)."""
+    return [
+        "inputs X/60 and targets (X W)/60 (the paper's X in [-60, 60]); MSE in those units",
+        "MLP 8-16-16-8 without biases, sigmoid after the first two layers, linear output layer",
+        "4-NN graph symmetrised by union; mixture centers ~U[-0.5, 0.5]^64, equal weights",
+        "generator 'smooth': U = ÂV with Â = D^-1/2 (A+I) D^-1/2 of the 4-NN graph of the mixture samples V "
+        "(our reading of 'outputs follow eq. 10.13'); 'mixture': W_i = v_i",
+        "test graph: 50 new nodes from the same mixture (same centers), own 4-NN graph and data",
+        "test-graph protocol: BiG-FL phi frozen at the train-graph phi (alpha = 0), lower level run for the "
+        "same number of rounds; other methods trained on the test graph from scratch (nothing graph-level "
+        "transfers)",
+        f"rounds T = {form.rounds}" + (" (the full form uses 200, §5.2)" if form.rounds != 200 else " (§5.2)"),
+        "optimiser: plain SGD, momentum 0, 10 local steps per round, batch 20, constant step, the same for "
+        "every method; DFL = DFL-SGD gossiping every 10 iterations with the same constant step",
+        f"step grid {list(form.lr_grid)}, chosen per method on validation ({VALIDATION_FRACTION:.0%} of each "
+        "client's training data, first seed) by the mean validation MSE after the last round",
+        "tuning generators: " + ", ".join(form.tune_generators)
+        + ("" if len(form.tune_generators) == len(GENERATORS) else
+           " (quick form: the other generator reuses these settings)"),
+        "BiG-FL tuned coordinate-wise: step at lambda_LL = 0.1, alpha = 1e-3, then the lambda_LL x alpha grid "
+        "at that step",
+        "BiG-FL kappa = 1e-3, lambda_UL = 0.01, q = 10 (paper), hypergradient 'neumann' with K = 3, c = step",
+        "FeSEM K = 3 (paper), squared L2 on all parameters, E-step every round, unweighted M-step, "
+        "prox-lambda 0, k-means++ on the warmed-up models; step and warm-up tuned on the center's loss",
+        f"seeds: {form.seeds} (mean ± sd); digits: {form.real_rounds} rounds, step grid "
+        f"{list(form.real_lr_grid)} tuned on validation accuracy, BiG-FL on the last layer with default "
+        "lambda/alpha",
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# runs
+# ---------------------------------------------------------------------------------------------
+
+Hook = Callable[[Any], None]
 
 
 def run_method(strategy: str, task: str, nodes: int, rounds: int, seed: int,
-               overrides: dict[str, Any]) -> dict[str, Any]:
-    """One in-process run; returns its curve plus the per-round ``aggregate_train`` seconds."""
+               overrides: dict[str, Any], hook: Hook | None = None) -> dict[str, Any]:
+    """One in-process run: curve, per-round server seconds, final core state of interest.
+
+    ``hook(core)`` is called on the freshly built server core (diagnostics: a planted FeSEM
+    assignment, a transferred BiG-FL φ).
+    """
     import torch
 
     import graphfl.strategies.bigfl
     import graphfl.strategies.fesem  # noqa: F401
-    from graphfl.common import registry
+    from graphfl.common import registry, wire
     from graphfl.common.config import parse_run_config
     from graphfl.common.envinfo import env_info
     from graphfl.server.inprocess import InProcessExchange, server_inputs
@@ -73,11 +163,13 @@ def run_method(strategy: str, task: str, nodes: int, rounds: int, seed: int,
     spec = registry.get(strategy)
     agg_seconds: list[float] = []
 
-    def timed_core(ctx):
+    def core_factory(ctx: Any) -> Any:
         core = spec.server_core(ctx)
+        if hook is not None:
+            hook(core)
         inner = core.aggregate_train
 
-        def aggregate_train(server_round, updates):
+        def aggregate_train(server_round: int, updates: Any) -> Any:
             t0 = time.perf_counter()
             out = inner(server_round, updates)
             agg_seconds.append(time.perf_counter() - t0)
@@ -86,23 +178,36 @@ def run_method(strategy: str, task: str, nodes: int, rounds: int, seed: int,
         core.aggregate_train = aggregate_train  # type: ignore[method-assign]
         return core
 
-    timed_spec = dataclasses.replace(spec, server_core=timed_core)
-    inputs = server_inputs(cfg)
-    recorder = RunRecorder(cfg, strategy, None, name=f"{NAME}-{strategy}",
-                           env={**env_info(), "engine": "inprocess"})
+    timed_spec = dataclasses.replace(spec, server_core=core_factory)
+    exchange = InProcessExchange(cfg)
+    recorder = RunRecorder(cfg, strategy, None, name=f"{NAME}-{strategy}", env={**env_info(), "engine": "inprocess"})
     t0 = time.perf_counter()
-    run_federated(cfg, timed_spec, InProcessExchange(cfg), inputs, recorder)
+    core: Any = run_federated(cfg, timed_spec, exchange, server_inputs(cfg), recorder)
     wall = time.perf_counter() - t0
     curve = recorder.document()["methods"][strategy]["curve"]
-    return {"curve": curve, "aggregate_seconds": agg_seconds, "wall_seconds": wall,
-            "config": cfg.to_json()}
+    out: dict[str, Any] = {"curve": curve, "aggregate_seconds": agg_seconds, "wall_seconds": wall,
+                           "config": cfg.to_json()}
+    if strategy == "fesem":
+        local = curve[-1].get("local_test_loss")
+        if local is None:  # the recorder does not keep it yet: evaluate the final models once more
+            replies = exchange.send(wire.EVALUATE, rounds, {pid: core.evaluation_payload(pid) for pid in range(nodes)},
+                                    eval_first=False)
+            vals = [r.eval_metrics().get("local_test_loss") for r in replies.values() if r.error is None]
+            local = float(np.mean([v for v in vals if v is not None])) if any(v is not None for v in vals) else None
+            out["local_test_loss_source"] = "final evaluation by the bench"
+        else:
+            out["local_test_loss_source"] = "curve"
+        out["local_test_loss"] = local
+    if strategy == "bigfl":
+        out["phi"] = core.phi.clone()
+    return out
 
 
-def run_dfl(task: str, nodes: int, rounds: int, seed: int, train: dict[str, Any]) -> dict[str, Any]:
+def run_dfl(task: str, nodes: int, rounds: int, seed: int, lr: float) -> dict[str, Any]:
     """DFL-SGD over the task's client graph (in-process p2p driver), in the shape of run_method.
 
-    One round = ``train.local-steps`` iterations, the first of which gossips (ALGORITHMS §2.4
-    with ``tau = local-steps``); step ``lr / (1 - momentum)`` constant.
+    One round = ``train.local-steps`` iterations, the first of which gossips (ALGORITHMS §2.4 with
+    ``tau = local-steps``); constant step ``lr`` (plain SGD, as the server-based methods).
     """
     from graphfl.p2p.algorithms import registry as p2p_registry
     from graphfl.p2p.driver import run_network_inprocess as run_p2p
@@ -110,22 +215,146 @@ def run_dfl(task: str, nodes: int, rounds: int, seed: int, train: dict[str, Any]
     from graphfl.p2p.oracles import ProblemSpec, make_oracle
     from graphfl.tasks import registry as task_registry
 
-    tau = int(train["train.local-steps"])
-    alpha = float(train["train.lr"]) / (1.0 - float(train.get("train.momentum", 0.0)))
+    tau = int(TRAIN["train.local-steps"])
     adj = task_registry.create(task, seed=seed).client_graph(nodes)
     if adj is None:
         raise ValueError(f"task {task!r} has no client graph; run_dfl gossips over it")
     w = mixing_matrix(adj, "metropolis")
-    spec = ProblemSpec(task, num_nodes=nodes, seed=seed, batch_size=int(train["train.batch-size"]))
-    algo = p2p_registry.create("dfl-sgd", tau=tau, alpha0=alpha, step_rule="constant")
+    spec = ProblemSpec(task, num_nodes=nodes, seed=seed, batch_size=int(TRAIN["train.batch-size"]))
+    algo = p2p_registry.create("dfl-sgd", tau=tau, alpha0=lr, step_rule="constant")
     t0 = time.perf_counter()
     res = run_p2p(algo, [make_oracle(i, spec) for i in range(nodes)], w, rounds * tau, eval_every=1)
     wall = time.perf_counter() - t0
     curve = [{"round": c["round"], "test_loss": c["test_loss"], "seconds": wall / max(rounds, 1),
               "bytes_up": c.get("bytes")} for c in res.curve if "test_loss" in c]
     return {"curve": curve, "aggregate_seconds": [], "wall_seconds": wall,
-            "config": {"algorithm": "dfl-sgd", "tau": tau, "alpha": alpha, "step_rule": "constant",
+            "config": {"algorithm": "dfl-sgd", "tau": tau, "alpha": lr, "step_rule": "constant",
                        "mixing": "metropolis", "graph": f"{task} client graph"}}
+
+
+def run_any(method: str, task: str, nodes: int, rounds: int, seed: int, settings: dict[str, Any],
+            train: dict[str, Any], params: dict[str, dict[str, Any]] | None = None,
+            hook: Hook | None = None) -> dict[str, Any]:
+    """``method`` with its settings (``lr`` and, for some, strategy keys) on ``task``."""
+    lr = float(settings["lr"])
+    if method == "dfl":
+        return run_dfl(task, nodes, rounds, seed, lr)
+    extra = {k: v for k, v in settings.items() if k != "lr"}
+    overrides = {**train, "train.lr": lr, **(params or METHOD_PARAMS).get(method, {}), **extra}
+    return run_method(method, task, nodes, rounds, seed, overrides, hook)
+
+
+def final_metric(run: dict[str, Any], key: str) -> float | None:
+    v = run["curve"][-1].get(key)
+    return None if v is None or not np.isfinite(v) else float(v)
+
+
+def val_score(run: dict[str, Any], classification: bool) -> float:
+    """Lower is better: validation MSE, or minus validation accuracy; failures are +inf."""
+    v = final_metric(run, "test_acc" if classification else "test_loss")
+    if v is None:
+        return float("inf")
+    return -v if classification else v
+
+
+# ---------------------------------------------------------------------------------------------
+# tuning (validation only)
+# ---------------------------------------------------------------------------------------------
+
+
+def _try(what: str, *args: Any, **kwargs: Any) -> dict[str, Any] | None:
+    """``run_any(*args, **kwargs)``, or None (logged) when the setting fails."""
+    try:
+        return run_any(*args, **kwargs)
+    except (RuntimeError, ValueError, ArithmeticError) as exc:  # a diverging setting must not stop the benchmark
+        logger.warning("%s failed: %s", what, exc)
+        return None
+
+
+def tune_lr(method: str, task: str, nodes: int, rounds: int, seed: int, grid: tuple[float, ...],
+            train: dict[str, Any], base: dict[str, Any], classification: bool = False,
+            params: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The step of ``method`` by validation score (``task`` is a ``+val`` task)."""
+    scores: dict[str, float | None] = {}
+    runs: dict[float, dict[str, Any]] = {}
+    for lr in grid:
+        r = _try(f"tuning {method} lr={lr}", method, task, nodes, rounds, seed, {**base, "lr": lr}, train, params)
+        s = float("inf") if r is None else val_score(r, classification)
+        scores[f"{lr:g}"] = None if not np.isfinite(s) else (-s if classification else s)
+        if r is not None:
+            runs[lr] = r
+    finite = {lr: val_score(r, classification) for lr, r in runs.items()}
+    finite = {k: v for k, v in finite.items() if np.isfinite(v)}
+    if not finite:
+        raise RuntimeError(f"{method}: every step in {grid} failed on {task}")
+    chosen = min(finite, key=lambda a: (finite[a], a))
+    return {"grid": scores, "lr": chosen, "at_grid_edge": chosen in (min(grid), max(grid)),
+            "run": runs[chosen]}
+
+
+def tune_generator(gen: str, form: Form, seed: int) -> dict[str, Any]:
+    """Every method's settings for generator ``gen`` from its validation split."""
+    task = validation_task(GENERATORS[gen])
+    rounds = form.rounds
+    out: dict[str, Any] = {"task": task}
+    settings: dict[str, dict[str, Any]] = {}
+    for m in METHODS:
+        base = dict(BIGFL_DEFAULT) if m == "bigfl" else {}
+        logger.info("B2 tuning %s on %s (%d rounds)", m, task, rounds)
+        t = tune_lr(m, task, NODES, rounds, seed, form.lr_grid, TRAIN, base)
+        out[m] = {"lr_grid_val_mse": t["grid"], "lr": t["lr"], "lr_at_grid_edge": t["at_grid_edge"]}
+        settings[m] = {"lr": t["lr"], **base}
+        lr = t["lr"]
+        if m == "bigfl":
+            grid: dict[str, dict[str, float | None]] = {}
+            best = (val_score(t["run"], False), BIGFL_DEFAULT["bigfl.lambda-ll"], BIGFL_DEFAULT["bigfl.alpha"])
+            for lam in BIGFL_LAMBDAS:
+                row: dict[str, float | None] = {}
+                shared: float | None = None
+                for alpha in BIGFL_ALPHAS:
+                    if lam == BIGFL_DEFAULT["bigfl.lambda-ll"] and alpha == BIGFL_DEFAULT["bigfl.alpha"]:
+                        s = val_score(t["run"], False)
+                    elif lam == 0.0 and shared is not None:
+                        s = shared  # phi does not enter the lower level: alpha has no effect
+                    else:
+                        r = _try(f"tuning bigfl lambda_ll={lam} alpha={alpha}", "bigfl", task, NODES, rounds,
+                                 seed, {"lr": lr, "bigfl.lambda-ll": lam, "bigfl.alpha": alpha}, TRAIN)
+                        s = float("inf") if r is None else val_score(r, False)
+                        if lam == 0.0:
+                            shared = s
+                    row[f"alpha={alpha:g}"] = s if np.isfinite(s) else None
+                    if s < best[0]:
+                        best = (s, lam, alpha)
+                grid[f"lambda_ll={lam:g}"] = row
+            out[m]["lambda_alpha_grid_val_mse"] = grid
+            out[m]["lambda_ll"], out[m]["alpha"] = best[1], best[2]
+            out[m]["note"] = "lambda_ll = 0: one run for the row (alpha has no effect)"
+            settings[m] = {"lr": t["lr"], "bigfl.lambda-ll": best[1], "bigfl.alpha": best[2]}
+        if m == "fesem":
+            sweep: dict[str, dict[str, float | None]] = {}
+            best_w = (val_score(t["run"], False), int(TRAIN["train.local-steps"]))
+            for warm in FESEM_WARMUPS:
+                if warm == int(TRAIN["train.local-steps"]):
+                    r = t["run"]
+                else:
+                    r = _try(f"tuning fesem warm-up {warm}", "fesem", task, NODES, rounds, seed,
+                             {"lr": lr, "fesem.warmup-steps": warm}, TRAIN)
+                s = float("inf") if r is None else val_score(r, False)
+                ari = None if r is None else (r["curve"][-1].get("server") or {}).get("ari")
+                sweep[str(warm)] = {"val_mse": s if np.isfinite(s) else None, "ari": ari,
+                                    "val_local_mse": None if r is None else r.get("local_test_loss")}
+                if s < best_w[0]:
+                    best_w = (s, warm)
+            out[m]["warmup_sweep"] = sweep
+            out[m]["warmup_steps"] = best_w[1]
+            settings[m] = {"lr": t["lr"], "fesem.warmup-steps": best_w[1]}
+    out["settings"] = settings
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# statistics
+# ---------------------------------------------------------------------------------------------
 
 
 def _stats(values: list[float | None]) -> tuple[float | None, float | None]:
@@ -136,29 +365,78 @@ def _stats(values: list[float | None]) -> tuple[float | None, float | None]:
 
 
 def _combine(runs: list[dict[str, Any]], metric: str) -> dict[str, Any]:
-    """Mean ± sd over seeds, round by round."""
+    """Mean ± sd over seeds, round by round, plus the final values per seed."""
     rounds = sorted({row["round"] for r in runs for row in r["curve"]})
     curve = []
     for rd in rounds:
         rows: list[dict[str, Any]] = [next((row for row in r["curve"] if row["round"] == rd), {}) for r in runs]
         mean, sd = _stats([row.get(metric) for row in rows])
         entry: dict[str, Any] = {"round": rd, metric: mean, f"{metric}_sd": sd}
-        for key in ("seconds", "bytes_up", "bytes_down"):
+        for key in ("seconds", "bytes_up", "bytes_down", "local_test_loss"):
             m, _ = _stats([row.get(key) for row in rows])
-            entry[key] = m
-        aris = [row.get("server", {}).get("ari") for row in rows]
+            if m is not None:
+                entry[key] = m
+        aris = [(row.get("server") or {}).get("ari") for row in rows]
         if any(a is not None for a in aris):
             entry["ari"], entry["ari_sd"] = _stats(aris)
         curve.append(entry)
-    finals = [r["curve"][-1].get(metric) for r in runs]
+    finals = [final_metric(r, metric) for r in runs]
     mean, sd = _stats(finals)
     agg = [s for r in runs for s in r["aggregate_seconds"]]
-    return {
-        "final": {metric: mean, f"{metric}_sd": sd, "per_seed": finals,
-                  "aggregate_seconds_per_round": float(np.mean(agg)) if agg else None,
-                  "wall_seconds": float(np.mean([r["wall_seconds"] for r in runs]))},
-        "curve": curve,
-    }
+    final: dict[str, Any] = {metric: mean, f"{metric}_sd": sd, "per_seed": finals,
+                             "aggregate_seconds_per_round": float(np.mean(agg)) if agg else None,
+                             "wall_seconds": float(np.mean([r["wall_seconds"] for r in runs]))}
+    if any("local_test_loss" in r for r in runs):
+        locs = [r.get("local_test_loss") for r in runs]
+        final["local_test_loss"], final["local_test_loss_sd"] = _stats(locs)
+        final["local_test_loss_per_seed"] = locs
+        final["local_test_loss_source"] = runs[0].get("local_test_loss_source")
+    aris = [(r["curve"][-1].get("server") or {}).get("ari") for r in runs]
+    if any(a is not None for a in aris):
+        final["ari"], final["ari_sd"] = _stats(aris)
+        final["ari_per_seed"] = aris
+    return {"final": final, "curve": curve}
+
+
+def _paired(a: dict[str, Any], b: dict[str, Any], key: str = "test_loss") -> dict[str, Any]:
+    """Per-seed ``a − b`` of the final ``key`` (negative = ``a`` better) and the sign count."""
+    d = [x - y for x, y in zip(a["final"]["per_seed"], b["final"]["per_seed"]) if x is not None and y is not None]
+    mean, sd = _stats(d)
+    return {"per_seed": d, "mean": mean, "sd": sd, "first_better": int(sum(v < 0 for v in d)), "seeds": len(d)}
+
+
+# ---------------------------------------------------------------------------------------------
+# the benchmark
+# ---------------------------------------------------------------------------------------------
+
+
+def planted_hook(core: Any) -> None:
+    """FeSEM diagnostic: form the first centers from the task's TRUE clusters (not k-means).
+
+    Replaces the core's center initialisation after the warm-up round: assignment = planted
+    labels, centers = the members' mean. Needs a task with ``cluster_labels``.
+    """
+    if core.labels is None:
+        raise ValueError("planted start needs a task with cluster labels")
+
+    def init() -> None:
+        have = core.have
+        core.assign[:] = -1
+        core.assign[have] = np.asarray(core.labels)[have]
+        core.centers = np.zeros((core.params.k, core.dim))
+        core._mstep()
+
+    core._initialise_centers = init
+
+
+def phi_hook(phi: Any) -> Hook:
+    """BiG-FL test-graph protocol: start (and, with α = 0, stay) at a given φ."""
+
+    def hook(core: Any) -> None:
+        core.phi = phi.clone()
+        core._refresh()
+
+    return hook
 
 
 def run(quick: bool = False, seed: int = 0, out: Path | str = Path("runs/bench")) -> dict[str, Any]:
@@ -167,74 +445,146 @@ def run(quick: bool = False, seed: int = 0, out: Path | str = Path("runs/bench")
     Parameters
     ----------
     quick
-        1 seed, 20 rounds (B2) and 10 rounds (digits): about 2 minutes on 2 cores. The full
-        form uses 3 seeds (``seed, seed+1, seed+2``), 40 rounds (B2) and 25 rounds (digits),
-        about 10 minutes.
+        15 rounds, 2 seeds, a 3-point step grid, tuning and the test graph on the ``smooth``
+        generator only, digits 10 rounds. The full form: T = 200 rounds (§5.2), 3 seeds, a
+        4-point grid, both generators tuned and run on their test graphs, digits 50 rounds.
     seed
-        First seed.
+        First seed (also the tuning seed).
     out
         Output folder.
     """
     from graphfl.common.envinfo import env_info
     from graphfl.common.results import atomic_write_text, write_json
 
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    seeds = [seed] if quick else [seed, seed + 1, seed + 2]
-    b2_rounds, real_rounds = (20, 10) if quick else (40, 25)
+    form = QUICK if quick else FULL
+    seeds = [seed + k for k in range(form.seeds)]
     t_start = time.perf_counter()
 
-    b2: dict[str, Any] = {}
-    b2_runs: dict[str, list[dict[str, Any]]] = {}
-    for method in B2_METHODS:
-        runs = []
-        for s in seeds:
-            logger.info("B2 %s seed %d (%d rounds)", method, s, b2_rounds)
-            if method == "dfl":
-                runs.append(run_dfl("synthetic-multicenter", 50, b2_rounds, s, B2_TRAIN))
+    tuning: dict[str, Any] = {}
+    for gen in form.tune_generators:
+        tuning[gen] = tune_generator(gen, form, seed)
+    settings_of = {gen: tuning[gen if gen in tuning else form.tune_generators[0]]["settings"] for gen in GENERATORS}
+
+    results: dict[str, Any] = {}
+    phis: dict[tuple[str, int], Any] = {}
+    b2_runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for gen, task in GENERATORS.items():
+        st = settings_of[gen]
+        res: dict[str, Any] = {"task": task, "graph": "train", "methods": {}}
+        b2_runs[gen] = {}
+        for m in METHODS:
+            runs = []
+            for s in seeds:
+                logger.info("B2 %s %s seed %d (%d rounds)", gen, m, s, form.rounds)
+                r = run_any(m, task, NODES, form.rounds, s, st[m], TRAIN)
+                if m == "bigfl":
+                    phis[(gen, s)] = r.pop("phi")
+                runs.append(r)
+            b2_runs[gen][m] = runs
+            res["methods"][m] = {**_combine(runs, "test_loss"), "settings": st[m]}
+        # diagnostic: FeSEM started from the planted clusters (test split; not a tuned method)
+        diag: dict[str, Any] = {}
+        for label, extra in (("planted, EM continues", {}), ("planted, assignment frozen",
+                                                            {"fesem.recluster-every": FROZEN})):
+            runs = [run_any("fesem", task, NODES, form.rounds, s, {**st["fesem"], **extra}, TRAIN, hook=planted_hook)
+                    for s in seeds]
+            diag[label] = _combine(runs, "test_loss")
+        res["fesem_planted"] = diag
+        mm = res["methods"]
+        res["paired"] = {"bigfl_minus_fesem": _paired(mm["bigfl"], mm["fesem"]),
+                         "fesem_minus_fedavg": _paired(mm["fesem"], mm["fedavg"]),
+                         "bigfl_minus_fedavg": _paired(mm["bigfl"], mm["fedavg"]),
+                         "bigfl_minus_local": _paired(mm["bigfl"], mm["local"]),
+                         "fesem_minus_dfl": _paired(mm["fesem"], mm["dfl"])}
+        results[gen] = res
+
+    testgraph: dict[str, Any] = {}
+    for gen in form.testgraph:
+        st = settings_of[gen]
+        task = GENERATORS[gen] + TESTGRAPH_SUFFIX
+        res = {"task": task, "graph": "test", "methods": {}}
+        for m in METHODS:
+            if m == "bigfl":
                 continue
-            runs.append(run_method(method, "synthetic-multicenter", 50, b2_rounds, s,
-                                   {**B2_TRAIN, **METHOD_PARAMS.get(method, {})}))
-        b2_runs[method] = runs
-        b2[method] = _combine(runs, "test_loss")
+            runs = [run_any(m, task, NODES, form.rounds, s, st[m], TRAIN) for s in seeds]
+            res["methods"][m] = {**_combine(runs, "test_loss"), "settings": st[m]}
+        frozen = {**st["bigfl"], "bigfl.alpha": 0.0, "bigfl.hypergrad-mode": "first_order"}
+        runs = [run_any("bigfl", task, NODES, form.rounds, s, frozen, TRAIN, hook=phi_hook(phis[(gen, s)]))
+                for s in seeds]
+        for r in runs:
+            r.pop("phi", None)
+        res["methods"]["bigfl"] = {**_combine(runs, "test_loss"), "settings": frozen,
+                                   "protocol": "phi learned on the train graph (same seed), frozen"}
+        runs = [run_any("bigfl", task, NODES, form.rounds, s, frozen, TRAIN) for s in seeds]
+        for r in runs:
+            r.pop("phi", None)
+        res["methods"]["bigfl (phi = I)"] = {**_combine(runs, "test_loss"), "settings": frozen,
+                                             "protocol": "control: phi = I frozen"}
+        mm = res["methods"]
+        res["paired"] = {"bigfl_minus_fesem": _paired(mm["bigfl"], mm["fesem"]),
+                         "bigfl_minus_fedavg": _paired(mm["bigfl"], mm["fedavg"]),
+                         "bigfl_learned_minus_identity": _paired(mm["bigfl"], mm["bigfl (phi = I)"]),
+                         "bigfl_minus_local": _paired(mm["bigfl"], mm["local"])}
+        testgraph[gen] = res
 
+    # Part 2: digits with permuted-label groups
+    real_val = validation_task(REAL_TASK)
+    real_tuning: dict[str, Any] = {}
     real: dict[str, Any] = {}
-    for method in REAL_METHODS:
-        runs = []
-        for s in seeds:
-            logger.info("digits-permuted %s seed %d (%d rounds)", method, s, real_rounds)
-            runs.append(run_method(method, "digits-permuted", 12, real_rounds, s,
-                                   {**REAL_TRAIN, **REAL_PARAMS.get(method, {})}))
-        real[method] = _combine(runs, "test_acc")
+    for m in REAL_METHODS:
+        t = tune_lr(m, real_val, REAL_NODES, form.real_rounds, seed, form.real_lr_grid, REAL_TRAIN, {},
+                    classification=True, params=REAL_PARAMS)
+        real_tuning[m] = {"lr_grid_val_acc": t["grid"], "lr": t["lr"], "lr_at_grid_edge": t["at_grid_edge"]}
+        runs = [run_any(m, REAL_TASK, REAL_NODES, form.real_rounds, s, {"lr": t["lr"]}, REAL_TRAIN, REAL_PARAMS)
+                for s in seeds]
+        for r in runs:
+            r.pop("phi", None)
+        real[m] = {**_combine(runs, "test_acc"), "settings": {"lr": t["lr"], **REAL_PARAMS.get(m, {})}}
         loss = _combine(runs, "test_loss")
-        real[method]["final"]["test_loss"] = loss["final"]["test_loss"]
-        real[method]["final"]["test_loss_sd"] = loss["final"]["test_loss_sd"]
+        real[m]["final"]["test_loss"] = loss["final"]["test_loss"]
+        real[m]["final"]["test_loss_sd"] = loss["final"]["test_loss_sd"]
 
+    bigfl_runs = b2_runs["smooth"]["bigfl"]
+    fedavg_runs = b2_runs["smooth"]["fedavg"]
     timing = {
-        "n": 50, "d": 512,
-        "bigfl_server_seconds_per_round": b2["bigfl"]["final"]["aggregate_seconds_per_round"],
-        "fedavg_aggregate_seconds_per_round": b2["fedavg"]["final"]["aggregate_seconds_per_round"],
-        "fesem_server_seconds_per_round": b2["fesem"]["final"]["aggregate_seconds_per_round"],
-        "bigfl_round_wall_seconds": _stats([row.get("seconds") for r in b2_runs["bigfl"]
-                                            for row in r["curve"][1:]])[0],
-        "fedavg_round_wall_seconds": _stats([row.get("seconds") for r in b2_runs["fedavg"]
-                                             for row in r["curve"][1:]])[0],
+        "n": NODES, "d": 512, "generator": "smooth",
+        "bigfl_server_seconds_per_round": results["smooth"]["methods"]["bigfl"]["final"]["aggregate_seconds_per_round"],
+        "fedavg_aggregate_seconds_per_round":
+            results["smooth"]["methods"]["fedavg"]["final"]["aggregate_seconds_per_round"],
+        "fesem_server_seconds_per_round": results["smooth"]["methods"]["fesem"]["final"]["aggregate_seconds_per_round"],
+        "bigfl_round_wall_seconds": _stats([row.get("seconds") for r in bigfl_runs for row in r["curve"][1:]])[0],
+        "fedavg_round_wall_seconds": _stats([row.get("seconds") for r in fedavg_runs for row in r["curve"][1:]])[0],
     }
-    doc = {
+    doc: dict[str, Any] = {
         "name": NAME,
         "config": {
-            "quick": quick, "seeds": seeds, "b2_rounds": b2_rounds, "real_rounds": real_rounds,
-            "b2": {"task": "synthetic-multicenter", "nodes": 50, **B2_TRAIN, "params": METHOD_PARAMS},
-            "real": {"task": "digits-permuted", "nodes": 12, **REAL_TRAIN, "params": REAL_PARAMS},
-            "resolved": {m: b2_runs[m][0]["config"] for m in B2_METHODS},
+            "quick": quick, "seeds": seeds, "tuning_seed": seed, "rounds": form.rounds, "nodes": NODES,
+            "generators": GENERATORS, "testgraph_generators": list(form.testgraph),
+            "tune_generators": list(form.tune_generators), "lr_grid": list(form.lr_grid),
+            "bigfl_grid": {"lambda_ll": list(BIGFL_LAMBDAS), "alpha": list(BIGFL_ALPHAS)},
+            "fesem_warmups": list(FESEM_WARMUPS), "train": TRAIN, "params": METHOD_PARAMS,
+            "validation_fraction": VALIDATION_FRACTION,
+            "real": {"task": REAL_TASK, "nodes": REAL_NODES, "rounds": form.real_rounds, **REAL_TRAIN,
+                     "params": REAL_PARAMS, "lr_grid": list(form.real_lr_grid)},
         },
-        "methods": b2,
-        "real_data": {"task": "digits-permuted", "metric": "test_acc", "methods": real},
+        "unspecified_settings": unspecified(form),
+        "paper": {"figure": "seed 000 Fig. 10.3 (local testing loss)",
+                  "claims": ["consensus methods (FedAvg, DFL) worst", "FeSEM better", "BiG-FL best"],
+                  "numbers": None},
+        "tuning": tuning,
+        "settings": settings_of,
+        # DESIGN.md result shape: methods = the main comparison (smooth generator, train graph)
+        "methods": results["smooth"]["methods"],
+        "results": results,
+        "testgraph": testgraph,
+        "real_data": {"task": REAL_TASK, "metric": "test_acc", "tuning": real_tuning, "methods": real},
         "timing": timing,
         "env": env_info(),
         "wall_seconds": time.perf_counter() - t_start,
     }
+    doc["verdict"] = verdict(doc)
     write_json(out / f"{NAME}.json", doc)
     atomic_write_text(out / f"{NAME}.md", render_markdown(doc))
     try:
@@ -244,76 +594,149 @@ def run(quick: bool = False, seed: int = 0, out: Path | str = Path("runs/bench")
     return doc
 
 
+def _order(methods: dict[str, Any], names: tuple[str, ...]) -> list[str]:
+    have = [m for m in names if methods.get(m, {}).get("final", {}).get("test_loss") is not None]
+    return sorted(have, key=lambda m: methods[m]["final"]["test_loss"])
+
+
+def verdict(doc: dict[str, Any]) -> list[str]:
+    """Does the paper's ordering (BiG-FL < FeSEM < FedAvg, DFL) appear? With numbers."""
+    lines = []
+    for where, block in (("train graph", doc["results"]), ("test graph", doc["testgraph"])):
+        for gen, res in block.items():
+            mm = res["methods"]
+            order = _order(mm, tuple(m for m in METHODS if m in mm))
+            fin = {m: mm[m]["final"]["test_loss"] for m in order}
+            paper = (fin.get("bigfl", np.inf) < fin.get("fesem", np.inf)
+                     < min(fin.get("fedavg", np.inf), fin.get("dfl", np.inf)))
+            p = res["paired"]
+            text = (f"{gen}, {where}: " + " < ".join(f"{m} {fin[m]:.4f}" for m in order)
+                    + f"; paper order BiG-FL < FeSEM < FedAvg/DFL {'holds' if paper else 'does not hold'}"
+                    + f"; BiG-FL − FeSEM per seed {_fmt_d(p['bigfl_minus_fesem'])}")
+            if "fesem_minus_fedavg" in p:
+                text += f"; FeSEM − FedAvg {_fmt_d(p['fesem_minus_fedavg'])}"
+            if "bigfl_learned_minus_identity" in p:
+                text += f"; learned φ − φ=I {_fmt_d(p['bigfl_learned_minus_identity'])}"
+            if "fesem" in mm and mm["fesem"]["final"].get("local_test_loss") is not None:
+                f = mm["fesem"]["final"]
+                text += (f"; FeSEM last local model {f['local_test_loss']:.4f} (center {f['test_loss']:.4f}), "
+                         f"ARI {f.get('ari') if f.get('ari') is None else round(f['ari'], 2)}")
+            lines.append(text)
+    return lines
+
+
+def _fmt_d(p: dict[str, Any]) -> str:
+    if p.get("mean") is None:
+        return "–"
+    sd = "" if p.get("sd") is None else f" ± {p['sd']:.3g}"
+    return f"{p['mean']:+.4f}{sd} (first better in {p['first_better']}/{p['seeds']})"
+
+
 def _pm(mean: float | None, sd: float | None, fmt: str = "{:.4f}") -> str:
     if mean is None:
         return "–"
     return fmt.format(mean) + ("" if sd is None else " ± " + fmt.format(sd))
 
 
+def _settings_str(s: dict[str, Any]) -> str:
+    return ", ".join(f"{k.split('.')[-1]}={v:g}" if isinstance(v, float) else f"{k.split('.')[-1]}={v}"
+                     for k, v in s.items())
+
+
 def render_markdown(doc: dict[str, Any]) -> str:
     cfg = doc["config"]
     lines = [f"# {NAME} (B2, seed 000 Fig. 10.3)", "",
-             f"Seeds {cfg['seeds']}; synthetic: 50 clients, {cfg['b2_rounds']} rounds; "
-             f"digits-permuted: 12 clients, {cfg['real_rounds']} rounds. Mean ± sd over seeds.", "",
-             "## Synthetic multi-center task: mean local test MSE (lower is better)", "",
-             "| method | final test MSE | per seed | ARI (FeSEM) | server s/round |",
-             "|---|---|---|---|---|"]
-    for m, res in doc["methods"].items():
-        f = res["final"]
-        last = res["curve"][-1]
-        ari = _pm(last.get("ari"), last.get("ari_sd"), "{:.2f}") if "ari" in last else "–"
-        per = ", ".join("–" if v is None else f"{v:.4f}" for v in f["per_seed"])
-        srv = f.get("aggregate_seconds_per_round")
-        lines.append(f"| {m} | {_pm(f['test_loss'], f['test_loss_sd'])} | {per} | {ari} | "
-                     f"{'–' if srv is None else f'{srv:.4f}'} |")
-    lines += ["", "## Digits with permuted-label client groups: mean local test accuracy", "",
-              "| method | final test acc | final test loss | per seed acc |", "|---|---|---|---|"]
-    for m, res in doc["real_data"]["methods"].items():
+             f"Seeds {cfg['seeds']} (mean ± sd), {cfg['rounds']} rounds, {cfg['nodes']} clients, plain SGD (10 local steps, "
+             f"batch 20) with each method's step tuned on validation (seed {cfg['tuning_seed']}). "
+             "Local test MSE (lower is better).", ""]
+    for where, block in (("train graph", doc["results"]), ("test graph", doc["testgraph"])):
+        for gen, res in block.items():
+            lines += [f"## {gen} generator ({res['task']}), {where}", "",
+                      "| method | settings | final test MSE | per seed | FeSEM local model | ARI | server s/round |",
+                      "|---|---|---|---|---|---|---|"]
+            for m, r in res["methods"].items():
+                f = r["final"]
+                per = ", ".join("–" if v is None else f"{v:.4f}" for v in f["per_seed"])
+                loc = _pm(f.get("local_test_loss"), f.get("local_test_loss_sd")) if "local_test_loss" in f else ""
+                ari = _pm(f.get("ari"), f.get("ari_sd"), "{:.2f}") if "ari" in f else ""
+                srv = f.get("aggregate_seconds_per_round")
+                lines.append(f"| {m} | {_settings_str(r['settings'])} | {_pm(f['test_loss'], f['test_loss_sd'])} | "
+                             f"{per} | {loc} | {ari} | {'' if srv is None else f'{srv:.4f}'} |")
+            for label, r in res.get("fesem_planted", {}).items():
+                f = r["final"]
+                lines.append(f"| FeSEM diagnostic: {label} | as fesem | {_pm(f['test_loss'], f['test_loss_sd'])} | "
+                             f"{', '.join('–' if v is None else f'{v:.4f}' for v in f['per_seed'])} | "
+                             f"{_pm(f.get('local_test_loss'), f.get('local_test_loss_sd'))} | "
+                             f"{_pm(f.get('ari'), f.get('ari_sd'), '{:.2f}')} | |")
+            lines += [""]
+            lines += ["Paired per seed (negative = first better): "
+                      + "; ".join(f"{k} {_fmt_d(v)}" for k, v in res["paired"].items()), ""]
+    lines += ["## Tuning on validation (never test)", ""]
+    for gen, t in doc["tuning"].items():
+        lines += [f"### {gen} generator ({t['task']})", "", "| method | val MSE per step | chosen |", "|---|---|---|"]
+        for m in METHODS:
+            g = t[m]["lr_grid_val_mse"]
+            lines.append(f"| {m} | " + ", ".join(f"{k}: {'–' if v is None else f'{v:.4f}'}" for k, v in g.items())
+                         + f" | {t[m]['lr']:g}{' (grid edge)' if t[m]['lr_at_grid_edge'] else ''} |")
+        b = t["bigfl"]
+        lines += ["", f"BiG-FL λ_LL × α (val MSE at step {b['lr']:g}; chosen λ_LL = {b['lambda_ll']:g}, "
+                      f"α = {b['alpha']:g}; {b['note']}):", "",
+                  "| λ_LL | " + " | ".join(f"α = {a:g}" for a in BIGFL_ALPHAS) + " |",
+                  "|---|" + "---|" * len(BIGFL_ALPHAS)]
+        for lam, row in b["lambda_alpha_grid_val_mse"].items():
+            lines.append(f"| {lam.split('=')[1]} | " + " | ".join("–" if v is None else f"{v:.4f}"
+                                                                  for v in row.values()) + " |")
+        f = t["fesem"]
+        lines += ["", f"FeSEM warm-up sweep (val, step {f['lr']:g}; chosen {f['warmup_steps']}):", "",
+                  "| warm-up steps | val MSE (center) | val MSE (local model) | ARI |", "|---|---|---|---|"]
+        for w, row in f["warmup_sweep"].items():
+            lines.append(f"| {w} | {_pm(row['val_mse'], None)} | {_pm(row['val_local_mse'], None)} | "
+                         f"{_pm(row['ari'], None, '{:.2f}')} |")
+        lines += [""]
+    rd = doc["real_data"]
+    lines += ["## Digits with permuted-label client groups: mean local test accuracy", "",
+              "| method | step (val) | final test acc | final test loss | per seed acc | ARI |", "|---|---|---|---|---|---|"]
+    for m, res in rd["methods"].items():
         f = res["final"]
         per = ", ".join("–" if v is None else f"{v:.3f}" for v in f["per_seed"])
-        lines.append(f"| {m} | {_pm(f['test_acc'], f['test_acc_sd'], '{:.3f}')} | "
-                     f"{_pm(f.get('test_loss'), f.get('test_loss_sd'))} | {per} |")
+        ari = _pm(f.get("ari"), f.get("ari_sd"), "{:.2f}") if "ari" in f else ""
+        lines.append(f"| {m} | {rd['tuning'][m]['lr']:g} | {_pm(f['test_acc'], f['test_acc_sd'], '{:.3f}')} | "
+                     f"{_pm(f.get('test_loss'), f.get('test_loss_sd'))} | {per} | {ari} |")
     t = doc["timing"]
-    lines += ["", "## Server time per round (n = 50, d = 512, same runs)", "",
+    lines += ["", "## Server time per round (n = 50, d = 512, smooth generator, same runs)", "",
               "| quantity | seconds |", "|---|---|"]
     for key in ("bigfl_server_seconds_per_round", "fedavg_aggregate_seconds_per_round",
-                "fesem_server_seconds_per_round", "bigfl_round_wall_seconds",
-                "fedavg_round_wall_seconds"):
+                "fesem_server_seconds_per_round", "bigfl_round_wall_seconds", "fedavg_round_wall_seconds"):
         v = t.get(key)
         lines.append(f"| {key} | {'–' if v is None else f'{v:.4f}'} |")
-    lines += ["", "## Curves (mean test MSE per round)", "",
-              "| round | " + " | ".join(doc["methods"]) + " |",
-              "|---|" + "---|" * len(doc["methods"])]
-    rounds = [row["round"] for row in next(iter(doc["methods"].values()))["curve"]]
-    by_round = {m: {row["round"]: row for row in res["curve"]} for m, res in doc["methods"].items()}
-    for rd in rounds:
-        vals = [_pm(by_round[m].get(rd, {}).get("test_loss"), by_round[m].get(rd, {}).get("test_loss_sd"))
-                for m in doc["methods"]]
-        lines.append(f"| {rd} | " + " | ".join(vals) + " |")
-    lines += ["", f"Total wall time: {doc['wall_seconds']:.0f} s. Environment: "
-              f"{doc['env']}", ""]
+    lines += ["", "## Against the paper (Fig. 10.3: consensus worst, FeSEM better, BiG-FL best)", ""]
+    lines += [f"- {v}" for v in doc["verdict"]]
+    lines += ["", "## Settings the paper does not give", ""] + [f"- {u}" for u in doc["unspecified_settings"]]
+    lines += ["", f"Total wall time: {doc['wall_seconds']:.0f} s. Environment: {doc['env']}", ""]
     return "\n".join(lines)
 
 
 def plot(doc: dict[str, Any], path: Path) -> None:
-    """Mean ± sd over seeds per round: synthetic test MSE and digits accuracy."""
+    """Mean ± sd over seeds per round: test MSE per generator/graph, and digits accuracy."""
     from graphfl.common.results import plot_panels
 
-    plot_panels(path, [
-        {"x": "round", "y": "test_loss", "band": "test_loss_sd", "logy": True,
-         "title": "synthetic multi-center: local test MSE",
-         "series": {m: r["curve"] for m, r in doc["methods"].items()}},
-        {"x": "round", "y": "test_acc", "band": "test_acc_sd",
-         "title": "digits, permuted-label groups: test accuracy",
-         "series": {m: r["curve"] for m, r in doc["real_data"]["methods"].items()}},
-    ])
+    panels: list[dict[str, Any]] = []
+    for where, block in (("train graph", doc["results"]), ("test graph", doc["testgraph"])):
+        for gen, res in block.items():
+            panels.append({"x": "round", "y": "test_loss", "band": "test_loss_sd", "logy": True,
+                           "title": f"{gen}, {where}: local test MSE",
+                           "series": {m: r["curve"] for m, r in res["methods"].items()}})
+    panels.append({"x": "round", "y": "test_acc", "band": "test_acc_sd",
+                   "title": "digits, permuted-label groups: test accuracy",
+                   "series": {m: r["curve"] for m, r in doc["real_data"]["methods"].items()}})
+    plot_panels(path, panels)
 
 
 if __name__ == "__main__":  # pragma: no cover
     import argparse
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or NAME).splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=Path("runs/bench"))

@@ -370,10 +370,15 @@ class VectorOracle:
 class TorchTaskOracle:
     """A :mod:`graphfl.tasks` task on one node: its model, loss and data partition ``node``.
 
-    θ is the float32 concatenation of ``model.parameters()`` (buffers stay local). With
-    ``standardize`` the inputs are standardised with the node's own train mean/std; with
-    ``input_scale`` they are multiplied by that constant on every node (keeps the nodes' input
-    intervals apart, unlike per-node standardisation).
+    θ is the float32 concatenation of ``model.parameters()`` (buffers stay local).
+
+    Input handling (the targets are the task's, built from its raw inputs, and never change):
+    with ``standardize`` each node's inputs are standardised with that node's own *training*
+    mean/std (the statistics come from the training split only, so a validation or test split
+    never leaks into them); with ``input_scale`` they are multiplied by that constant on every
+    node after the targets were built. ``graphfl bench dfl`` uses per-node standardisation; the
+    constant scale (0.01 there before) shrank the inputs of the nodes on ``[-1, 1]`` and
+    ``[-0.1, 0.1]`` to near-constants, which made the task nearly degenerate.
     """
 
     def __init__(self, node: int, spec: ProblemSpec, partition: int | None = None) -> None:
@@ -441,6 +446,15 @@ class TorchTaskOracle:
             raise RuntimeError(f"{type(self.model).__name__}: a parameter received no gradient")
         g = torch.cat([gr.reshape(-1) for gr in grads if gr is not None]).detach().cpu().numpy()
         return g.astype(np.float32, copy=False), float(loss.item())
+
+    def full_grad(self, theta: np.ndarray) -> np.ndarray:
+        """``∇f_i(θ)`` of the mean loss over the node's whole training split (full batch).
+
+        ``f_i`` is the same loss the minibatch gradients estimate; benchmarks use this for the
+        stationarity measure ``‖(1/n) Σ_i ∇f_i(θ̄)‖²`` (ALGORITHMS §2.7).
+        """
+        g, _ = self.grad(theta, np.arange(len(self.x)))
+        return g
 
     def test_loss(self, theta: np.ndarray) -> float:
         self._load(theta)

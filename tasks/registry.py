@@ -5,11 +5,11 @@ from __future__ import annotations
 from graphfl.common.config import ConfigError, DataConfig
 from graphfl.tasks.base import Task
 from graphfl.tasks.labeled import CIFAR10, MNIST, Digits, PermutedDigits
-from graphfl.tasks.synthetic import SyntheticDFL, SyntheticMulticenter
+from graphfl.tasks.synthetic import MULTICENTER_TASKS, SyntheticDFL
 from graphfl.tasks.tabular import CSVTask
 
 _TASKS: dict[str, type[Task]] = {
-    cls.spec.name: cls for cls in (Digits, PermutedDigits, MNIST, CIFAR10, SyntheticDFL, SyntheticMulticenter, CSVTask)
+    cls.spec.name: cls for cls in (Digits, PermutedDigits, MNIST, CIFAR10, SyntheticDFL, *MULTICENTER_TASKS, CSVTask)
 }
 
 

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from graphfl.common.graph import knn_graph
+from graphfl.common.graph import gcn_propagation, knn_graph
 from graphfl.tasks.base import ClientData, Task, TaskSpec
 
 # ALGORITHMS.md §2.10: node-specific input intervals and nonlinearities, in this order.
@@ -78,6 +78,17 @@ class SyntheticMulticenter(Task):
     independently. The client graph links each node to its 4 nearest neighbours (union).
     ``scale=True`` (default) divides X and Y by 60 (inputs in [-1, 1]) for optimizer
     stability, as the spec allows; MSE is then reported in those units.
+
+    Variants (class attributes, one registered name each):
+
+    * ``ground_truth_kind = "smooth"`` (``synthetic-multicenter-smooth``): the ground truth
+      follows the paper's graph model, eq. 10.13: with ``V`` the mixture samples (rows ``v_i``),
+      ``A`` their 4-NN graph and ``Â = D̃^{-1/2}(A+I)D̃^{-1/2}``, client i's weight is row i of
+      ``U = ÂV`` (graph-smoothed; neighbours' tasks are averaged with GCN weights).
+    * ``graph_role = "test"`` (``…-testgraph``): the paper's homologous TEST graph — a second
+      set of ``n`` node vectors from the *same* mixture (same centers, fresh draws of labels
+      and vectors), its own 4-NN graph, its own ground truth and data. Used to evaluate
+      transfer (ALGORITHMS.md §5.9: learn on the train graph, run on the test graph).
     """
 
     spec = TaskSpec("synthetic-multicenter", "regression", default_nodes=50,
@@ -86,6 +97,8 @@ class SyntheticMulticenter(Task):
     dim = 8
     samples = 100
     knn = 4
+    ground_truth_kind = "mixture"  # or "smooth" (U = ÂV, eq. 10.13)
+    graph_role = "train"  # or "test" (the homologous test graph)
 
     def __init__(self, *args, scale: bool = True, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -93,19 +106,32 @@ class SyntheticMulticenter(Task):
         self._cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     def _vectors(self, num_partitions: int) -> tuple[np.ndarray, np.ndarray]:
+        """Mixture samples ``V`` (n×64) and their component labels (before any smoothing)."""
         if num_partitions not in self._cache:
             rng = np.random.default_rng([self.seed, 10])
             centers = rng.uniform(-0.5, 0.5, size=(self.num_clusters, self.dim * self.dim))
+            if self.graph_role == "test":
+                rng = np.random.default_rng([self.seed, 12])  # same centers, fresh nodes
             labels = rng.integers(0, self.num_clusters, size=num_partitions)
             vectors = centers[labels] + 0.5 * rng.standard_normal((num_partitions, self.dim**2))
             self._cache[num_partitions] = (vectors, labels)
         return self._cache[num_partitions]
 
+    def mixture_vectors(self, num_partitions: int) -> np.ndarray:
+        """The mixture samples ``V`` (n×64), from which the graph is built."""
+        return self._vectors(num_partitions)[0].copy()
+
+    def _weights(self, num_partitions: int) -> np.ndarray:
+        vectors = self._vectors(num_partitions)[0]
+        if self.ground_truth_kind == "smooth":
+            return gcn_propagation(knn_graph(vectors, self.knn)) @ vectors
+        return vectors
+
     def client_data(self, partition_id: int, num_partitions: int) -> ClientData:
         self.check_num_partitions(num_partitions)
-        vectors, _ = self._vectors(num_partitions)
-        w = vectors[partition_id].reshape(self.dim, self.dim)
-        rng = np.random.default_rng([self.seed, 11, partition_id])
+        w = self._weights(num_partitions)[partition_id].reshape(self.dim, self.dim)
+        stream = 11 if self.graph_role == "train" else 13
+        rng = np.random.default_rng([self.seed, stream, partition_id])
         x_tr = rng.uniform(-60, 60, size=(self.samples, self.dim))
         x_te = rng.uniform(-60, 60, size=(self.samples, self.dim))
         if self.scale:
@@ -126,4 +152,32 @@ class SyntheticMulticenter(Task):
 
     def ground_truth(self, num_partitions: int) -> np.ndarray:
         """The clients' 8×8 weights, shape (n, 8, 8)."""
-        return self._vectors(num_partitions)[0].reshape(-1, self.dim, self.dim).copy()
+        return self._weights(num_partitions).reshape(-1, self.dim, self.dim).copy()
+
+
+class SyntheticMulticenterTestGraph(SyntheticMulticenter):
+    """The homologous test graph of ``synthetic-multicenter`` (see :class:`SyntheticMulticenter`)."""
+
+    spec = TaskSpec("synthetic-multicenter-testgraph", "regression", default_nodes=50,
+                    summary="test graph of synthetic-multicenter (same mixture, new nodes)")
+    graph_role = "test"
+
+
+class SyntheticMulticenterSmooth(SyntheticMulticenter):
+    """Ground truth ``U = ÂV`` from the graph model (eq. 10.13; see :class:`SyntheticMulticenter`)."""
+
+    spec = TaskSpec("synthetic-multicenter-smooth", "regression", default_nodes=50,
+                    summary="50 clients, graph-smoothed 8x8 linear tasks U = ÂV (eq. 10.13)")
+    ground_truth_kind = "smooth"
+
+
+class SyntheticMulticenterSmoothTestGraph(SyntheticMulticenterSmooth):
+    """The homologous test graph of ``synthetic-multicenter-smooth``."""
+
+    spec = TaskSpec("synthetic-multicenter-smooth-testgraph", "regression", default_nodes=50,
+                    summary="test graph of synthetic-multicenter-smooth (same mixture, new nodes)")
+    graph_role = "test"
+
+
+MULTICENTER_TASKS = (SyntheticMulticenter, SyntheticMulticenterTestGraph, SyntheticMulticenterSmooth,
+                     SyntheticMulticenterSmoothTestGraph)
