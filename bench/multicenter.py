@@ -151,7 +151,7 @@ def run_method(strategy: str, task: str, nodes: int, rounds: int, seed: int,
 
     import graphfl.strategies.bigfl
     import graphfl.strategies.fesem  # noqa: F401
-    from graphfl.common import registry, wire
+    from graphfl.common import registry
     from graphfl.common.config import parse_run_config
     from graphfl.common.envinfo import env_info
     from graphfl.server.inprocess import InProcessExchange, server_inputs
@@ -187,16 +187,9 @@ def run_method(strategy: str, task: str, nodes: int, rounds: int, seed: int,
     curve = recorder.document()["methods"][strategy]["curve"]
     out: dict[str, Any] = {"curve": curve, "aggregate_seconds": agg_seconds, "wall_seconds": wall,
                            "config": cfg.to_json()}
-    if strategy == "fesem":
+    if strategy == "fesem":  # ALGORITHMS.md §4.5: the center's loss and the last local model's
         local = curve[-1].get("local_test_loss")
-        if local is None:  # the recorder does not keep it yet: evaluate the final models once more
-            replies = exchange.send(wire.EVALUATE, rounds, {pid: core.evaluation_payload(pid) for pid in range(nodes)},
-                                    eval_first=False)
-            vals = [r.eval_metrics().get("local_test_loss") for r in replies.values() if r.error is None]
-            local = float(np.mean([v for v in vals if v is not None])) if any(v is not None for v in vals) else None
-            out["local_test_loss_source"] = "final evaluation by the bench"
-        else:
-            out["local_test_loss_source"] = "curve"
+        out["local_test_loss_source"] = "curve"
         out["local_test_loss"] = local
     if strategy == "bigfl":
         out["phi"] = core.phi.clone()
