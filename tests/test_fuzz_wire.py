@@ -32,7 +32,7 @@ tensor_specs = st.builds(
 headers = st.builds(
     lambda sender, rnd, channel, specs: pb.Frame(sender=sender, round=rnd, channel=channel,
                                                  header=pb.Header(tensors=specs)),
-    st.integers(min_value=0, max_value=2**31), st.integers(min_value=-5, max_value=2**31),
+    st.integers(min_value=0, max_value=2**31 - 1), st.integers(min_value=-5, max_value=2**31 - 1),
     st.text(max_size=8), st.lists(tensor_specs, max_size=4),
 )
 datas = st.builds(lambda sender, rnd, channel, blob: pb.Frame(sender=sender, round=rnd, channel=channel, data=blob),
