@@ -175,23 +175,47 @@ def test_unreachable_superlink_is_a_clear_bounded_error(tmp_path):
     assert time.monotonic() - t0 < 60
 
 
+def _default_sigint() -> None:
+    """In the child before exec: SIGINT back to its default, so Python turns it into
+    KeyboardInterrupt even when this test runs with SIGINT ignored (a background job of a
+    non-interactive shell, as some CI runners start commands, inherits it ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def kill_leftovers(proc: subprocess.Popen | None, out: Path) -> None:
+    """After a failed run: kill the CLI and every process of its deployment (marked by its FLWR_HOME)."""
+    if proc is not None and proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    for pid in pids_with_env("FLWR_HOME", str((out / ".flwr").resolve())):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def test_ctrl_c_stops_every_process(tmp_path):
     """SIGINT during a deployment run: exit code 130, no SuperLink/SuperNode/ClientApp left."""
     out = tmp_path / "run"
     exe = Path(sys.executable).with_name("graphfl")
-    with (tmp_path / "stdout").open("w") as fh:
-        proc = subprocess.Popen([str(exe), "run", "--nodes", "2", "--rounds", "20", "--out", str(out)],
-                                stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + 120
-        progress = out / "progress.jsonl"
-        while time.monotonic() < deadline and not (progress.is_file() and progress.read_text().strip()):
-            assert proc.poll() is None, (tmp_path / "stdout").read_text()
-            time.sleep(0.2)
-        assert progress.is_file(), "the run never reported progress"
-        proc.send_signal(signal.SIGINT)
-        code = proc.wait(timeout=60)
-    assert code == 130, (tmp_path / "stdout").read_text()
-    assert_no_processes_left(out)
+    proc = None
+    try:
+        with (tmp_path / "stdout").open("w") as fh:
+            proc = subprocess.Popen([str(exe), "run", "--nodes", "2", "--rounds", "20", "--out", str(out)],
+                                    stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    preexec_fn=_default_sigint)
+            deadline = time.monotonic() + 120
+            progress = out / "progress.jsonl"
+            while time.monotonic() < deadline and not (progress.is_file() and progress.read_text().strip()):
+                assert proc.poll() is None, (tmp_path / "stdout").read_text()
+                time.sleep(0.2)
+            assert progress.is_file(), "the run never reported progress"
+            proc.send_signal(signal.SIGINT)
+            code = proc.wait(timeout=60)
+        assert code == 130, (tmp_path / "stdout").read_text()
+        assert_no_processes_left(out)
+    finally:
+        kill_leftovers(proc, out)                    # a failed test leaves no 20-round run behind
     doc = json.loads((out / "run.json").read_text())   # what was measured before Ctrl-C is kept
     assert doc["methods"]["fedavg"]["curve"][0]["round"] == 0
 
