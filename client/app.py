@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from typing import cast
 
 from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
@@ -67,9 +68,10 @@ def _serve(msg: Message, context: Context, default_kind: str) -> Message:
 
     config = msg.content.config_records.get(wire.CONFIG)
     kind = str(config.get(wire.KIND, default_kind)) if config else default_kind
-    server_round = int(config.get(wire.ROUND, 0)) if config else 0
+    server_round = int(cast(float, config.get(wire.ROUND, 0))) if config else 0
     eval_first = bool(config.get(wire.EVAL_FIRST, False)) if config else False
-    payload_config = {k: v for k, v in (config or {}).items() if not k.startswith(wire.CONTROL_PREFIX)}
+    payload_config = cast(dict[str, bool | int | float | str],
+                          {k: v for k, v in (config or {}).items() if not k.startswith(wire.CONTROL_PREFIX)})
     arrays_rec = msg.content.array_records.get(wire.ARRAYS)
     payload = Payload(record_to_arrays(arrays_rec) if arrays_rec is not None else {}, payload_config)
 
@@ -80,7 +82,8 @@ def _serve(msg: Message, context: Context, default_kind: str) -> Message:
 
     if cfg.engine != "simulation":  # Ray actors are long-lived: their age says nothing
         metrics[wire.CLIENT_BOOT_SECONDS] = boot
-    content = RecordDict({wire.METRICS: MetricRecord(metrics)})
+    record: dict[str, int | float | list[int] | list[float]] = dict(metrics)
+    content = RecordDict({wire.METRICS: MetricRecord(record)})
     if arrays is not None:
         content[wire.ARRAYS] = arrays_to_record(arrays)
     return Message(content, reply_to=msg)

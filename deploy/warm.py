@@ -281,7 +281,7 @@ class TaskRunner:
         client = self.target.client("flwr-clientapp", token=token)
         message = reply = context = None
         sub_status, details = SubStatus.FAILED, "ClientApp task failed due to unknown reason"
-        outcome: dict[str, Any] = {"task_id": task_id}
+        outcome: dict[str, Any] = {"task_id": task_id, "worker_pid": os.getpid()}
         try:
             with TaskHeartbeat(client):
                 try:
