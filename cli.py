@@ -31,6 +31,7 @@ BENCHMARKS = {
     "multicenter": "graphfl.bench.multicenter",
     "dfl": "graphfl.bench.dfl",
     "p2p-throughput": "graphfl.bench.p2p_throughput",
+    "deploy": "graphfl.bench.deploy",
 }
 
 
@@ -125,6 +126,9 @@ def run(
     insecure: bool = typer.Option(False, help="Plain HTTP to --superlink (no TLS)."),
     node_auth: bool = typer.Option(False, help="Local deployment: SuperNodes authenticate with registered keys."),
     overwrite: bool = typer.Option(False, help="Replace a previous run's files in --out (default: refuse a non-empty --out)."),
+    device: str | None = typer.Option(None, help="auto | cpu | cuda (goes into each SuperNode's node config)."),
+    clientapp_mode: str = typer.Option("warm", help="Local deployment: warm (one long-lived ClientApp worker per "
+                                       "SuperNode) or cold (stock Flower: a flwr-clientapp process per message)."),
 ) -> None:
     """Run one experiment and write run.json / run.md / run.png."""
     from graphfl.deploy.federation import FederationError
@@ -133,7 +137,10 @@ def run(
     from graphfl.tasks.base import DataError
 
     flags = {"strategy": strategy, "task": task, "nodes": nodes, "rounds": rounds, "engine": engine,
-             "seed": seed, "out-dir": str(out) if out else None, "data-dir": str(data_dir) if data_dir else None}
+             "seed": seed, "out-dir": str(out) if out else None, "data-dir": str(data_dir) if data_dir else None,
+             "device": device}
+    if clientapp_mode not in ("warm", "cold"):
+        fail(f"--clientapp-mode must be warm or cold, got {clientapp_mode!r}")
     try:
         cfg = build_config(config, set_, flags)
     except ConfigError as exc:
@@ -145,7 +152,8 @@ def run(
         with RoundPrinter(cfg.rounds) as printer:
             out_dir = run_experiment(cfg, printer, superlink=superlink,
                                      root_certificates=str(root_certificates) if root_certificates else None,
-                                     insecure=insecure, node_auth=node_auth, overwrite=overwrite)
+                                     insecure=insecure, node_auth=node_auth, overwrite=overwrite,
+                                     clientapp_mode=clientapp_mode)
     except (FederationError, DataError, ConfigError, TimeoutError, RunError) as exc:
         fail(str(exc), code=1)
     except KeyboardInterrupt:
@@ -254,6 +262,8 @@ def supernode(
     port: int = typer.Option(9094, help="Local ClientApp API port (distinct per SuperNode on one host)."),
     auth_key: Path | None = typer.Option(None, help="Private key for SuperNode authentication."),
     max_wait_time: float | None = typer.Option(None, help="Give up after S seconds without the SuperLink."),
+    clientapp_mode: str = typer.Option("warm", help="warm: ClientApps run in one long-lived worker (torch, data and "
+                                       "CUDA context kept); cold: stock Flower, a flwr-clientapp process per message."),
 ) -> None:
     """Start a Flower SuperNode serving one graphfl partition."""
     from graphfl.deploy.federation import supernode_argv
@@ -266,8 +276,11 @@ def supernode(
         fail(f"--partition-id must be in 0..{num_partitions - 1}")
     if device not in (None, "cpu", "cuda"):
         fail("--device must be cuda or cpu")
+    if clientapp_mode not in ("warm", "cold"):
+        fail("--clientapp-mode must be warm or cold")
     _exec(supernode_argv(superlink_addr, port, partition_id, num_partitions, root_certificates,
-                         device=device, auth_key=auth_key, max_wait_time=max_wait_time))
+                         device=device, auth_key=auth_key, max_wait_time=max_wait_time,
+                         clientapp_mode=clientapp_mode))
 
 
 def _exec(argv: list[str]) -> None:

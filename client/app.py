@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass
 
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
@@ -78,8 +79,22 @@ def read_request(config: ConfigRecord | None, default_kind: str) -> IncomingRequ
     )
 
 
+def boot_seconds() -> float:
+    """Seconds from the ClientApp's start to its handler: the age of this per-message process, or,
+    in a warm worker (which sets ``GRAPHFL_TASK_START``, the wall-clock time it claimed the task),
+    the time since the claim.
+    """
+    started = os.environ.get("GRAPHFL_TASK_START")
+    if started:
+        try:
+            return max(0.0, time.time() - float(started))
+        except ValueError:
+            pass
+    return process_age()
+
+
 def _serve(msg: Message, context: Context, default_kind: str) -> Message:
-    boot_seconds = process_age()  # process start -> handler: Python, flwr, message fetch
+    boot = boot_seconds()  # ClientApp start -> handler: Python, flwr, message fetch
     import torch
 
     from graphfl.client.handler import build_runtime, handle
@@ -107,7 +122,7 @@ def _serve(msg: Message, context: Context, default_kind: str) -> Message:
     context.state[wire.STATE] = arrays_to_record(state)
 
     if cfg.engine != "simulation":  # Ray actors are long-lived: their age says nothing
-        metrics[wire.CLIENT_BOOT_SECONDS] = boot_seconds
+        metrics[wire.CLIENT_BOOT_SECONDS] = boot
     content = RecordDict({wire.METRICS: MetricRecord(dict[str, MetricRecordValue](metrics))})
     if arrays is not None:
         content[wire.ARRAYS] = arrays_to_record(arrays)

@@ -22,7 +22,7 @@ from typing import Any
 from graphfl.common.certs import ServerTlsFiles, generate_tls
 from graphfl.common.config import dump_toml
 from graphfl.common.ports import free_port, port_open
-from graphfl.deploy.processes import ProcessGroup, tail
+from graphfl.deploy.processes import Managed, ProcessGroup, tail
 
 logger = logging.getLogger(__name__)
 
@@ -52,21 +52,46 @@ def superlink_argv(host: str, port: int, tls: ServerTlsFiles | None, simulation:
     return argv
 
 
+CLIENTAPP_MODES = ("warm", "cold")
+"""``warm``: ClientApps run in a long-lived worker per SuperNode (graphfl's executor, the default
+for local deployments and ``graphfl supernode``); ``cold``: stock Flower, one ``flwr-clientapp``
+process per message."""
+
+
 def supernode_argv(superlink: str, port: int, partition_id: int, num_partitions: int,
                    ca_cert: Path | None, device: str | None = None, auth_key: Path | None = None,
-                   max_wait_time: float | None = None, host: str = "127.0.0.1") -> list[str]:
-    """Command line of a ``flower-supernode`` serving partition ``partition_id`` of ``num_partitions``."""
+                   max_wait_time: float | None = None, host: str = "127.0.0.1",
+                   clientapp_mode: str = "cold", polls: str | None = None,
+                   trace: Path | None = None) -> list[str]:
+    """Command line of a SuperNode serving partition ``partition_id`` of ``num_partitions``.
+
+    ``clientapp_mode="cold"`` with stock polls (the defaults) is the stock ``flower-supernode``;
+    anything else runs Flower's SuperNode through :mod:`graphfl.deploy.supernode` (``warm``:
+    graphfl's warm ClientApp executor; ``polls="fast"``, the default with ``warm``: no 3 s idle
+    sleep). ``trace`` (warm) collects per-task timings as JSON lines.
+    """
+    if clientapp_mode not in CLIENTAPP_MODES:
+        raise ValueError(f"clientapp mode must be one of {CLIENTAPP_MODES}, got {clientapp_mode!r}")
+    polls = polls or ("fast" if clientapp_mode == "warm" else "stock")
+    if polls not in ("fast", "stock"):
+        raise ValueError(f"polls must be 'fast' or 'stock', got {polls!r}")
     node_config = f"partition-id={partition_id} num-partitions={num_partitions}"
     if device:
         node_config += f" device='{device}'"
-    argv = ["flower-supernode", "--superlink", superlink, "--host", host, "--port", str(port),
-            "--node-config", node_config]
+    argv = ["--superlink", superlink, "--host", host, "--port", str(port), "--node-config", node_config]
     argv += ["--insecure"] if ca_cert is None else ["--root-certificates", str(ca_cert)]
     if auth_key is not None:
         argv += ["--auth-supernode-private-key", str(auth_key)]
     if max_wait_time is not None:
         argv += ["--max-wait-time", str(max_wait_time)]
-    return argv
+    if clientapp_mode == "cold" and polls == "stock":
+        return ["flower-supernode", *argv]
+    ours = ["--clientapp-mode", clientapp_mode, "--polls", polls]
+    if device and clientapp_mode == "warm":
+        ours += ["--device", device]
+    if trace is not None and clientapp_mode == "warm":
+        ours += ["--trace", str(trace)]
+    return [sys.executable, "-m", "graphfl.deploy.supernode", *ours, "--", *argv]
 
 
 def write_connection(flwr_home: Path, address: str, ca_cert: Path | None, name: str = CONNECTION) -> None:
@@ -224,7 +249,13 @@ class LocalFederation:
 
     Use as a context manager; on exit (normal, exception or Ctrl-C) every process is stopped.
     ``simulation=True`` starts a simulation SuperLink instead (no SuperNodes; Ray runs the
-    ClientApps) — still a real process with its own FLWR_HOME.
+    ClientApps) — still a real process with its own FLWR_HOME. ``clientapp_mode`` picks how
+    SuperNodes run ClientApps (``warm``, the default, or ``cold``, see :data:`CLIENTAPP_MODES`);
+    ``device`` goes into every SuperNode's node config (and, warm, creates each worker's CUDA
+    context at start-up); ``polls`` overrides the SuperNode poll mode (``fast``/``stock``,
+    for measurements). Warm SuperNodes write per-task timings to ``logs/warm-<i>.jsonl``;
+    :meth:`start` returns once their workers hold torch (bounded by ``warm_timeout``, apart
+    from ``start_timeout`` for registering with the SuperLink).
     """
 
     run_dir: Path
@@ -235,10 +266,17 @@ class LocalFederation:
     node_auth: bool = False
     env: dict[str, str] = field(default_factory=dict)
     superlink_port: int = 0
+    clientapp_mode: str = "warm"
+    device: str | None = None
+    polls: str | None = None
+    warm_timeout: float = 300.0
     group: ProcessGroup = field(init=False)
     tls_files: ServerTlsFiles | None = field(init=False, default=None)
+    _warm: set[str] = field(init=False, default_factory=set)
 
     def __post_init__(self) -> None:
+        if self.clientapp_mode not in CLIENTAPP_MODES:
+            raise FederationError(f"clientapp mode must be one of {CLIENTAPP_MODES}, got {self.clientapp_mode!r}")
         self.run_dir = Path(self.run_dir).resolve()
         self.flwr_home = self.run_dir / ".flwr"
         self.env = {"FLWR_HOME": str(self.flwr_home), **self.env}
@@ -275,12 +313,35 @@ class LocalFederation:
         if self.simulation:
             return
         keys = self.register_node_keys(self.nodes) if self.node_auth else [None] * self.nodes
-        for i in range(self.nodes):
-            self.group.start(f"supernode-{i}", supernode_argv(self.address, free_port(), i, self.nodes, ca,
-                                                              auth_key=keys[i], max_wait_time=self.start_timeout))
-        logs = [p.log_path for p in self.group.procs if p.name.startswith("supernode")]
-        self.group.wait_for(f"{self.nodes} SuperNodes registered with {self.address}",
-                            lambda: all("SuperNode ID" in _read(p) for p in logs), self.start_timeout)
+        started = [self.start_supernode(i, auth_key=keys[i]) for i in range(self.nodes)]
+        self.wait_supernodes(started)
+
+    def start_supernode(self, partition_id: int, name: str | None = None, auth_key: Path | None = None,
+                        clientapp_mode: str | None = None) -> Managed:
+        """Start the SuperNode serving ``partition_id`` (in this federation's ClientApp mode unless
+        ``clientapp_mode`` is given); see :meth:`wait_supernodes`.
+        """
+        name = name or f"supernode-{partition_id}"
+        mode = clientapp_mode or self.clientapp_mode
+        ca = self.tls_files.ca_cert if self.tls_files else None
+        trace = self.run_dir / "logs" / f"warm-{partition_id}.jsonl" if mode == "warm" else None
+        proc = self.group.start(name, supernode_argv(
+            self.address, free_port(), partition_id, self.nodes, ca, device=self.device, auth_key=auth_key,
+            max_wait_time=self.start_timeout, clientapp_mode=mode, polls=self.polls, trace=trace))
+        if mode == "warm":
+            self._warm.add(name)
+        return proc
+
+    def wait_supernodes(self, started: list[Managed]) -> None:
+        """Wait (bounded) until the SuperNodes registered with the SuperLink and warm ones' workers are ready."""
+        from graphfl.deploy.warm import READY_LINE
+
+        self.group.wait_for(f"{len(started)} SuperNodes registered with {self.address}",
+                            lambda: all("SuperNode ID" in _read(p.log_path) for p in started), self.start_timeout)
+        warm = [p for p in started if p.name in self._warm]
+        if warm:
+            self.group.wait_for(f"the warm ClientApp workers of {len(warm)} SuperNodes",
+                                lambda: all(READY_LINE in _read(p.log_path) for p in warm), self.warm_timeout)
 
     def register_node_keys(self, count: int, first: int = 0) -> list[Path]:
         """Generate ``count`` SuperNode key pairs and register their public keys with the

@@ -2,9 +2,11 @@
 
 Every process graphfl starts carries ``GRAPHFL_LAUNCH_ID=<uuid>`` in its environment, and
 so do all of its descendants (Flower's SuperExec and the per-message ``flwr-clientapp``
-processes inherit it). :meth:`ProcessGroup.stop` sends SIGTERM to the processes it started,
-waits (bounded), and then kills any process that still carries the marker, so nothing is
-left behind, also after Ctrl-C or a failure.
+processes, graphfl's warm executors and their workers inherit it). :meth:`ProcessGroup.stop`
+sends SIGTERM to the processes it started, waits (bounded), and then kills any process that
+still carries the marker *or* descends (by PID, ``/proc/<pid>/stat``) from one it started, so
+nothing is left behind, also after Ctrl-C or a failure, and also for a child that cleared its
+environment. Descendants are identified by (pid, start time), so a recycled PID is never killed.
 """
 
 from __future__ import annotations
@@ -102,6 +104,19 @@ class ProcessGroup:
             return self._stop(grace)
 
     def _stop(self, grace: float) -> list[int]:
+        tracked: dict[int, int] = {}   # pid -> start time (jiffies since boot)
+        roots = [p.popen.pid for p in self.procs]
+
+        def track() -> list[int]:
+            """Record live descendants of the started processes; return every tracked or marked pid alive."""
+            table = process_table()
+            for pid in descendants(roots, table):
+                tracked.setdefault(pid, table[pid][1])
+            alive = [pid for pid, start in tracked.items() if pid in table and table[pid][1] == start
+                     and table[pid][2] != "Z"]
+            return sorted(set(alive) | set(marked_pids(self.launch_id)))
+
+        track()
         for p in reversed(self.procs):
             if p.popen.poll() is None:
                 try:
@@ -110,11 +125,12 @@ class ProcessGroup:
                     pass
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline:
-            if all(p.popen.poll() is not None for p in self.procs) and not marked_pids(self.launch_id):
+            left = track()
+            if all(p.popen.poll() is not None for p in self.procs) and not left:
                 return []
             time.sleep(0.1)
         killed = []
-        for pid in marked_pids(self.launch_id):
+        for pid in track():
             try:
                 os.kill(pid, signal.SIGKILL)
                 killed.append(pid)
@@ -127,7 +143,8 @@ class ProcessGroup:
                 p.popen.kill()
         if killed:
             logger.info("killed %d leftover process(es) after %.0f s: %s", len(killed), grace, killed)
-        survivors = marked_pids(self.launch_id)
+        time.sleep(0.1)
+        survivors = track()
         if survivors:
             logger.error("processes of this launch survived SIGKILL (pids %s); stop them by hand", survivors)
         return killed
@@ -175,6 +192,36 @@ def pids_with_env(name: str, value: str) -> list[int]:
         state = stat.rsplit(")", 1)[-1].split()[0]
         if state != "Z":
             out.append(int(entry.name))
+    return out
+
+
+def process_table() -> dict[int, tuple[int, int, str]]:
+    """``{pid: (parent pid, start time in clock ticks since boot, state)}`` of every process (Linux /proc)."""
+    table: dict[int, tuple[int, int, str]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[-1].split()
+            table[int(entry.name)] = (int(fields[1]), int(fields[19]), fields[0])
+        except (OSError, IndexError, ValueError):
+            continue
+    return table
+
+
+def descendants(roots: list[int], table: dict[int, tuple[int, int, str]] | None = None) -> set[int]:
+    """PIDs of every live descendant of ``roots`` (the roots themselves excluded)."""
+    table = process_table() if table is None else table
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    out: set[int] = set()
+    todo = list(roots)
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in out:
+                out.add(child)
+                todo.append(child)
     return out
 
 

@@ -161,10 +161,13 @@ def run_experiment(
     run_timeout: float | None = None,
     node_auth: bool = False,
     overwrite: bool = False,
+    clientapp_mode: str = "warm",
 ) -> Path:
     """Run ``cfg``; return the output folder (holding ``run.json``, ``run.md``, ``run.png``).
 
     The output folder must be new or empty (``overwrite`` replaces a previous run's files).
+    ``clientapp_mode`` (local deployments): ``warm`` runs each SuperNode's ClientApps in a
+    long-lived worker, ``cold`` starts a stock ``flwr-clientapp`` process per message.
     When the run is interrupted (Ctrl-C) or its federation fails, ``run.json`` says so
     (``status`` ``interrupted`` / ``failed`` and the reason) before the error propagates.
     """
@@ -173,7 +176,7 @@ def run_experiment(
     cfg, out = prepare(cfg, overwrite)
     timeout = run_timeout or (cfg.connect_timeout + (cfg.rounds + 2) * cfg.round_timeout)
     try:
-        _launch(cfg, out, timeout, on_event, superlink, root_certificates, insecure, node_auth)
+        _launch(cfg, out, timeout, on_event, superlink, root_certificates, insecure, node_auth, clientapp_mode)
     except KeyboardInterrupt:
         finalize_status(out, "interrupted", "stopped by the user (Ctrl-C) before the run finished", cfg)
         raise
@@ -186,6 +189,7 @@ def run_experiment(
 def _launch(
     cfg: RunConfig, out: Path, timeout: float, on_event: Callable[[dict[str, Any]], None] | None,
     superlink: str | None, root_certificates: str | None, insecure: bool, node_auth: bool,
+    clientapp_mode: str = "warm",
 ) -> None:
     """Run ``cfg`` on the chosen engine (in-process, a local federation, or a remote SuperLink)."""
     if superlink is None and cfg.engine == "inprocess":
@@ -220,7 +224,8 @@ def _launch(
 
     simulation = cfg.engine == "simulation"
     with LocalFederation(out, cfg.nodes, tls=True, simulation=simulation, node_auth=node_auth and not simulation,
-                         start_timeout=cfg.connect_timeout) as fed:
+                         start_timeout=cfg.connect_timeout, clientapp_mode=clientapp_mode,
+                         device=cfg.device) as fed:
         sub = fed.submitter()
         fed_cfg = f"num-supernodes={cfg.nodes} client-resources-num-cpus=1" if simulation else None
         handle = sub.submit(app_dir, overrides, out, federation_config=fed_cfg)

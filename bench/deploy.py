@@ -1,0 +1,464 @@
+"""Benchmark ``deploy``: round times of graphfl warm vs graphfl cold vs a vanilla Flower App.
+
+Three variants run the same experiment (``graphfl run``'s default: FedAvg on ``digits``, 4
+SuperNodes, 3 rounds of 50 local SGD steps, on 127.0.0.1 with TLS), each on its own freshly
+started federation of real ``flower-superlink`` / SuperNode processes:
+
+``graphfl-warm``
+    graphfl's default: SuperNodes hand their ClientApp tasks to one long-lived worker each
+    (:mod:`graphfl.deploy.warm`), Flower's SuperNode poll sleeps removed.
+``graphfl-cold``
+    ``--clientapp-mode cold``: stock ``flower-supernode``; one ``flwr-clientapp`` process per message.
+``vanilla-flower``
+    A minimal Flower App written into the output folder at run time: ``flwr.serverapp.strategy.FedAvg``
+    (stock ``start()``: ``Grid.send_and_receive``, a training and an evaluation exchange per
+    round) and a ClientApp training the same MLP on the same digits partitions with the same
+    local SGD (graphfl's task, model and ``sgd_steps``), on stock SuperNodes with Flower's
+    default SuperExec poll interval (1 s; graphfl sets 0.1 s).
+
+Repetitions are interleaved (the order of the variants rotates), ``--quick`` runs 3 of them, the
+full form 5 and adds two variants that show what each change buys alone:
+``graphfl-warm-stockpolls`` (warm workers, Flower's 3 s / 0.5 s SuperNode sleeps kept) and
+``graphfl-cold-fastpolls`` (per-message ClientApp processes, short SuperNode polls).
+
+Measured (seconds; mean ± sd over repetitions, each repetition's value the median over rounds):
+*round* (graphfl: one exchange, training with the evaluation piggy-backed; vanilla: its training
+plus evaluation exchange, and the training exchange alone), *join* (graphfl's round 0: clients
+report and evaluate the initial model; vanilla has none, its first round carries the wait for
+nodes), *final evaluation*, final test accuracy. The split of a graphfl round, from the graphfl
+side: *ClientApp start* (``client_boot_seconds``: process start or, warm, task claim -> handler),
+*handler* (``client_seconds``), and the rest (*transport*: message pickup + reply, polls, server);
+warm traces (``logs/warm-<i>.jsonl``) split the rest further into *pickup* (message created on
+the server -> task claimed) and *reply push* (ClientApp -> SuperNode).
+
+``run(quick, seed, out)`` writes ``<out>/deploy.{json,md,png}``; each run's own files stay under
+``<out>/runs/``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from graphfl.common.config import dump_toml, parse_run_config
+from graphfl.common.envinfo import env_info
+from graphfl.common.results import markdown_table, plot_panels, write_json
+
+logger = logging.getLogger(__name__)
+
+NAME = "deploy"
+BASE_CONFIG: dict[str, Any] = {"strategy": "fedavg", "task": "digits", "nodes": 4, "rounds": 3,
+                               "engine": "local-deployment"}
+VARIANTS_QUICK = ("graphfl-warm", "graphfl-cold", "vanilla-flower")
+VARIANTS_FULL = (*VARIANTS_QUICK, "graphfl-warm-stockpolls", "graphfl-cold-fastpolls")
+GRAPHFL_VARIANTS: dict[str, tuple[str, str | None]] = {   # variant -> (clientapp mode, SuperNode polls)
+    "graphfl-warm": ("warm", None),
+    "graphfl-cold": ("cold", None),
+    "graphfl-warm-stockpolls": ("warm", "stock"),
+    "graphfl-cold-fastpolls": ("cold", "fast"),
+}
+
+# ------------------------------------------------------------------------------------------
+# the vanilla Flower App (written at run time, not a package of graphfl)
+# ------------------------------------------------------------------------------------------
+VANILLA_SERVER = '''"""Vanilla Flower ServerApp: stock FedAvg; only timestamps are added around its hooks."""
+
+import json
+import time
+
+from flwr.app import ArrayRecord, ConfigRecord, Context
+from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.strategy import FedAvg
+
+app = ServerApp()
+
+
+class TimedFedAvg(FedAvg):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.times = {}
+        self.metrics = {}
+
+    def _mark(self, r, key):
+        self.times.setdefault(r, {})[key] = time.time()
+
+    def configure_train(self, server_round, arrays, config, grid):
+        self._mark(server_round, "train_start")
+        return super().configure_train(server_round, arrays, config, grid)
+
+    def aggregate_train(self, server_round, replies):
+        replies = list(replies)
+        self._mark(server_round, "train_replies")
+        out = super().aggregate_train(server_round, replies)
+        self.metrics.setdefault(server_round, {})["train_replies"] = sum(not m.has_error() for m in replies)
+        return out
+
+    def configure_evaluate(self, server_round, arrays, config, grid):
+        self._mark(server_round, "eval_start")
+        return super().configure_evaluate(server_round, arrays, config, grid)
+
+    def aggregate_evaluate(self, server_round, replies):
+        replies = list(replies)
+        self._mark(server_round, "eval_replies")
+        accs = [float(m.content["metrics"]["test_acc"]) for m in replies if not m.has_error()]
+        self.metrics.setdefault(server_round, {})["test_acc"] = sum(accs) / len(accs) if accs else None
+        return super().aggregate_evaluate(server_round, replies)
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    from vanillafl.task import make_model
+
+    cfg = context.run_config
+    n = int(cfg["nodes"])
+    t0 = time.time()
+    strategy = TimedFedAvg(fraction_train=1.0, fraction_evaluate=1.0, min_train_nodes=n,
+                           min_evaluate_nodes=n, min_available_nodes=n)
+    strategy.start(grid=grid, initial_arrays=ArrayRecord(make_model(int(cfg["seed"])).state_dict()),
+                   num_rounds=int(cfg["num-server-rounds"]), train_config=ConfigRecord({"lr": float(cfg["lr"])}))
+    doc = {"start": t0, "end": time.time(), "times": strategy.times, "metrics": strategy.metrics}
+    with open(str(cfg["out-file"]), "w") as fh:
+        json.dump(doc, fh)
+'''
+
+VANILLA_CLIENT = '''"""Vanilla Flower ClientApp: the same MLP, digits partition and local SGD as graphfl's FedAvg client."""
+
+from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+app = ClientApp()
+
+
+def _load(msg, context):
+    import torch
+
+    from vanillafl.task import client_data, make_model
+
+    torch.set_num_threads(1)
+    cfg = context.run_config
+    pid, n = int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])
+    model = make_model(int(cfg["seed"]))
+    model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+    return cfg, pid, model, client_data(int(cfg["seed"]), pid, n)
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    from graphfl.client.training import sgd_steps
+    from graphfl.tasks.partition import client_rng
+
+    cfg, pid, model, (task, data) = _load(msg, context)
+    server_round = int(msg.content["config"]["server-round"])
+    loss = sgd_steps(model, data, task.loss_fn(), int(cfg["local-steps"]), int(cfg["batch-size"]), float(cfg["lr"]),
+                     client_rng(int(cfg["seed"]), 3, pid, server_round))
+    content = RecordDict({"arrays": ArrayRecord(model.state_dict()),
+                          "metrics": MetricRecord({"train_loss": float(loss), "num-examples": int(data.num_train)})})
+    return Message(content=content, reply_to=msg)
+
+
+@app.evaluate()
+def evaluate(msg: Message, context: Context) -> Message:
+    from graphfl.client.training import evaluate_model
+
+    cfg, pid, model, (task, data) = _load(msg, context)
+    m = evaluate_model(model, data.x_test, data.y_test, task.loss_fn(), True)
+    metrics = MetricRecord({"test_loss": float(m["test_loss"]), "test_acc": float(m["test_acc"]),
+                            "num-examples": int(len(data.y_test))})
+    return Message(content=RecordDict({"metrics": metrics}), reply_to=msg)
+'''
+
+VANILLA_TASK = '''"""The task: graphfl's digits task (model and Dirichlet partition), as any app could import it."""
+
+
+def make_model(seed):
+    from graphfl.tasks import registry
+
+    return registry.create("digits", seed=seed).build_model()
+
+
+def client_data(seed, pid, n):
+    from graphfl.tasks import registry
+
+    task = registry.create("digits", seed=seed)
+    return task, task.client_data(pid, n)
+'''
+
+
+def write_vanilla_app(path: Path, cfg: dict[str, Any]) -> Path:
+    """Write the vanilla Flower App (``pyproject.toml`` + package ``vanillafl``) into ``path``."""
+    pkg = path / "vanillafl"
+    pkg.mkdir(parents=True, exist_ok=True)
+    (pkg / "__init__.py").write_text('"""Vanilla Flower App for graphfl bench deploy."""\n')
+    (pkg / "server_app.py").write_text(VANILLA_SERVER)
+    (pkg / "client_app.py").write_text(VANILLA_CLIENT)
+    (pkg / "task.py").write_text(VANILLA_TASK)
+    (path / "pyproject.toml").write_text(dump_toml({
+        "build-system": {"requires": ["setuptools>=69"], "build-backend": "setuptools.build_meta"},
+        "project": {"name": "vanillafl", "version": "1.0.0", "dependencies": []},
+        "tool": {"flwr": {"app": {
+            "publisher": "graphfl-bench",
+            "components": {"serverapp": "vanillafl.server_app:app", "clientapp": "vanillafl.client_app:app"},
+            "config": {"num-server-rounds": int(cfg["rounds"]), "nodes": int(cfg["nodes"]), "seed": int(cfg["seed"]),
+                       "local-steps": int(cfg["local-steps"]), "batch-size": int(cfg["batch-size"]),
+                       "lr": float(cfg["lr"]), "out-file": ""},
+        }}},
+    }))
+    return path
+
+
+# ------------------------------------------------------------------------------------------
+# one repetition of one variant
+# ------------------------------------------------------------------------------------------
+def _median(values: list[float]) -> float | None:
+    values = [v for v in values if v is not None]
+    return float(statistics.median(values)) if values else None
+
+
+def run_graphfl(variant: str, out: Path, seed: int, rounds: int) -> dict[str, Any]:
+    """One graphfl run (``graphfl run`` defaults) in ``variant``'s mode; its timings."""
+    from graphfl.deploy.federation import LocalFederation
+    from graphfl.deploy.run import prepare, write_overrides
+    from graphfl.server.flower_app import write_app_dir
+
+    mode, polls = GRAPHFL_VARIANTS[variant]
+    cfg, out = prepare(parse_run_config({**BASE_CONFIG, "rounds": rounds, "seed": seed, "out-dir": str(out)}))
+    t_fed = time.perf_counter()
+    with LocalFederation(out, cfg.nodes, tls=True, start_timeout=cfg.connect_timeout, clientapp_mode=mode,
+                         polls=polls, device=cfg.device) as fed:
+        startup = time.perf_counter() - t_fed
+        sub = fed.submitter()
+        handle = sub.submit(write_app_dir(out / "app"), write_overrides(out / "run-config.toml", cfg), out)
+        t_run = time.perf_counter()
+        sub.wait(handle, timeout=cfg.connect_timeout + (cfg.rounds + 2) * cfg.round_timeout, health=fed.health,
+                 status_every=2.0)
+        wall = time.perf_counter() - t_run
+    doc = json.loads((out / "run.json").read_text())
+    curve = doc["methods"]["fedavg"]["curve"]
+    rows = [r for r in curve if r["round"] >= 1]
+    res: dict[str, Any] = {
+        "variant": variant, "federation_start": startup, "wall": wall,
+        "join": curve[0]["seconds"], "rounds": [r["seconds"] for r in rows],
+        "final_eval": rows[-1].get("eval_seconds"), "test_acc": rows[-1].get("test_acc"),
+        "boot": [r.get("client_boot_seconds") for r in rows], "handler": [r.get("client_seconds") for r in rows],
+    }
+    if mode == "warm":
+        res.update(_warm_split(out, cfg.nodes, len(rows)))
+    return res
+
+
+def _warm_split(out: Path, nodes: int, rounds: int) -> dict[str, Any]:
+    """Per round (1..R), medians over nodes of pickup (created -> claimed) and reply push, from the traces."""
+    pickup: list[list[float]] = [[] for _ in range(rounds)]
+    reply: list[list[float]] = [[] for _ in range(rounds)]
+    for i in range(nodes):
+        path = out / "logs" / f"warm-{i}.jsonl"
+        tasks = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+        for r, t in enumerate(tasks[1:rounds + 1]):          # task 0 is the join, the last the final evaluation
+            times = t.get("times", {})
+            if "created_at" in t and "acquired" in times:
+                pickup[r].append(times["acquired"] - t["created_at"])
+            if "handler" in times and "output" in times:
+                reply[r].append(times["output"] - times["handler"])
+    return {"pickup": [_median(p) for p in pickup], "reply_push": [_median(p) for p in reply]}
+
+
+def run_vanilla(out: Path, seed: int, rounds: int) -> dict[str, Any]:
+    """One run of the vanilla Flower App on stock SuperNodes; its timings."""
+    from graphfl.deploy.federation import LocalFederation
+
+    defaults = parse_run_config({**BASE_CONFIG, "rounds": rounds, "seed": seed})
+    app_cfg = {"rounds": rounds, "nodes": defaults.nodes, "seed": seed, "local-steps": defaults.train.local_steps,
+               "batch-size": defaults.train.batch_size, "lr": defaults.train.lr}
+    out.mkdir(parents=True, exist_ok=True)
+    app = write_vanilla_app(out / "vanilla-app", app_cfg)
+    result_file = (out / "vanilla.json").resolve()
+    overrides = out / "run-config.toml"
+    overrides.write_text(dump_toml({"out-file": str(result_file)}))
+    t_fed = time.perf_counter()
+    with LocalFederation(out, defaults.nodes, tls=True, start_timeout=defaults.connect_timeout,
+                         clientapp_mode="cold", env={"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "1.0"}) as fed:
+        startup = time.perf_counter() - t_fed
+        sub = fed.submitter()
+        t_run = time.perf_counter()
+        handle = sub.submit(app, overrides, out)
+        sub.wait_status(handle.run_id, timeout=60 + rounds * 300, interval=1.0)
+        wall = time.perf_counter() - t_run
+    doc = json.loads(result_file.read_text())
+    times = {int(k): v for k, v in doc["times"].items()}
+    rs = sorted(times)
+    return {
+        "variant": "vanilla-flower", "federation_start": startup, "wall": wall,
+        "rounds": [times[r]["eval_replies"] - times[r]["train_start"] for r in rs],
+        "train_exchange": [times[r]["train_replies"] - times[r]["train_start"] for r in rs],
+        "eval_exchange": [times[r]["eval_replies"] - times[r]["eval_start"] for r in rs],
+        "first_round": times[rs[0]]["eval_replies"] - doc["start"],
+        "test_acc": doc["metrics"].get(str(rs[-1]), {}).get("test_acc"),
+    }
+
+
+# ------------------------------------------------------------------------------------------
+# the benchmark
+# ------------------------------------------------------------------------------------------
+def _stats(values: list[float | None]) -> dict[str, float | None]:
+    vals = [float(v) for v in values if v is not None]
+    if not vals:
+        return {"mean": None, "sd": None, "n": 0}
+    return {"mean": statistics.fmean(vals), "sd": statistics.stdev(vals) if len(vals) > 1 else 0.0, "n": len(vals)}
+
+
+def _per_rep(reps: list[dict[str, Any]], key: str, rounds_only: bool = True) -> list[float | None]:
+    """Each repetition's median over rounds of ``key`` (a per-round list) or its scalar ``key``."""
+    out: list[float | None] = []
+    for rep in reps:
+        value = rep.get(key)
+        out.append(_median(value) if isinstance(value, list) else value)
+    return out
+
+
+def summarize(reps: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Mean ± sd over repetitions of each variant's timings (per-round values: median over rounds first)."""
+    keys = ("rounds", "join", "final_eval", "boot", "handler", "pickup", "reply_push", "train_exchange",
+            "eval_exchange", "first_round", "test_acc", "federation_start", "wall")
+    summary: dict[str, dict[str, Any]] = {}
+    for variant, runs in reps.items():
+        summary[variant] = {k: _stats(_per_rep(runs, k)) for k in keys if any(k in r for r in runs)}
+        if "rounds" in summary[variant] and "boot" in summary[variant] and "handler" in summary[variant]:
+            rest = []
+            for r in runs:
+                rr, bb, hh = _median(r["rounds"]), _median(r["boot"]), _median(r["handler"])
+                rest.append(None if None in (rr, bb, hh) else rr - bb - hh)   # type: ignore[operator]
+            summary[variant]["transport"] = _stats(rest)
+    return summary
+
+
+def ratios(reps: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Per repetition (same interleaved run): round time of each other variant / graphfl-warm's."""
+    out: dict[str, dict[str, Any]] = {}
+    warm = reps.get("graphfl-warm", [])
+    for variant, runs in reps.items():
+        if variant == "graphfl-warm":
+            continue
+        vals = []
+        for w, o in zip(warm, runs):
+            wr, orr = _median(w["rounds"]), _median(o["rounds"])
+            if wr and orr:
+                vals.append(orr / wr)
+        out[variant] = {"per_rep": vals, **_stats(list(vals))}
+    return out
+
+
+def _fmt(st: dict[str, Any] | None, digits: int = 2) -> str:
+    if not st or st.get("mean") is None:
+        return "–"
+    return f"{st['mean']:.{digits}f} ± {st['sd']:.{digits}f}"
+
+
+def run(quick: bool = False, seed: int = 0, out: Path | None = None,
+        progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run the benchmark; write ``<out>/deploy.{json,md,png}``; return the document."""
+    out = Path(out or "runs/bench-deploy").resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    variants = VARIANTS_QUICK if quick else VARIANTS_FULL
+    repetitions = 3 if quick else 5
+    rounds = int(BASE_CONFIG["rounds"])
+    say = progress or (lambda text: logger.info("%s", text))
+    reps: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
+    t0 = time.perf_counter()
+    for k in range(repetitions):
+        order = variants[k % len(variants):] + variants[:k % len(variants)]
+        for variant in order:
+            where = out / "runs" / f"{variant}-{k}"
+            say(f"repetition {k + 1}/{repetitions}: {variant}")
+            res = run_vanilla(where, seed, rounds) if variant == "vanilla-flower" else run_graphfl(variant, where, seed, rounds)
+            res["repetition"] = k
+            reps[variant].append(res)
+            say("  rounds " + ", ".join(f"{x:.2f}" for x in res["rounds"]) + " s")
+    summary = summarize(reps)
+    doc: dict[str, Any] = {
+        "name": NAME,
+        "config": {**BASE_CONFIG, "seed": seed, "repetitions": repetitions, "variants": list(variants),
+                   "quick": quick, "interleaved": True},
+        "summary": summary,
+        "ratios_vs_warm": ratios(reps),
+        "repetitions": reps,
+        "methods": {v: {"final": {"seconds_per_round": summary[v]["rounds"]["mean"],
+                                  "test_acc": summary[v].get("test_acc", {}).get("mean")},
+                        "curve": _mean_curve(reps[v])} for v in variants},
+        "seconds": time.perf_counter() - t0,
+        "env": env_info(),
+    }
+    write_json(out / f"{NAME}.json", doc)
+    (out / f"{NAME}.md").write_text(render(doc))
+    _plot(out / f"{NAME}.png", doc)
+    return doc
+
+
+def _mean_curve(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per round: mean and sd over repetitions of the round time."""
+    n = max((len(r["rounds"]) for r in runs), default=0)
+    curve = []
+    for i in range(n):
+        st = _stats([r["rounds"][i] for r in runs if i < len(r["rounds"])])
+        curve.append({"round": i + 1, "seconds": st["mean"], "seconds_sd": st["sd"]})
+    return curve
+
+
+def render(doc: dict[str, Any]) -> str:
+    """The Markdown report."""
+    s, cfg = doc["summary"], doc["config"]
+    lines = [f"# bench deploy ({'quick' if cfg['quick'] else 'full'})", "",
+             f"`graphfl run` defaults: {cfg['strategy']} on {cfg['task']}, {cfg['nodes']} SuperNodes, "
+             f"{cfg['rounds']} rounds; {cfg['repetitions']} interleaved repetitions; seconds, mean ± sd over "
+             "repetitions of each repetition's median over rounds.", "",
+             "## Round, join, final evaluation", ""]
+    rows = []
+    for v, st in s.items():
+        rows.append({"variant": v, "round": _fmt(st.get("rounds")), "join": _fmt(st.get("join")),
+                     "final eval": _fmt(st.get("final_eval")),
+                     "vanilla: train / eval exchange": (f"{_fmt(st.get('train_exchange'))} / {_fmt(st.get('eval_exchange'))}"
+                                                         if "train_exchange" in st else "–"),
+                     "vanilla: first round": _fmt(st.get("first_round")),
+                     "test acc": _fmt(st.get("test_acc"), 4), "federation start": _fmt(st.get("federation_start"), 1)})
+    lines += [markdown_table(rows, list(rows[0])), "", "## Ratio of round times to graphfl-warm (same repetition)", ""]
+    rrows = [{"variant": v, "ratio": _fmt(r), "per repetition": ", ".join(f"{x:.1f}" for x in r["per_rep"])}
+             for v, r in doc["ratios_vs_warm"].items()]
+    if rrows:
+        lines += [markdown_table(rrows, ["variant", "ratio", "per repetition"]), ""]
+    lines += ["## Where a graphfl round goes (from the graphfl side)", "",
+              "ClientApp start = process start (cold) or task claim (warm) -> handler; handler = the "
+              "client's own work; transport = round - start - handler (pickup, reply, polls, server). "
+              "Warm traces split pickup (message created -> task claimed) and reply push.", ""]
+    srows = [{"variant": v, "round": _fmt(st.get("rounds")), "ClientApp start": _fmt(st.get("boot")),
+              "handler": _fmt(st.get("handler")), "transport": _fmt(st.get("transport")),
+              "pickup (warm)": _fmt(st.get("pickup")), "reply push (warm)": _fmt(st.get("reply_push"))}
+             for v, st in s.items() if "boot" in st]
+    if srows:
+        lines += [markdown_table(srows, list(srows[0])), ""]
+    env = doc.get("env", {})
+    lines += ["## Environment", "", markdown_table([env], list(env)), "",
+              f"Benchmark wall time: {doc['seconds']:.0f} s.", ""]
+    return "\n".join(lines)
+
+
+def _plot(path: Path, doc: dict[str, Any]) -> None:
+    series = {v: res["curve"] for v, res in doc["methods"].items()}
+    split = []
+    for i, (v, st) in enumerate(doc["summary"].items()):
+        if "boot" in st:
+            split.append({"x": i, "variant": v, "start": st["boot"]["mean"], "handler": st["handler"]["mean"],
+                          "transport": st.get("transport", {}).get("mean")})
+    panels = [{"x": "round", "y": "seconds", "band": "seconds_sd", "series": series, "logy": True,
+               "title": "round time (mean ± sd over repetitions)", "ylabel": "seconds"}]
+    if split:
+        panels.append({"x": "x", "y": "value", "title": "graphfl round split (0=warm, 1=cold, ...)", "ylabel": "seconds",
+                       "series": {part: [{"x": p["x"], "value": p[part]} for p in split]
+                                  for part in ("start", "handler", "transport")}})
+    try:
+        plot_panels(path, panels, "graphfl bench deploy")
+    except Exception:
+        logger.exception("could not draw %s", path)
