@@ -90,14 +90,17 @@ def test_simulation_engine_matches_inprocess(tmp_path):
 def test_supernode_restart_is_mapped_back_to_its_partition(tmp_path, monkeypatch):
     """A restarted SuperNode gets a new node id; the server finds its partition again."""
     monkeypatch.setenv("GRAPHFL_PLUGINS", "graphfl.tests.probe_strategy")
-    values = {**TINY, "strategy": "probe", "nodes": 2, "rounds": 4, "round-timeout": 25,
+    # stock (cold) SuperNodes on both sides: their rounds take seconds, so the restarted node
+    # registers and is joined while the run goes on (warm rounds would end the run first)
+    rounds = 4
+    values = {**TINY, "strategy": "probe", "nodes": 2, "rounds": rounds, "round-timeout": 60,
               "engine": "local-deployment", "out-dir": str(tmp_path)}
     from graphfl.deploy.federation import supernode_argv
     from graphfl.deploy.run import prepare, write_overrides
     from graphfl.server.flower_app import write_app_dir
 
     cfg, out = prepare(parse_run_config(values))
-    with LocalFederation(out, 2, tls=True) as fed:
+    with LocalFederation(out, 2, tls=True, clientapp_mode="cold") as fed:
         sub = fed.submitter()
         handle = sub.submit(write_app_dir(out / "app"), write_overrides(out / "rc.toml", cfg), out)
         restarted = False
@@ -115,10 +118,10 @@ def test_supernode_restart_is_mapped_back_to_its_partition(tmp_path, monkeypatch
         sub.wait(handle, on_event, timeout=300, health=fed.health, status_every=STATUS_EVERY)
     rows = curve(out, "probe")
     assert restarted
-    last = rows[4]["server"]
+    last = rows[rounds]["server"]
     assert last["tags_ok"] and last["sums_ok"]
-    assert "1" in last["counts"] and last["counts"]["0"] == 4
-    assert last["counts"]["1"] < 4                # fresh SuperNode: its client state started anew
+    assert "1" in last["counts"] and last["counts"]["0"] == rounds
+    assert last["counts"]["1"] < rounds           # fresh SuperNode: its client state started anew
     assert_no_processes_left(out)
 
 
