@@ -161,7 +161,7 @@ def run_experiment(
     run_timeout: float | None = None,
     node_auth: bool = False,
     overwrite: bool = False,
-    clientapp_mode: str = "warm",
+    clientapp_mode: str = "cold",
 ) -> Path:
     """Run ``cfg``; return the output folder (holding ``run.json``, ``run.md``, ``run.png``).
 
@@ -189,7 +189,7 @@ def run_experiment(
 def _launch(
     cfg: RunConfig, out: Path, timeout: float, on_event: Callable[[dict[str, Any]], None] | None,
     superlink: str | None, root_certificates: str | None, insecure: bool, node_auth: bool,
-    clientapp_mode: str = "warm",
+    clientapp_mode: str = "cold",
 ) -> None:
     """Run ``cfg`` on the chosen engine (in-process, a local federation, or a remote SuperLink)."""
     if superlink is None and cfg.engine == "inprocess":
