@@ -171,14 +171,14 @@ def test_launcher_stops_everything_when_a_peer_crashes_under_fail_policy(tmp_pat
         assert len(victim) == 1
         t_kill = time.monotonic()
         os.kill(victim[0], signal.SIGKILL)
-        rc = launcher.wait(30)
+        rc = launcher.wait(90)  # round deadline + teardown + report (matplotlib) on a busy 2-core machine
         elapsed = time.monotonic() - t_kill
     finally:
         if launcher.poll() is None:
             launcher.kill()
     output = launcher.stdout.read().decode()
     assert rc == 1, output
-    assert elapsed < 45  # round deadline 2 s + teardown + report, not the 100000-round bound (>= 5000 s)
+    assert elapsed < 90  # round deadline 2 s + teardown + report, not the 100000-round bound (>= 5000 s)
     result = json.loads((out / "p2p.json").read_text())
     assert result["ok"] is False
     outcomes = {i: p["outcome"] for i, p in result["peers"].items()}
