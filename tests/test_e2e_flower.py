@@ -93,7 +93,7 @@ def test_supernode_restart_is_mapped_back_to_its_partition(tmp_path, monkeypatch
     # stock (cold) SuperNodes on both sides: their rounds take seconds, so the restarted node
     # registers and is joined while the run goes on (warm rounds would end the run first)
     rounds = 4
-    values = {**TINY, "strategy": "probe", "nodes": 2, "rounds": rounds, "round-timeout": 60,
+    values = {**TINY, "strategy": "probe", "nodes": 2, "rounds": rounds, "round-timeout": 90,
               "engine": "local-deployment", "out-dir": str(tmp_path)}
     from graphfl.deploy.federation import supernode_argv
     from graphfl.deploy.run import prepare, write_overrides

@@ -259,8 +259,9 @@ def test_ctrl_c_in_warm_mode_leaves_no_process(tmp_path):
     out = tmp_path / "run"
     exe = Path(sys.executable).with_name("graphfl")
     with (tmp_path / "stdout").open("w") as fh:
-        proc = subprocess.Popen([str(exe), "run", "--nodes", "2", "--rounds", "30", "--set", "train.local-steps=5",
-                                 "--out", str(out)], stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen([str(exe), "run", "--nodes", "2", "--clientapp-mode", "warm", "--rounds", "30",
+                                 "--set", "train.local-steps=5", "--out", str(out)],
+                                stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + 240
         progress = out / "progress.jsonl"
         while time.monotonic() < deadline and not (progress.is_file() and progress.read_text().strip()):
