@@ -50,6 +50,8 @@ from graphfl.p2p.oracles import ProblemSpec, make_oracle
 from graphfl.p2p.topology import make_topology
 from graphfl.tasks.holdout import VALIDATION_FRACTION, validation_task
 
+from .runcache import RunCache
+
 logger = logging.getLogger(__name__)
 
 NAME = "dfl"
@@ -97,6 +99,28 @@ UNSPECIFIED = [
 
 class Diverged(RuntimeError):
     """A run left the finite range (the step size is too large for this method)."""
+
+
+_cache = RunCache(None)  # run() points it at <out>/cache
+
+
+def cached_run(method: str, tau: int, alpha0: float, iterations: int, seed: int, n: int,
+               split: str = "test", eval_points: int = 20, with_stationarity: bool = True) -> dict[str, Any]:
+    """:func:`run_method` through the run cache (divergences are cached too and re-raised)."""
+    key = {"bench": NAME, "method": method, "tau": tau, "alpha0": alpha0, "iterations": iterations, "seed": seed,
+           "n": n, "split": split, "eval_points": eval_points, "stationarity": with_stationarity}
+
+    def go() -> dict[str, Any]:
+        try:
+            return run_method(method, tau, alpha0, iterations, seed, n, split=split, eval_points=eval_points,
+                              with_stationarity=with_stationarity)
+        except Diverged as exc:
+            return {"diverged": str(exc)}
+
+    out = _cache(key, go)
+    if "diverged" in out:
+        raise Diverged(out["diverged"])
+    return out
 
 
 def make_oracles(n: int, seed: int, split: str = "test") -> list[Any]:
@@ -159,7 +183,7 @@ def run_with_backoff(method: str, tau: int, alpha0: float, form: Form, seed: int
     """
     for a0 in sorted((a for a in form.grid if a <= alpha0), reverse=True):
         try:
-            return run_method(method, tau, a0, form.iterations, seed, n, eval_points=form.eval_points), a0
+            return cached_run(method, tau, a0, form.iterations, seed, n, eval_points=form.eval_points), a0
         except Diverged as exc:
             logger.warning("%s (seed %d); backing off to the next smaller step", exc, seed)
     return None, None
@@ -188,7 +212,7 @@ def tune(method: str, tau: int, n: int, form: Form, seed: int) -> dict[str, Any]
     why: dict[str, str] = {}
     for a0 in form.grid:
         try:
-            r = run_method(method, tau, a0, form.iterations, seed, n, split="val",
+            r = cached_run(method, tau, a0, form.iterations, seed, n, split="val",
                            eval_points=form.eval_points, with_stationarity=False)
             grid[f"{a0:g}"] = r["final"]["test_loss"]
         except Diverged as exc:
@@ -244,6 +268,8 @@ def run(quick: bool, seed: int, out: Path) -> dict[str, Any]:
     form = QUICK if quick else FULL
     seeds = [seed + k for k in range(form.seeds)]
     t_start = time.perf_counter()
+    global _cache
+    _cache = RunCache(out / "cache")
     tuning: dict[str, dict[str, dict[str, Any]]] = {}
     methods: dict[str, Any] = {}
     pairs: dict[str, dict[str, Any]] = {}

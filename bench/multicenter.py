@@ -57,6 +57,8 @@ import numpy as np
 
 from graphfl.tasks.holdout import VALIDATION_FRACTION, validation_task
 
+from .runcache import RunCache
+
 logger = logging.getLogger(__name__)
 
 NAME = "multicenter"
@@ -225,16 +227,24 @@ def run_dfl(task: str, nodes: int, rounds: int, seed: int, lr: float) -> dict[st
                        "mixing": "metropolis", "graph": f"{task} client graph"}}
 
 
+_cache = RunCache(None)  # run() points it at <out>/cache
+
+
 def run_any(method: str, task: str, nodes: int, rounds: int, seed: int, settings: dict[str, Any],
             train: dict[str, Any], params: dict[str, dict[str, Any]] | None = None,
-            hook: Hook | None = None) -> dict[str, Any]:
-    """``method`` with its settings (``lr`` and, for some, strategy keys) on ``task``."""
+            hook: Hook | None = None, hook_key: str = "") -> dict[str, Any]:
+    """``method`` with its settings (``lr`` and, for some, strategy keys) on ``task`` (through the run cache).
+
+    ``hook_key`` names what ``hook`` does (part of the cache key).
+    """
     lr = float(settings["lr"])
-    if method == "dfl":
-        return run_dfl(task, nodes, rounds, seed, lr)
     extra = {k: v for k, v in settings.items() if k != "lr"}
     overrides = {**train, "train.lr": lr, **(params or METHOD_PARAMS).get(method, {}), **extra}
-    return run_method(method, task, nodes, rounds, seed, overrides, hook)
+    key = {"bench": NAME, "method": method, "task": task, "nodes": nodes, "rounds": rounds, "seed": seed,
+           "overrides": overrides, "hook": hook_key}
+    if method == "dfl":
+        return _cache(key, lambda: run_dfl(task, nodes, rounds, seed, lr))
+    return _cache(key, lambda: run_method(method, task, nodes, rounds, seed, overrides, hook))
 
 
 def final_metric(run: dict[str, Any], key: str) -> float | None:
@@ -422,6 +432,13 @@ def planted_hook(core: Any) -> None:
     core._initialise_centers = init
 
 
+def phi_key(phi: Any) -> str:
+    """Cache-key name of a φ (a hash of its values)."""
+    import hashlib
+
+    return "phi:" + hashlib.sha1(np.ascontiguousarray(np.asarray(phi, dtype=np.float64)).tobytes()).hexdigest()[:16]
+
+
 def phi_hook(phi: Any) -> Hook:
     """BiG-FL test-graph protocol: start (and, with α = 0, stay) at a given φ."""
 
@@ -454,6 +471,8 @@ def run(quick: bool = False, seed: int = 0, out: Path | str = Path("runs/bench")
     form = QUICK if quick else FULL
     seeds = [seed + k for k in range(form.seeds)]
     t_start = time.perf_counter()
+    global _cache
+    _cache = RunCache(out / "cache")
 
     tuning: dict[str, Any] = {}
     for gen in form.tune_generators:
@@ -481,8 +500,8 @@ def run(quick: bool = False, seed: int = 0, out: Path | str = Path("runs/bench")
         diag: dict[str, Any] = {}
         for label, extra in (("planted, EM continues", {}), ("planted, assignment frozen",
                                                             {"fesem.recluster-every": FROZEN})):
-            runs = [run_any("fesem", task, NODES, form.rounds, s, {**st["fesem"], **extra}, TRAIN, hook=planted_hook)
-                    for s in seeds]
+            runs = [run_any("fesem", task, NODES, form.rounds, s, {**st["fesem"], **extra}, TRAIN, hook=planted_hook,
+                            hook_key="planted") for s in seeds]
             diag[label] = _combine(runs, "test_loss")
         res["fesem_planted"] = diag
         mm = res["methods"]
@@ -504,8 +523,8 @@ def run(quick: bool = False, seed: int = 0, out: Path | str = Path("runs/bench")
             runs = [run_any(m, task, NODES, form.rounds, s, st[m], TRAIN) for s in seeds]
             res["methods"][m] = {**_combine(runs, "test_loss"), "settings": st[m]}
         frozen = {**st["bigfl"], "bigfl.alpha": 0.0, "bigfl.hypergrad-mode": "first_order"}
-        runs = [run_any("bigfl", task, NODES, form.rounds, s, frozen, TRAIN, hook=phi_hook(phis[(gen, s)]))
-                for s in seeds]
+        runs = [run_any("bigfl", task, NODES, form.rounds, s, frozen, TRAIN, hook=phi_hook(phis[(gen, s)]),
+                        hook_key=phi_key(phis[(gen, s)])) for s in seeds]
         for r in runs:
             r.pop("phi", None)
         res["methods"]["bigfl"] = {**_combine(runs, "test_loss"), "settings": frozen,
