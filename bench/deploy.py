@@ -302,6 +302,95 @@ def run_vanilla(out: Path, seed: int, rounds: int) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------------
+# worker models: fork-per-message zygote vs persistent worker vs fresh process (no Flower)
+# ------------------------------------------------------------------------------------------
+PROBE_SETUP = """
+import json, os, sys, time
+t0 = time.perf_counter()
+import torch
+import numpy as np
+from graphfl.client.handler import build_runtime, handle
+from graphfl.common.config import parse_run_config
+from graphfl.common.types import Payload
+cfg = parse_run_config({"task": "digits", "nodes": 4})
+import_s = time.perf_counter() - t0
+
+def serve(r):
+    t = time.perf_counter()
+    torch.set_num_threads(1)
+    rt = build_runtime(cfg, r % 4, 4)
+    model = rt.ctx.task.build_model()
+    arrays = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
+    handle(rt, "train", r + 1, Payload(arrays, {}), {}, True)
+    return time.perf_counter() - t
+"""
+
+PROBE_MODELS = {
+    # a zygote imports everything but runs no torch op (a child of a process with started
+    # OpenMP/CUDA threads is unsafe); each message is served by a fork of it
+    "zygote": PROBE_SETUP + """
+out = []
+for r in range(int(sys.argv[1])):
+    rd, wr = os.pipe()
+    t = time.perf_counter()
+    pid = os.fork()
+    if pid == 0:
+        started = time.perf_counter() - t
+        h = serve(r)
+        os.write(wr, json.dumps({"start": started, "handler": h, "end": time.perf_counter()}).encode())
+        os._exit(0)
+    os.close(wr)
+    doc = json.loads(os.read(rd, 65536))
+    os.waitpid(pid, 0)
+    doc["exit"] = time.perf_counter() - doc.pop("end")
+    out.append(doc)
+print(json.dumps({"import": import_s, "messages": out}))
+""",
+    # one process serves every message
+    "persistent": PROBE_SETUP + """
+out = [{"start": 0.0, "handler": serve(r), "exit": 0.0} for r in range(int(sys.argv[1]))]
+print(json.dumps({"import": import_s, "messages": out}))
+""",
+}
+
+
+def probe_worker_models(messages: int = 6) -> dict[str, Any]:
+    """Serve ``messages`` graphfl train messages (digits, eval first) per model and time them:
+    ``zygote`` (fork per message from a process that imported torch and graphfl, no torch op run),
+    ``persistent`` (one process), ``fresh`` (a new Python process per message, as stock Flower).
+    No Flower transport here: only what differs between the models.
+    """
+    import subprocess
+    import sys
+
+    out: dict[str, Any] = {}
+    for name, code in PROBE_MODELS.items():
+        proc = subprocess.run([sys.executable, "-c", code, str(messages)], capture_output=True, text=True, timeout=600)
+        if proc.returncode != 0:
+            out[name] = {"error": proc.stderr[-2000:]}
+            continue
+        out[name] = json.loads(proc.stdout.strip().splitlines()[-1])
+    fresh = []
+    for _ in range(min(messages, 3)):
+        t = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-c", PROBE_MODELS["persistent"], "1"], capture_output=True, text=True,
+                              timeout=600)
+        total = time.perf_counter() - t
+        if proc.returncode == 0:
+            inner = json.loads(proc.stdout.strip().splitlines()[-1])
+            m = inner["messages"][0]
+            fresh.append({"start": inner["import"], "handler": m["handler"],
+                          "exit": max(0.0, total - inner["import"] - m["handler"])})
+    out["fresh"] = {"messages": fresh}
+    for doc in out.values():
+        msgs = doc.get("messages") or []
+        later = msgs[1:] or msgs
+        doc["summary"] = {k: _median([m[k] for m in later]) for k in ("start", "handler", "exit")}
+        doc["summary"]["first_handler"] = msgs[0]["handler"] if msgs else None
+    return out
+
+
+# ------------------------------------------------------------------------------------------
 # the benchmark
 # ------------------------------------------------------------------------------------------
 def _stats(values: list[float | None]) -> dict[str, float | None]:
@@ -379,6 +468,8 @@ def run(quick: bool = False, seed: int = 0, out: Path | None = None,
             reps[variant].append(res)
             say("  rounds " + ", ".join(f"{x:.2f}" for x in res["rounds"]) + " s")
     summary = summarize(reps)
+    say("worker models: zygote vs persistent vs fresh process")
+    models = probe_worker_models(4 if quick else 8)
     doc: dict[str, Any] = {
         "name": NAME,
         "config": {**BASE_CONFIG, "seed": seed, "repetitions": repetitions, "variants": list(variants),
@@ -386,6 +477,7 @@ def run(quick: bool = False, seed: int = 0, out: Path | None = None,
         "summary": summary,
         "ratios_vs_warm": ratios(reps),
         "repetitions": reps,
+        "worker_models": models,
         "methods": {v: {"final": {"seconds_per_round": summary[v]["rounds"]["mean"],
                                   "test_acc": summary[v].get("test_acc", {}).get("mean")},
                         "curve": _mean_curve(reps[v])} for v in variants},
@@ -439,6 +531,16 @@ def render(doc: dict[str, Any]) -> str:
              for v, st in s.items() if "boot" in st]
     if srows:
         lines += [markdown_table(srows, list(srows[0])), ""]
+    models = doc.get("worker_models") or {}
+    if models:
+        lines += ["## Worker models (one graphfl train message, no Flower transport)", "",
+                  "start = until the handler runs (fork, or for a fresh process Python + imports); handler = "
+                  "build the client + evaluate + 50 SGD steps (median of messages 2..; first message apart); "
+                  "exit = handler end -> process reaped.", ""]
+        mrows = [{"model": name, "start": d["summary"]["start"], "first handler": d["summary"]["first_handler"],
+                  "handler": d["summary"]["handler"], "exit": d["summary"]["exit"]}
+                 for name, d in models.items() if "summary" in d]
+        lines += [markdown_table(mrows, ["model", "start", "first handler", "handler", "exit"]), ""]
     env = doc.get("env", {})
     lines += ["## Environment", "", markdown_table([env], list(env)), "",
               f"Benchmark wall time: {doc['seconds']:.0f} s.", ""]

@@ -69,6 +69,11 @@ def check_executor_internals() -> None:
                  "make_confirm_message_received_fn_protobuf", "TaskIdentity"):
         if not hasattr(rc, name):
             raise FlowerInternalsError(f"flwr.supernode.runtime.run_clientapp has no {name!r}; {FALLBACK}")
+    try:
+        from flwr.supercore.constant import TASK_TOKEN_HEADER  # noqa: F401
+        from flwr.supercore.interceptors.http.utils import add_headers  # noqa: F401
+    except ImportError as exc:
+        raise FlowerInternalsError(f"cannot import Flower's Runtime API token header ({exc}); {FALLBACK}") from None
     _require(rc.pull_task_input, "ClientApp task input pull",
              ("PullTaskInput(PullTaskInputRequest())", "PullMessages(", "pull_and_inflate_object_from_tree(",
               'message.metadata.__dict__["_message_id"] = object_tree.object_id'))

@@ -67,7 +67,7 @@ READY_LINE = "graphfl warm worker ready"
 """Logged by the executor once its worker can take tasks (launchers wait for it)."""
 
 DEFAULT_PRELOAD = ("torch", "graphfl.client.app", "graphfl.client.handler", "graphfl.client.training",
-                   "graphfl.tasks.registry")
+                   "graphfl.client.trainers", "graphfl.tasks.registry", "graphfl.tasks.labeled", "sklearn.datasets")
 """Modules the worker imports before its first task (graphfl's ClientApp and what it needs)."""
 
 TASK_START_ENV = "GRAPHFL_TASK_START"
@@ -164,6 +164,24 @@ def pid_alive(pid: int) -> bool:
 # --------------------------------------------------------------------------------------------
 # Runtime API clients
 # --------------------------------------------------------------------------------------------
+class TaskToken:
+    """Adds the current task's token to every Runtime API request (the worker's one client
+    serves task after task; Flower's ``RuntimeTokenHttpInterceptor`` holds a fixed token).
+    """
+
+    def __init__(self) -> None:
+        self.token: str | None = None
+
+    def intercept(self, context: Any, call_next: Any) -> Any:
+        from flwr.supercore.constant import TASK_TOKEN_HEADER
+        from flwr.supercore.interceptors.http.utils import add_headers
+
+        if not self.token:
+            raise RuntimeError("no task token set")
+        add_headers(context.request, {TASK_TOKEN_HEADER: self.token})
+        return call_next(context)
+
+
 @dataclass(frozen=True)
 class RuntimeTarget:
     """Where the SuperNode's Runtime API is and how to reach it."""
@@ -172,12 +190,12 @@ class RuntimeTarget:
     insecure: bool = True
     root_certificates: str | None = None
 
-    def client(self, component: str, token: str | None = None, max_time: float = 30.0) -> Any:
+    def client(self, component: str, token: str | TaskToken | None = None, max_time: float = 30.0) -> Any:
         """A ``RuntimeHttpClient`` with a bounded retry policy that never signals this process.
 
         (Flower's default HTTP retry invoker retries forever and sends SIGINT to its own
         process on HTTP 401, which is right for a per-message process, not for a worker that
-        outlives the task.)
+        outlives the task.) ``token``: a fixed task token, or a :class:`TaskToken` set per task.
         """
         import httpx
         from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor, RuntimeVersionHttpInterceptor
@@ -195,7 +213,9 @@ class RuntimeTarget:
             should_giveup=giveup,
         )
         interceptors: list[Any] = [RuntimeVersionHttpInterceptor(component_name=component)]
-        if token is not None:
+        if isinstance(token, TaskToken):
+            interceptors.append(token)
+        elif token is not None:
             interceptors.append(RuntimeTokenHttpInterceptor(token))
         certs = None
         if not self.insecure and self.root_certificates:
@@ -246,12 +266,21 @@ class TaskHeartbeat:
 
 @dataclass
 class TaskRunner:
-    """Runs ClientApp tasks given their tokens; caches FAB installs and loaded ClientApps."""
+    """Runs ClientApp tasks given their tokens; caches FAB installs and loaded ClientApps, and
+    keeps one Runtime API client (connection) whose token changes per task.
+    """
 
     target: RuntimeTarget
     report: Callable[[dict[str, Any]], None] = lambda doc: None
     installed: set[str] = field(default_factory=set)
     apps: dict[str, Any] = field(default_factory=dict)
+    token: TaskToken = field(default_factory=TaskToken)
+    _client: Any = None
+
+    def client(self) -> Any:
+        if self._client is None:
+            self._client = self.target.client("flwr-clientapp", token=self.token)
+        return self._client
 
     def client_app(self, run: Any, fab: Any) -> Any:
         """The run's ClientApp: FAB installed and app loaded once per FAB hash."""
@@ -278,7 +307,8 @@ class TaskRunner:
 
         t: dict[str, float] = {"received": time.time()}
         os.environ[TASK_START_ENV] = repr(acquired_at)
-        client = self.target.client("flwr-clientapp", token=token)
+        self.token.token = token
+        client = self.client()
         message = reply = context = None
         sub_status, details = SubStatus.FAILED, "ClientApp task failed due to unknown reason"
         outcome: dict[str, Any] = {"task_id": task_id, "worker_pid": os.getpid()}
@@ -319,7 +349,7 @@ class TaskRunner:
                     rc.push_task_output(client, context, sub_status, details)
                     t["output"] = time.time()
         finally:
-            client.close()
+            self.token.token = None
             os.environ.pop(TASK_START_ENV, None)
         outcome["status"] = sub_status
         outcome["times"] = t
@@ -397,15 +427,24 @@ def worker_main(args: argparse.Namespace) -> int:
 
 
 def prewarm_device(device: str | None) -> bool:
-    """Create the CUDA context now (once per worker) when ``device`` asks for a GPU; returns whether it did."""
-    if not device or device == "cpu":
-        return False
+    """Run one tiny forward/backward pass (torch's first op costs far more than later ones) on the
+    CPU and, when ``device`` asks for a GPU (or is ``auto`` and torch sees one), on the GPU, which
+    creates this worker's CUDA context now, once. Returns whether a CUDA context was created.
+    """
     import torch
 
-    if device == "auto" and not torch.cuda.is_available():
+    def step(dev: torch.device) -> None:
+        layer = torch.nn.Linear(8, 8).to(dev)
+        layer(torch.zeros(2, 8, device=dev)).sum().backward()
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    step(torch.device("cpu"))
+    torch.set_num_threads(threads)
+    if not device or device == "cpu" or (device == "auto" and not torch.cuda.is_available()):
         return False
-    dev = torch.device("cuda" if device == "auto" else device)
-    torch.zeros(1, device=dev).sum().item()
+    step(torch.device("cuda" if device == "auto" else device))
+    torch.cuda.synchronize()
     return True
 
 
