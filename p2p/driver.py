@@ -226,9 +226,10 @@ class NodeRun:
 def skip_target(latest: dict[int, int], t: int, num_neighbours: int) -> int:
     """The round a node at iteration ``t`` may skip to, or ``-1`` to stay.
 
-    ``latest`` holds, per neighbour, the highest round of a message the mailbox *accepted*
-    (refused messages never count, and the mailbox refuses rounds beyond the horizon or the
-    run, so one message cannot carry a node far). Skipping needs evidence from two neighbours
+    ``latest`` holds, per neighbour, the round its messages show (``Mailbox.witness_rounds``):
+    the highest *accepted* round, or a round refused only for lying beyond the horizon, clamped
+    to ``t + horizon`` (rounds beyond the run never count), so one skip moves a node at most
+    ``horizon`` rounds and a node restarted far behind still catches up. Skipping needs evidence from two neighbours
     when the node has two or more: the target is the slowest of the neighbours at or past
     ``t``, and at least two of them must be there. A node with a single neighbour can only
     have one witness; its jump is bounded by the mailbox horizon (``max-ahead`` rounds).
@@ -299,7 +300,7 @@ def run_node(
             break
         communicates = algo.communicates(t)
         if communicates:
-            latest = transport.mailbox.latest_rounds()
+            latest = transport.mailbox.witness_rounds(t)
             ahead = skip_target(latest, t, len(exchange.neighbours))
             if ahead > t + algo.period and algo.communicates(ahead) and ahead < iterations:
                 # more than one communication round behind (e.g. after a pause or a restart):

@@ -94,6 +94,11 @@ class Mailbox:
         """Rounds at or beyond this are outside the run and refused (``None``: unbounded)."""
         self.latest: dict[int, int] = {}
         """``{neighbour: highest round of an ACCEPTED message}`` (refused messages never count)."""
+        self.announced: dict[int, int] = {}
+        """``{neighbour: highest round it sent that was refused only for being beyond the horizon}``.
+
+        Such a message is not buffered; the round only serves, clamped to the horizon, as a
+        witness for skipping ahead (:meth:`witness_rounds`)."""
         self._box: dict[tuple[int, str, int], Message] = {}
         self._cond = threading.Condition(threading.RLock())
 
@@ -139,12 +144,14 @@ class Mailbox:
             want = {name: (np.dtype(dt).name, tuple(shape)) for name, (dt, shape) in specs.items()}
             if dict(declared) != want:
                 return f"channel {channel!r}: declared tensors {dict(declared)} differ from the expected {want}"
-        return self._round_refusal(round_, floor)
+        return self._round_refusal(round_, floor, sender)
 
-    def _round_refusal(self, round_: int, floor: int) -> str | None:
+    def _round_refusal(self, round_: int, floor: int, sender: int) -> str | None:
         if self.max_round is not None and round_ >= self.max_round:
             return f"round {round_} is beyond the run (last round {self.max_round - 1})"
         if round_ > floor + self.horizon:
+            with self._cond:
+                self.announced[sender] = max(round_, self.announced.get(sender, -1))
             return f"round {round_} is more than {self.horizon} rounds ahead of {floor}"
         return None
 
@@ -169,7 +176,7 @@ class Mailbox:
                     self.own_id, msg.sender, msg.round, self._floor,
                 )
                 return True, "late (round already finished); dropped"
-            refusal = self._round_refusal(msg.round, self._floor)
+            refusal = self._round_refusal(msg.round, self._floor, msg.sender)
             if refusal is None and key in self._box:
                 refusal = f"duplicate message for round {msg.round}, channel {msg.channel!r}"
             if refusal is not None:
@@ -220,6 +227,20 @@ class Mailbox:
         """The highest round any neighbour has sent us a valid message for (-1 if none)."""
         with self._cond:
             return max(self.latest.values(), default=-1)
+
+    def witness_rounds(self, t: int) -> dict[int, int]:
+        """Per neighbour, the round its messages show it at, as evidence for skipping ahead from ``t``.
+
+        The highest accepted round, or a round refused for being beyond the horizon clamped to
+        ``t + horizon``: a node far behind (restarted while the others went on) still sees that
+        its neighbours are ahead, but one skip moves it at most ``horizon`` rounds; from there
+        their messages are accepted and the next skip rests on accepted messages.
+        """
+        with self._cond:
+            rounds = dict(self.latest)
+            for j, r in self.announced.items():
+                rounds[j] = max(rounds.get(j, -1), min(r, t + self.horizon))
+            return rounds
 
     def latest_rounds(self) -> dict[int, int]:
         """``{neighbour: highest round it has sent us a valid message for}`` (neighbours heard so far)."""

@@ -79,12 +79,14 @@ def test_killed_peer_is_skipped_within_the_deadline_and_rejoins(tmp_path):
         wait_for(lambda: 2 in (procs.status(1).get("missing") or []), 30, "peer 1 to skip peer 2")
         # count from the round at which peer 1 first skipped peer 2: the status file peer 2 left may lag its real round
         first_skip = procs.status(1).get("round", 0)
-        wait_for(lambda: procs.status(1).get("round", 0) >= first_skip + 3, 30, "peer 1 to go on without peer 2")
+        # peer 2 stays down past the horizon (max-ahead = 4 rounds): its neighbours' messages are refused
+        # at first, yet count (clamped) as evidence for skipping ahead, so it catches up all the same
+        wait_for(lambda: procs.status(1).get("round", 0) >= first_skip + 6, 40, "peer 1 to go on without peer 2")
         procs.start(2)  # the same command again: it rejoins at the network's round
         wait_for(lambda: procs.status(2).get("state") == "running", 60, "peer 2 to run again")
         back = procs.status(1).get("round", 0)
         wait_for(lambda: procs.status(1).get("round", 0) >= back + 3 and procs.status(1).get("missing") == []
-                 and procs.status(3).get("missing") == [], 30, "peers 1 and 3 to hear peer 2 again")
+                 and procs.status(3).get("missing") == [], 60, "peers 1 and 3 to hear peer 2 again")
         procs.stop_all()  # SIGTERM: every peer stops after its current step and writes its results
     peers = {i: json.loads((tmp_path / f"peer-{i}.json").read_text()) for i in range(4)}
     assert all(p["outcome"] == "stopped" for p in peers.values()), {i: p["outcome"] for i, p in peers.items()}

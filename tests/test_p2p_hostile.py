@@ -52,6 +52,22 @@ def test_only_accepted_messages_count_towards_skipping_ahead() -> None:
     assert box.latest_rounds() == {1: 999}
 
 
+def test_rounds_refused_beyond_the_horizon_witness_a_skip_of_at_most_the_horizon() -> None:
+    """A node restarted far behind its neighbours sees them ahead, but one skip moves it <= horizon rounds."""
+    box = Mailbox(0, [1, 2], horizon=4)
+    box.expect("params", SPECS)
+    box.max_round = 1000
+    box.advance(26)
+    assert not box.put(_msg(1, 31))[0] and not box.put(_msg(2, 35))[0]  # refused: more than 4 rounds ahead
+    assert not box.put(_msg(2, 5000))[0]  # beyond the run: no evidence at all
+    assert box.latest_rounds() == {}  # nothing was accepted or buffered
+    assert box.witness_rounds(26) == {1: 30, 2: 30}  # clamped to t + horizon
+    assert skip_target(box.witness_rounds(26), 26, num_neighbours=2) == 30
+    box.advance(30)
+    assert box.put(_msg(1, 31))[0] and box.put(_msg(2, 34))[0]  # now inside the horizon: accepted
+    assert skip_target(box.witness_rounds(30), 30, num_neighbours=2) == 31
+
+
 def test_skipping_ahead_needs_two_witnesses() -> None:
     assert skip_target({1: 40}, 10, num_neighbours=2) == -1  # one neighbour alone cannot move us
     assert skip_target({1: 40, 2: 30}, 10, num_neighbours=2) == 30  # slowest of those ahead
