@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.logging import RichHandler
 from rich.table import Table
 
-from graphfl.common.config import ConfigError
+from graphfl.common.config import ConfigError, device_problem
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="graphfl: graph-aware federated learning on Flower and a gRPC peer-to-peer layer.")
@@ -126,7 +126,7 @@ def run(
     insecure: bool = typer.Option(False, help="Plain HTTP to --superlink (no TLS)."),
     node_auth: bool = typer.Option(False, help="Local deployment: SuperNodes authenticate with registered keys."),
     overwrite: bool = typer.Option(False, help="Replace a previous run's files in --out (default: refuse a non-empty --out)."),
-    device: str | None = typer.Option(None, help="auto | cpu | cuda (goes into each SuperNode's node config)."),
+    device: str | None = typer.Option(None, help="auto | cpu | cuda | cuda:N (goes into each SuperNode's node config)."),
     clientapp_mode: str = typer.Option("cold", help="Local deployment: warm (one long-lived ClientApp worker per "
                                        "SuperNode) or cold (stock Flower: a flwr-clientapp process per message)."),
 ) -> None:
@@ -256,7 +256,7 @@ def supernode(
     superlink_addr: str = typer.Option(..., "--superlink", help="SuperLink HOST:PORT."),
     partition_id: int = typer.Option(..., help="This client's partition (0..N-1)."),
     num_partitions: int = typer.Option(..., help="Number of partitions N (= run's nodes)."),
-    device: str | None = typer.Option(None, help="cuda | cpu (default: cuda if available)."),
+    device: str | None = typer.Option(None, help="auto | cpu | cuda | cuda:N (default: cuda if available)."),
     root_certificates: Path | None = typer.Option(None, help="CA certificate of the SuperLink."),
     insecure: bool = typer.Option(False, help="Plain HTTP (only if the SuperLink is --insecure)."),
     port: int = typer.Option(9094, help="Local ClientApp API port (distinct per SuperNode on one host)."),
@@ -274,8 +274,8 @@ def supernode(
         fail(f"CA certificate not found: {root_certificates}")
     if not 0 <= partition_id < num_partitions:
         fail(f"--partition-id must be in 0..{num_partitions - 1}")
-    if device not in (None, "cpu", "cuda"):
-        fail("--device must be cuda or cpu")
+    if device is not None and device_problem(device):
+        fail(f"--device {device!r} is not valid; {device_problem(device)}")
     if clientapp_mode not in ("warm", "cold"):
         fail("--clientapp-mode must be warm or cold")
     _exec(supernode_argv(superlink_addr, port, partition_id, num_partitions, root_certificates,

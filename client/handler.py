@@ -79,6 +79,7 @@ def handle(
         wire.PARTITION_ID: float(ctx.partition_id),
         wire.NUM_PARTITIONS: float(ctx.num_partitions),
         wire.NUM_EXAMPLES: float(ctx.data.num_train),
+        wire.CLIENT_ON_GPU: float(str(ctx.device).startswith("cuda")),
     }
     t0 = time.perf_counter()
     if kind == wire.TRAIN:

@@ -39,11 +39,20 @@ def param_keys(model: nn.Module) -> tuple[str, ...]:
 
 
 def pick_device(requested: str = "auto") -> str:
-    """``cuda`` when requested/available, else ``cpu`` (a missing GPU is an error only if asked for)."""
-    if requested == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("device 'cuda' requested but torch sees no CUDA device")
+    """The torch device a client trains on.
+
+    ``auto``: ``cuda`` when torch sees a GPU, else ``cpu``. ``cuda`` / ``cuda:N``: that GPU, an
+    error naming what torch sees when it is absent (a missing GPU is an error only if asked for).
+    """
     if requested == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise RuntimeError(f"device {requested!r} requested but torch sees no CUDA device")
+        _, _, index = requested.partition(":")
+        if index and int(index) >= torch.cuda.device_count():
+            raise RuntimeError(f"device {requested!r} requested but torch sees {torch.cuda.device_count()} GPU(s) "
+                               f"(cuda:0 .. cuda:{torch.cuda.device_count() - 1})")
     return requested
 
 

@@ -114,6 +114,11 @@ def build_dataclass(
         choices = f.metadata.get("choices")
         if choices is not None and coerced not in choices:
             raise ConfigError(f"{label} = {coerced!r} is not valid; choose one of {sorted(choices)}")
+        check = f.metadata.get("check")
+        if check is not None:
+            problem = check(coerced)
+            if problem:
+                raise ConfigError(f"{label} = {coerced!r} is not valid; {problem}")
         lo, hi = f.metadata.get("min"), f.metadata.get("max")
         if lo is not None and coerced < lo:
             raise ConfigError(f"{label} = {coerced!r} must be >= {lo}")
@@ -170,6 +175,16 @@ ENGINES = ("local-deployment", "simulation", "inprocess")
 DEVICES = ("auto", "cpu", "cuda")
 
 
+def device_problem(device: str) -> str | None:
+    """Why ``device`` is not a valid device name (``auto``, ``cpu``, ``cuda`` or ``cuda:N``), else ``None``."""
+    if device in DEVICES:
+        return None
+    head, _, index = device.partition(":")
+    if head == "cuda" and index.isdigit():
+        return None
+    return f"choose one of {list(DEVICES)} or cuda:N (N = a GPU index, e.g. cuda:0)"
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """The whole description of one federated run; written next to every result."""
@@ -182,7 +197,7 @@ class RunConfig:
     engine: str = field(default="local-deployment", metadata={"choices": ENGINES})
     data_dir: str = ""
     out_dir: str = ""
-    device: str = field(default="auto", metadata={"choices": DEVICES})
+    device: str = field(default="auto", metadata={"check": device_problem})
     fraction_train: float = field(default=1.0, metadata={"min": 0.0, "max": 1.0})
     round_timeout: float = field(default=300.0, metadata={"min": 1.0})
     connect_timeout: float = field(default=60.0, metadata={"min": 1.0})

@@ -15,7 +15,12 @@ def _version(dist: str) -> str | None:
 
 
 def env_info(device: str | None = None) -> dict[str, object]:
-    """A small, JSON-ready description of the machine and library versions."""
+    """A small, JSON-ready description of the machine and library versions.
+
+    ``device`` is the torch device the computation really used, where the caller knows it (an
+    in-process run); otherwise only ``gpu_visible`` (and ``gpu``) describe this process's
+    machine, and a deployment's rows say how many clients trained on a GPU (``clients_on_gpu``).
+    """
     info: dict[str, object] = {
         "python": platform.python_version(),
         "platform": platform.platform(),
@@ -26,14 +31,14 @@ def env_info(device: str | None = None) -> dict[str, object]:
         "numpy": _version("numpy"),
         "grpcio": _version("grpcio"),
     }
-    if device is None:
-        try:
-            import torch
+    try:
+        import torch
 
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-            if device == "cuda":
-                info["gpu"] = torch.cuda.get_device_name(0)
-        except (ImportError, RuntimeError):  # pragma: no cover - torch is a dependency
-            device = "cpu"
-    info["device"] = device
+        info["gpu_visible"] = bool(torch.cuda.is_available())
+        if info["gpu_visible"]:
+            info["gpu"] = torch.cuda.get_device_name(0)
+    except (ImportError, RuntimeError):  # pragma: no cover - torch is a dependency
+        info["gpu_visible"] = False
+    if device is not None:
+        info["device"] = device
     return info

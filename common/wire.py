@@ -32,6 +32,8 @@ NUM_PARTITIONS = "num-partitions"
 NUM_EXAMPLES = "num-examples"
 CLIENT_SECONDS = "client-seconds"
 CLIENT_BOOT_SECONDS = "client-boot-seconds"
+CLIENT_ON_GPU = "client-on-gpu"
+"""1.0 when the client trained on a GPU (its resolved torch device is ``cuda``/``cuda:N``), else 0.0."""
 EVAL_PREFIX = "eval."
 """Reply metrics under this prefix are a client's evaluation (``eval.test_loss``); the others
 describe its training."""

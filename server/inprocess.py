@@ -94,6 +94,7 @@ def run_federated_inprocess(
     """Run ``cfg`` in this process; return (result document, final server core)."""
     import torch
 
+    from graphfl.client.training import pick_device
     from graphfl.common import registry
     from graphfl.common.envinfo import env_info
 
@@ -101,6 +102,6 @@ def run_federated_inprocess(
     spec = registry.get(cfg.strategy)
     inputs = server_inputs(cfg)
     recorder = RunRecorder(cfg, cfg.strategy, Path(out_dir) if out_dir else None, name=name,
-                           env={**env_info(), "engine": "inprocess"}, progress=progress)
+                           env={**env_info(pick_device(cfg.device)), "engine": "inprocess"}, progress=progress)
     core = run_federated(cfg, spec, InProcessExchange(cfg, fail), inputs, recorder)
     return recorder.document(), core

@@ -152,6 +152,9 @@ class RunRecorder:
             value = _per_client_sum(phases, key)
             if value is not None:
                 row[name] = value
+        on_gpu = [rep.metrics.get(wire.CLIENT_ON_GPU) for rep in first.ok().values()]
+        if any(v is not None for v in on_gpu):  # the device the clients really used, not the server's view
+            row["clients_on_gpu"] = sum(1 for v in on_gpu if v == 1.0)
         if failed:
             row["failed"] = failed
         server: dict[str, MetricValue] = {}

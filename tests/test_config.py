@@ -31,6 +31,11 @@ def test_sections_dashes_and_underscores():
     assert cfg.train.local_steps == 3 and cfg.params.mu == 0.5 and cfg.data.dirichlet_alpha == 2.0
 
 
+def test_devices_auto_cpu_cuda_and_cuda_n_are_accepted():
+    assert [parse_run_config({"device": d}).device for d in ("auto", "cpu", "cuda", "cuda:1")] == \
+        ["auto", "cpu", "cuda", "cuda:1"]
+
+
 @pytest.mark.parametrize("values, message", [
     ({"strategy": "fedmagic"}, "valid strategies"),
     ({"task": "imagenet"}, "valid tasks"),
@@ -41,6 +46,8 @@ def test_sections_dashes_and_underscores():
     ({"engine": "cloud"}, "choose one of"),
     ({"train.lr": float("nan")}, "finite"),
     ({"nosuchstrategy.mu": 1}, "unknown section"),
+    ({"device": "gpu"}, "cuda:N"),
+    ({"device": "cuda:first"}, "cuda:N"),
 ])
 def test_bad_values_name_the_problem(values, message):
     with pytest.raises(ConfigError, match=message):

@@ -46,7 +46,7 @@ def test_validate_update_rejects_nan_and_shapes():
 
 
 def test_fedavg_learns_and_curve_is_complete(tmp_path):
-    doc, core = run_federated_inprocess(small(rounds=4, **{"train.local-steps": 20}), out_dir=tmp_path)
+    doc, core = run_federated_inprocess(small(rounds=4, device="cpu", **{"train.local-steps": 20}), out_dir=tmp_path)
     curve = doc["methods"]["fedavg"]["curve"]
     assert [row["round"] for row in curve] == [0, 1, 2, 3, 4]
     assert all(row.get("test_acc") is not None for row in curve)
@@ -57,6 +57,9 @@ def test_fedavg_learns_and_curve_is_complete(tmp_path):
                                    "clients_ok": 3, "bytes_down": 3 * model_bytes, "bytes_up": 3 * model_bytes}]
     assert (tmp_path / "run.json").is_file() and (tmp_path / "run.png").is_file()
     assert doc["status"] == "completed"
+    # the device really used is recorded (not whether a GPU is visible), per run and per round
+    assert doc["env"]["device"] == "cpu" and "gpu_visible" in doc["env"]
+    assert all(row["clients_on_gpu"] == 0 for row in curve[1:])
 
 
 def test_fedavg_global_model_is_the_weighted_mean_of_client_models():

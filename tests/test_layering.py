@@ -55,8 +55,9 @@ def _imported_packages(tree: ast.AST) -> list[tuple[int, str]]:
 
 
 def _modules() -> list[Path]:
-    skip = {".venv", "tests", "build", "dist", ".git", "runs"}
-    return sorted(p for p in REPO.rglob("*.py") if not (set(p.relative_to(REPO).parts) & skip))
+    skip = {"tests", "build", "dist", "runs"}  # and hidden folders (.venv, .git, local scratch): not packages
+    return sorted(p for p in REPO.rglob("*.py")
+                  if not (set(p.relative_to(REPO).parts) & skip or any(x.startswith(".") for x in p.relative_to(REPO).parts)))
 
 
 def test_every_package_has_a_rank() -> None:
