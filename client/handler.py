@@ -51,9 +51,11 @@ def build_runtime(cfg: RunConfig, partition_id: int, num_partitions: int, device
     task = tasks.create(cfg.task, data=cfg.data, data_dir=cfg.data_dir, seed=cfg.seed)
     data = task.client_data(partition_id, num_partitions)
     graph, _ = resolve_client_graph(num_partitions, task.client_graph(num_partitions), cfg.graph_file, cfg.task)
+    requested = device or cfg.device
+    size = sum(p.numel() for p in task.build_model().parameters()) if requested == "auto" else None
     ctx: ClientContext[Any] = ClientContext(
         config=cfg, params=cfg.params, partition_id=partition_id, num_partitions=num_partitions,
-        task=task, data=data, device=pick_device(device or cfg.device),
+        task=task, data=data, device=pick_device(requested, size),
         neighbourhood=neighbourhood(graph, partition_id),
     )
     spec = registry.get_client(cfg.strategy)

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from graphfl.common.devices import resolve_auto
 from graphfl.common.types import ClientData
 
 
@@ -38,14 +39,17 @@ def param_keys(model: nn.Module) -> tuple[str, ...]:
     return tuple(name for name, _ in model.named_parameters())
 
 
-def pick_device(requested: str = "auto") -> str:
+def pick_device(requested: str = "auto", num_params: int | None = None) -> str:
     """The torch device a client trains on.
 
-    ``auto``: ``cuda`` when torch sees a GPU, else ``cpu``. ``cuda`` / ``cuda:N``: that GPU, an
-    error naming what torch sees when it is absent (a missing GPU is an error only if asked for).
+    ``auto``: ``cuda`` when torch sees a GPU and the model has at least
+    :data:`graphfl.common.devices.AUTO_GPU_MIN_PARAMS` parameters (``num_params``; a tiny model
+    is slower on a GPU, measured in :mod:`graphfl.common.devices`), else ``cpu``.
+    ``cuda`` / ``cuda:N``: that GPU, an error naming what torch sees when it is absent (a
+    missing GPU is an error only if asked for).
     """
     if requested == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
+        return resolve_auto(torch.cuda.is_available(), num_params)
     if requested.startswith("cuda"):
         if not torch.cuda.is_available():
             raise RuntimeError(f"device {requested!r} requested but torch sees no CUDA device")

@@ -386,6 +386,7 @@ class TorchTaskOracle:
         from torch.nn.utils import parameters_to_vector
 
         from graphfl.common.config import DataConfig
+        from graphfl.common.devices import resolve_auto
         from graphfl.tasks import registry
 
         self.torch = torch
@@ -393,8 +394,8 @@ class TorchTaskOracle:
         pid = node if partition is None else partition
         data = task.client_data(pid, spec.num_nodes)
         dev = spec.device
-        if dev == "auto":
-            dev = "cuda" if torch.cuda.is_available() else "cpu"
+        if dev == "auto":  # a tiny model is slower on a GPU (graphfl.common.devices)
+            dev = resolve_auto(torch.cuda.is_available(), sum(p.numel() for p in task.build_model().parameters()))
         self.device = torch.device(dev)
         x_train, x_test = data.x_train.astype(np.float32), data.x_test.astype(np.float32)
         if spec.standardize:

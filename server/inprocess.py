@@ -94,14 +94,18 @@ def run_federated_inprocess(
     """Run ``cfg`` in this process; return (result document, final server core)."""
     import torch
 
-    from graphfl.client.training import pick_device
     from graphfl.common import registry
     from graphfl.common.envinfo import env_info
 
     torch.set_num_threads(1)
     spec = registry.get(cfg.strategy)
     inputs = server_inputs(cfg)
+    exchange = InProcessExchange(cfg, fail)
+    try:  # the device the clients really train on (``auto`` depends on the model's size)
+        device: str | None = str(exchange.runtime(0).ctx.device)
+    except Exception:  # noqa: BLE001 - a broken client 0 fails inside the run, with its own report
+        device = None
     recorder = RunRecorder(cfg, cfg.strategy, Path(out_dir) if out_dir else None, name=name,
-                           env={**env_info(pick_device(cfg.device)), "engine": "inprocess"}, progress=progress)
-    core = run_federated(cfg, spec, InProcessExchange(cfg, fail), inputs, recorder)
+                           env={**env_info(device), "engine": "inprocess"}, progress=progress)
+    core = run_federated(cfg, spec, exchange, inputs, recorder)
     return recorder.document(), core

@@ -117,3 +117,12 @@ def test_repository_builds_as_a_flower_app_bundle():
     with zipfile.ZipFile(io.BytesIO(fab)) as z:
         meta = tomllib.loads(z.read("pyproject.toml").decode())
     assert meta["tool"]["flwr"]["app"]["components"]["serverapp"] == "graphfl.server.app:app"
+
+
+def test_auto_device_keeps_tiny_models_on_the_cpu():
+    from graphfl.common.devices import AUTO_GPU_MIN_PARAMS, resolve_auto
+
+    assert resolve_auto(False, 10**9) == "cpu"  # no GPU visible
+    assert resolve_auto(True, 4_810) == "cpu"  # the digits MLP: slower on a GPU (measured)
+    assert resolve_auto(True, AUTO_GPU_MIN_PARAMS) == "cuda" and resolve_auto(True, 1_663_370) == "cuda"
+    assert resolve_auto(True, None) == "cuda"  # size unknown: a visible GPU is used
