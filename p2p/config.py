@@ -26,6 +26,7 @@ from graphfl.common.config import (
 )
 from graphfl.p2p.algorithms import registry
 from graphfl.p2p.algorithms.base import P2PAlgorithm
+from graphfl.p2p.robust import RobustRule, with_robust_combine
 from graphfl.p2p.topology import Topology, topology_from_dict
 
 DEFAULT_ALGORITHM = "dfl-gt"
@@ -46,6 +47,10 @@ class P2PConfig:
     feature columns in order, comma separated; ``""`` = the device file's order; the launcher
     fills it in from device 0), ``shared-samples`` (``m'``, rows of the generated shared set
     ``D'`` of the built-in problems, FedRelax).
+
+    Untrusted networks: ``combine`` (``mix`` | ``clipped`` | ``trimmed``), ``combine-clip``
+    (``τ``; 0 = the median neighbour distance) and ``combine-trim`` (``b``) choose a robust
+    combine for the mixing algorithms (:mod:`graphfl.p2p.robust`).
     """
 
     algorithm: str = DEFAULT_ALGORITHM
@@ -70,6 +75,9 @@ class P2PConfig:
     data_dir: str = ""
     features: str = ""
     shared_samples: int = field(default=50, metadata={"min": 1})
+    combine: str = field(default="mix", metadata={"choices": ("mix", "clipped", "trimmed")})
+    combine_clip: float = field(default=0.0, metadata={"min": 0.0})
+    combine_trim: int = field(default=1, metadata={"min": 0})
     params: Any = None
 
     def __post_init__(self) -> None:
@@ -79,10 +87,19 @@ class P2PConfig:
         elif not isinstance(self.params, spec.params):
             raise ConfigError(f"[run] params of algorithm {self.algorithm!r} must be {spec.params.__name__}, "
                               f"got {type(self.params).__name__}")
+        if self.combine != "mix":
+            self.make_algorithm()  # ConfigError now if the algorithm has a combine of its own
+
+    @property
+    def robust_rule(self) -> RobustRule:
+        """``[run] combine`` / ``combine-clip`` / ``combine-trim`` (:mod:`graphfl.p2p.robust`)."""
+        return RobustRule(self.combine, self.combine_clip, self.combine_trim)
 
     def make_algorithm(self) -> P2PAlgorithm[Any, Any]:
-        """The configured algorithm (registry factory applied to :attr:`params`)."""
-        return registry.get(self.algorithm).create(self.params)
+        """The configured algorithm (registry factory applied to :attr:`params`), with the robust
+        combine of ``[run] combine`` when it is not ``mix``.
+        """
+        return with_robust_combine(registry.get(self.algorithm).create(self.params), self.robust_rule)
 
     @property
     def iterations(self) -> int:
