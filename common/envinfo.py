@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import sys
 from importlib import metadata
 
 
@@ -15,7 +16,12 @@ def _version(dist: str) -> str | None:
 
 
 def env_info(device: str | None = None) -> dict[str, object]:
-    """A small, JSON-ready description of the machine and library versions."""
+    """A small, JSON-ready description of the machine and library versions.
+
+    The device is asked from torch only when torch is already imported: a numpy-only run
+    (p2p on linear problems) must not pay torch's import (~1 s, ~200 MB) for this line; it
+    records ``cpu`` then, which is what it ran on.
+    """
     info: dict[str, object] = {
         "python": platform.python_version(),
         "platform": platform.platform(),
@@ -26,6 +32,8 @@ def env_info(device: str | None = None) -> dict[str, object]:
         "numpy": _version("numpy"),
         "grpcio": _version("grpcio"),
     }
+    if device is None and "torch" not in sys.modules:
+        device = "cpu"
     if device is None:
         try:
             import torch

@@ -49,7 +49,7 @@ class LaunchError(RuntimeError):
 
 def prepare_network(
     out: Path, topology: str | None, peers: int | None, overrides: Mapping[str, Any], *, insecure: bool = False,
-    mixing: str = "metropolis", seed: int = 0, data_dir: str | Path | None = None,
+    mixing: str = "metropolis", seed: int = 0, data_dir: str | Path | None = None, reserve_ports: bool = True,
 ) -> Path:
     """Write ``<out>/network.toml`` (and certificates); returns its path.
 
@@ -60,7 +60,8 @@ def prepare_network(
     replace the graph (:meth:`~graphfl.p2p.algorithms.base.P2PAlgorithm.graph_for`: FedADMM-Local-ES
     runs on the complete graph). Then the algorithm's ``prepare`` hook runs in this process
     (FedADMM: ``lam = "cv"``); its settings go into the network file, its report into
-    ``<out>/prepare.json``.
+    ``<out>/prepare.json``. ``reserve_ports=False`` (the in-process engine, which opens no socket)
+    writes placeholder ports ``20000 + id`` instead of probing free ones.
     """
     out.mkdir(parents=True, exist_ok=True)
     overrides = dict(overrides)
@@ -89,10 +90,13 @@ def prepare_network(
         run = parse_p2p_config(dict(overrides), base=base.run)
     else:
         n = peers if peers is not None else (None if Path(topology).is_file() else 5)
-        ports = free_ports(n) if n is not None else None
+        def ports_for(k: int) -> list[int]:
+            return free_ports(k) if reserve_ports else [20000 + i for i in range(k)]
+
+        ports = ports_for(n) if n is not None else None
         topo = make_topology(topology, n, ports=ports, seed=seed, mixing=mixing)
         if ports is None:  # edge-list file: now we know n
-            topo = make_topology(topology, topo.n, ports=free_ports(topo.n), seed=seed, mixing=mixing)
+            topo = make_topology(topology, topo.n, ports=ports_for(topo.n), seed=seed, mixing=mixing)
         run = parse_p2p_config(dict(overrides))
     algo = run.make_algorithm()
     given = [(i, j) for i, j, _ in topo.edges]
