@@ -83,7 +83,10 @@ class LinearBatch:
         self.oracles = list(oracles)
         self.x = np.stack([np.asarray(o.x_train, np.float64) for o in oracles])
         self.y = np.stack([np.asarray(o.y_train, np.float64) for o in oracles])
-        self.rows = np.arange(len(oracles))[:, None]
+        n, m, d = self.x.shape
+        self.x_rows = self.x.reshape(n * m, d)        # node i's row k is row i*m + k
+        self.y_rows = self.y.reshape(n * m)
+        self.offsets = (np.arange(n) * m)[:, None]
 
     @staticmethod
     def fits(oracles: Sequence[Any]) -> bool:
@@ -103,10 +106,17 @@ class LinearBatch:
 
     def grad(self, theta: np.ndarray, batch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``g_i = A_iᵀ(A_i θ_i − b_i)/|B|`` on each node's batch, and the batch losses ``½ mean r²``."""
-        a = self.x[self.rows, batch]                        # (n, B, d)
-        r = np.einsum("nbd,nd->nb", a, theta) - self.y[self.rows, batch]
+        flat = batch + self.offsets
+        a = np.take(self.x_rows, flat, axis=0)               # (n, B, d)
+        r = np.einsum("nbd,nd->nb", a, theta) - np.take(self.y_rows, flat)
         g = np.einsum("nbd,nb->nd", a, r) / batch.shape[1]
         return g, 0.5 * np.mean(r * r, axis=1)
+
+
+def _consensus(theta: np.ndarray) -> float:
+    """:func:`graphfl.p2p.driver.consensus_distance` of the rows of ``theta``."""
+    x = theta.astype(np.float64)
+    return float(np.mean(np.sum((x - x.mean(axis=0)) ** 2, axis=1)))
 
 
 def supports(algo: P2PAlgorithm[Any, Any], oracles: Sequence[Any]) -> bool:
@@ -129,7 +139,7 @@ def run_vectorised(algo: P2PAlgorithm[Any, Any], oracles: Sequence[Any], w: npt.
     Returns ``(final states, curve, wire bytes per round, payload bytes per round)`` with the
     curve records of :func:`graphfl.p2p.driver.run_network_inprocess` (``bytes_model="gossip"``).
     """
-    from graphfl.p2p.driver import consensus_distance, is_record_point
+    from graphfl.p2p.driver import is_record_point
 
     name = algo.name
     slots = MixingSlots(w)
@@ -181,7 +191,7 @@ def run_vectorised(algo: P2PAlgorithm[Any, Any], oracles: Sequence[Any], w: npt.
             rec: dict[str, Any] = {
                 "round": comm_rounds, "t": t + 1,
                 "train_loss": float(np.mean(loss)),
-                "consensus": consensus_distance(list(theta)),
+                "consensus": _consensus(theta),
                 "bytes": total_wire, "payload_bytes": total_payload,
                 "seconds": time.perf_counter() - t0,
             }
