@@ -152,6 +152,8 @@ class PeerProcesses:
         self.out = Path(out)
         self.args = list(args)
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.started_at: dict[int, float] = {}
+        """Wall-clock time each peer process was spawned (start-up time = its ``serving_at`` minus this)."""
         self.logs: dict[int, Any] = {}
         self.env = {**os.environ, "GRAPHFL_TORCH_THREADS": "1", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
                     **(env or {})}
@@ -162,6 +164,7 @@ class PeerProcesses:
         """Start peer ``i`` (``graphfl peer``) with the common ``args`` (e.g. ``--resume``) or ``args``."""
         (self.out / "logs").mkdir(parents=True, exist_ok=True)
         log = open(self.out / "logs" / f"peer-{i}.log", "ab")
+        self.started_at[i] = time.time()
         cmd = [sys.executable, "-m", "graphfl.p2p", "peer", "--topology", str(self.network_file), "--id", str(i),
                "--out", str(self.out), *(self.args if args is None else args)]
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True,

@@ -26,7 +26,9 @@ import dataclasses
 import json
 import logging
 import os
+import resource
 import signal
+import sys
 import threading
 import time
 import traceback
@@ -139,6 +141,7 @@ def run_peer(network_file: str | Path, peer_id: int, out_dir: str | Path, overri
         transport.mailbox.max_round = run.iterations  # a message for a round beyond the run is refused
         transport.current_round = state.t
         transport.serve()
+        result["serving_at"] = time.time()  # wall clock: the launcher's spawn time gives the start-up time
         result["outcome"] = "connecting"
         _write_json(status_file, {"peer": peer_id, "state": "connecting", "round": 0, "rounds": run.rounds})
         reached = transport.start(run.connect_timeout)
@@ -208,6 +211,8 @@ def run_peer(network_file: str | Path, peer_id: int, out_dir: str | Path, overri
         logger.exception("peer %d failed", peer_id)
     finally:
         result["seconds"] = time.monotonic() - t_begin
+        result["max_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+        result["torch_imported"] = "torch" in sys.modules
         if transport is not None:
             transport.close()
         _write_json(out / f"peer-{peer_id}.json", result)
