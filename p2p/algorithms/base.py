@@ -290,7 +290,7 @@ def mix_inbox(node: int, inbox: Inbox) -> Channels:
     """Default ``combine``: ``x̃_i = Σ_{j ∈ {i} ∪ heard} w_j x_j`` for every channel and tensor.
 
     ``w`` is ``inbox.weights`` (``W_i·``, re-weighted when a neighbour is missing); summation in
-    float64 in ascending ``j`` by :func:`graphfl.p2p.mixing.mix`, so every runtime gets the
+    the parameters' dtype in ascending ``j`` by :func:`graphfl.p2p.mixing.mix`, so every runtime gets the
     same bits. Needs the node's own broadcast message.
     """
     if inbox.own is None:
