@@ -43,12 +43,11 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
-import multiprocessing as mp
 import os
-import resource
 import socket
 import statistics
-import struct
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -56,6 +55,7 @@ from typing import Any
 
 import numpy as np
 
+from graphfl.bench.ring_floor import recv_into, ring_weights
 from graphfl.common.envinfo import env_info
 from graphfl.common.ports import free_ports
 from graphfl.common.results import markdown_table, plot_panels, write_json
@@ -72,27 +72,6 @@ QUICK_PEERS = (4, 8)
 SCALE_PEERS = 128
 """The full form's large ring (1M parameters, plaintext), run when memory allows."""
 INPROCESS_NODES = 1000
-
-
-def _ring_weights(i: int, n: int) -> dict[int, float]:
-    """Metropolis weights of a ring (what ``graphfl p2p`` uses): ``1/3`` on each edge and the diagonal."""
-    nbrs = sorted({(i - 1) % n, (i + 1) % n} - {i})
-    if not nbrs:
-        return {i: 1.0}
-    w = 1.0 / (1.0 + max(len(nbrs), 2 if n > 2 else 1))
-    row = {j: w for j in nbrs}
-    row[i] = 1.0 - w * len(nbrs)
-    return row
-
-
-def _recv_into(conn: socket.socket, buf: bytearray) -> None:
-    view = memoryview(buf)
-    got = 0
-    while got < len(buf):
-        k = conn.recv_into(view[got:], len(buf) - got)
-        if k == 0:
-            raise ConnectionError("floor socket closed early")
-        got += k
 
 
 def raw_floor(d: int, n: int, repeats: int = 3) -> float:
@@ -112,7 +91,7 @@ def raw_floor(d: int, n: int, repeats: int = 3) -> float:
             with conn:
                 for _ in range(2 * n):
                     buf = bytearray(nbytes)
-                    _recv_into(conn, buf)
+                    recv_into(conn, buf)
                     received.append(np.frombuffer(buf, dtype=np.float32))
 
         th = threading.Thread(target=reader)
@@ -124,7 +103,7 @@ def raw_floor(d: int, n: int, repeats: int = 3) -> float:
                     cli.sendall(thetas[i].tobytes())
         th.join(120)
         for i in range(n):  # the mixing step, with graphfl's own mix
-            row = _ring_weights(i, n)
+            row = ring_weights(i, n)
             left, right = (i - 1) % n, (i + 1) % n
             arrays = {i: thetas[i], left: received[2 * left + 1], right: received[2 * right]}
             mix(row, {j: arrays[j] for j in row})
@@ -133,71 +112,51 @@ def raw_floor(d: int, n: int, repeats: int = 3) -> float:
     return float(statistics.median(times))
 
 
-def _floor_peer(i: int, n: int, d: int, rounds: int, ports: list[int], spawned: float, barrier: Any,
-                results: Any) -> None:  # pragma: no cover - runs in a child process
-    """One process of the parallel floor (see the module docstring)."""
-    nbrs = sorted({(i - 1) % n, (i + 1) % n} - {i})
-    srv = socket.create_server(("127.0.0.1", ports[i]), backlog=max(2, len(nbrs)))
-    ready = time.time()
-    barrier.wait()
-    outgoing = {j: socket.create_connection(("127.0.0.1", ports[j])) for j in nbrs}
-    for sock in outgoing.values():
-        sock.sendall(struct.pack("!I", i))
-    incoming: dict[int, socket.socket] = {}
-    for _ in nbrs:
-        conn, _ = srv.accept()
-        hdr = bytearray(4)
-        _recv_into(conn, hdr)
-        incoming[struct.unpack("!I", hdr)[0]] = conn
-    theta = np.random.default_rng([0, i]).standard_normal(d, dtype=np.float32)
-    row = _ring_weights(i, n)
-    bufs = {j: bytearray(4 * d) for j in nbrs}
-    times = []
-    for _ in range(rounds):
-        barrier.wait()
-        t0 = time.perf_counter()
-        payload = theta.tobytes()
-        senders = [threading.Thread(target=outgoing[j].sendall, args=(payload,)) for j in nbrs]
-        for th in senders:
-            th.start()
-        arrays = {i: theta}
-        for j in nbrs:
-            _recv_into(incoming[j], bufs[j])
-            arrays[j] = np.frombuffer(bufs[j], dtype=np.float32)
-        for th in senders:
-            th.join()
-        theta = mix(row, arrays)
-        times.append(time.perf_counter() - t0)
-    results.put((i, times, ready - spawned, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024))
-    for sock in (*outgoing.values(), *incoming.values(), srv):
-        sock.close()
-
-
 def parallel_floor(d: int, n: int, rounds: int = 5, timeout: float = 300.0) -> dict[str, Any]:
-    """Parallel floor: ``n`` processes doing the ring exchange; median over rounds 2.. of the slowest process."""
-    ctx = mp.get_context("spawn")
-    barrier = ctx.Barrier(n, timeout=timeout)
-    results = ctx.Queue()
+    """Parallel floor: ``n`` processes (``python -m graphfl.bench.ring_floor``) doing the ring exchange;
+    each round starts when all finished the previous one; median over rounds 2.. of the slowest process.
+    """
     ports = free_ports(n)
-    procs = []
-    for i in range(n):
-        p = ctx.Process(target=_floor_peer, args=(i, n, d, rounds, ports, time.time(), barrier, results), daemon=True)
-        p.start()
-        procs.append(p)
-    got = []
+    ctrl_srv = socket.create_server(("127.0.0.1", 0), backlog=n)
+    ctrl_srv.settimeout(timeout)
+    ctrl_port = ctrl_srv.getsockname()[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, "-m", "graphfl.bench.ring_floor", str(i), str(n), str(d), str(rounds),
+                               ",".join(map(str, ports)), str(ctrl_port), repr(time.time())], env=env)
+             for i in range(n)]
+    conns: list[socket.socket] = []
     try:
         for _ in range(n):
-            got.append(results.get(timeout=timeout))
+            conn, _ = ctrl_srv.accept()
+            conn.settimeout(timeout)
+            conns.append(conn)
+        for c in conns:
+            recv_into(c, bytearray(1))  # R: listening
+        for c in conns:
+            c.sendall(b"S")
+        for _ in range(rounds):
+            for c in conns:
+                c.sendall(b"G")
+            for c in conns:
+                recv_into(c, bytearray(1))  # D
+        got = []
+        for c in conns:
+            with c.makefile("rb") as fh:
+                got.append(json.loads(fh.readline()))
     finally:
+        for c in conns:
+            c.close()
+        ctrl_srv.close()
         for p in procs:
-            p.join(10)
-            if p.is_alive():
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
                 p.kill()
-    per_round = [max(t[1][k] for t in got) for k in range(rounds)]
+    per_round = [max(g["round_s"][k] for g in got) for k in range(rounds)]
     steady = per_round[1:] or per_round
     return {"round_s": per_round, "median_round_s": float(statistics.median(steady)),
-            "startup_s": float(statistics.median(t[2] for t in got)),
-            "rss_mb": float(statistics.median(t[3] for t in got))}
+            "startup_s": float(statistics.median(g["startup_s"] for g in got)),
+            "rss_mb": float(statistics.median(g["rss_mb"] for g in got))}
 
 
 def measure_ring(out: Path, d: int, n: int, rounds: int, insecure: bool, timeout: float) -> dict[str, Any]:

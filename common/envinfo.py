@@ -45,3 +45,20 @@ def env_info(device: str | None = None) -> dict[str, object]:
             device = "cpu"
     info["device"] = device
     return info
+
+
+def peak_rss_mb() -> float | None:
+    """Peak resident set of the calling process in MB: ``VmHWM`` of ``/proc/self/status`` (Linux).
+
+    Not ``getrusage(...).ru_maxrss``: Linux carries the parent's high-water mark over ``fork`` +
+    ``exec`` into it, so a child spawned by a 100 MB parent reports at least 100 MB. ``None``
+    where ``/proc`` is missing.
+    """
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None

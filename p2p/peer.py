@@ -26,7 +26,6 @@ import dataclasses
 import json
 import logging
 import os
-import resource
 import signal
 import sys
 import threading
@@ -36,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from graphfl.common.config import ConfigError
+from graphfl.common.envinfo import peak_rss_mb
 from graphfl.common.results import clean_json as _clean
 from graphfl.common.results import write_json
 from graphfl.p2p import checkpoint
@@ -211,7 +211,7 @@ def run_peer(network_file: str | Path, peer_id: int, out_dir: str | Path, overri
         logger.exception("peer %d failed", peer_id)
     finally:
         result["seconds"] = time.monotonic() - t_begin
-        result["max_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+        result["max_rss_mb"] = peak_rss_mb()
         result["torch_imported"] = "torch" in sys.modules
         if transport is not None:
             transport.close()
