@@ -234,6 +234,14 @@ def main(network_file: str, peer_id: int, out_dir: str, overrides: dict[str, Any
 
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
+        if os.environ.get("GRAPHFL_PROFILE"):  # developer aid: cProfile of the peer's main thread
+            import cProfile
+
+            prof = cProfile.Profile()
+            try:
+                return prof.runcall(run_peer, network_file, peer_id, out_dir, overrides, insecure, stop, resume)
+            finally:
+                prof.dump_stats(str(Path(out_dir) / f"peer-{peer_id}.prof"))
         return run_peer(network_file, peer_id, out_dir, overrides, insecure, stop, resume)
     finally:
         for sig, h in previous.items():

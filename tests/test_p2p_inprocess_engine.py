@@ -156,3 +156,17 @@ def test_numpy_peer_import_path_does_not_import_torch(tmp_path):
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "no torch" in res.stdout
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_local_disagreement_is_the_mean_squared_distance(dtype):
+    from graphfl.p2p.algorithms.base import Inbox
+    from graphfl.p2p.node import local_disagreement
+
+    rng = np.random.default_rng(1)
+    own = rng.standard_normal(1000).astype(dtype)
+    others = {j: rng.standard_normal(1000).astype(dtype) for j in (2, 5)}
+    inbox = Inbox(0, "gossip", None, {j: {"params": {"theta": x}} for j, x in others.items()}, {})
+    want = np.mean([np.sum((own.astype(np.float64) - x.astype(np.float64)) ** 2) for x in others.values()])
+    assert local_disagreement(own, [inbox]) == pytest.approx(want, rel=1e-9)
+    assert np.isnan(local_disagreement(own, [Inbox(0, "gossip", None, {}, {})]))
