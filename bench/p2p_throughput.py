@@ -231,6 +231,38 @@ def measure_inprocess(out: Path, nodes: int, rounds: int) -> dict[str, Any]:
     return res
 
 
+def _mix_float64_copy(weights: dict[int, float], arrays: dict[int, np.ndarray]) -> np.ndarray:
+    """The mixing rule before issue 14 (float64 accumulator, a float64 copy per term), for the comparison."""
+    keys = sorted(weights)
+    acc = np.zeros(arrays[keys[0]].shape, dtype=np.float64)
+    for j in keys:
+        acc += weights[j] * np.asarray(arrays[j], dtype=np.float64)
+    return acc.astype(arrays[keys[0]].dtype, copy=False)
+
+
+def measure_mixing(d: int = 1_000_000, repeats: int = 30) -> dict[str, Any]:
+    """One node's mixing step on a ring (3 float32 terms of ``d``): :func:`graphfl.p2p.mixing.mix`
+    (float32, in place) vs the float64-with-copies rule it replaced; min and median over interleaved repeats.
+    """
+    rng = np.random.default_rng(0)
+    arrays = {j: rng.standard_normal(d, dtype=np.float32) for j in range(3)}
+    weights = {0: 1 / 3, 1: 1 / 3, 2: 1 / 3}
+    times: dict[str, list[float]] = {"float32_in_place": [], "float64_copies": []}
+    for _ in range(repeats):
+        for key, fn in (("float32_in_place", mix), ("float64_copies", _mix_float64_copy)):
+            t0 = time.perf_counter()
+            fn(weights, arrays)
+            times[key].append(time.perf_counter() - t0)
+    diff = float(np.max(np.abs(mix(weights, arrays).astype(np.float64)
+                               - _mix_float64_copy(weights, arrays).astype(np.float64))))
+    out: dict[str, Any] = {"params": d, "terms": 3, "max_abs_difference": diff}
+    for key, ts in times.items():
+        out[key] = {"min_ms": 1000 * min(ts), "median_ms": 1000 * statistics.median(ts)}
+    out["speedup_median"] = out["float64_copies"]["median_ms"] / out["float32_in_place"]["median_ms"]
+    out["speedup_min"] = out["float64_copies"]["min_ms"] / out["float32_in_place"]["min_ms"]
+    return out
+
+
 def _mem_available_mb() -> float | None:
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
@@ -285,6 +317,7 @@ def run(quick: bool, seed: int, out: Path) -> dict[str, Any]:
         m["final"][str(d)] = {"round_s": med, "ratio_to_floor": res["ratio_to_floor"],
                               "ratio_to_parallel_floor": res["ratio_to_parallel_floor"]}
     inproc = measure_inprocess(out / "inprocess", INPROCESS_NODES, 10 if quick else 30)
+    mixing = measure_mixing()
     p2pfl = ("measured" if importlib.util.find_spec("p2pfl") is not None else
              "skipped: p2pfl is not installed (optional; it is not a graphfl dependency)")
     if p2pfl == "measured":  # pragma: no cover - not installed in CI
@@ -296,6 +329,7 @@ def run(quick: bool, seed: int, out: Path) -> dict[str, Any]:
         "methods": methods,
         "rows": rows,
         "inprocess": inproc,
+        "mixing": mixing,
         "skipped": skipped,
         "flower": "not measured: no Flower echo App for the same bytes in this bench (graphfl bench deploy "
                   "measures graphfl's Flower rounds on its own model); no figure copied from notes",
@@ -322,6 +356,10 @@ def run(quick: bool, seed: int, out: Path) -> dict[str, Any]:
         f"In-process engine, DFL-GT linreg, {ip['nodes']} nodes on a ring: {ip['vectorised']['ms_per_round']:.1f} "
         f"ms/round vectorised, {ip['per_node']['ms_per_round']:.1f} ms/round per-node driver "
         f"({ip['speedup']:.1f}x).\n\n"
+        f"Mixing step, one node of a ring, 1M float32 parameters: {mixing['float32_in_place']['median_ms']:.2f} ms "
+        f"(float32 in place) vs {mixing['float64_copies']['median_ms']:.2f} ms (float64 with a copy per term), "
+        f"median of interleaved repeats ({mixing['speedup_median']:.1f}x; min: {mixing['speedup_min']:.1f}x), "
+        f"largest difference {mixing['max_abs_difference']:.2g}.\n\n"
         f"Flower: {doc['flower']}.\n\np2pfl: {p2pfl}.\n"
         + ("".join(f"\nSkipped: {x}.\n" for x in skipped))
     )
