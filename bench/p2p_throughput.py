@@ -284,7 +284,7 @@ def run(quick: bool, seed: int, out: Path) -> dict[str, Any]:
     if not quick:
         cases += [(d, 4, False) for d in sizes]  # mutual TLS
         cases.append((1_000_000, SCALE_PEERS, True))
-    rows = []
+    rows: list[dict[str, Any]] = []
     methods: dict[str, Any] = {}
     skipped: list[str] = []
     for d, n, insecure in cases:
