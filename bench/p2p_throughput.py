@@ -34,8 +34,9 @@ The in-process engine (``graphfl p2p --engine inprocess``) is measured in the sa
 round of DFL-GT on ``linreg`` with 1000 nodes on a ring, vectorised vs the per-node driver.
 
 ``run(quick, seed, out)`` writes ``<out>/p2p_throughput.{json,md,png}``. The full form adds one
-128-peer ring (1M parameters) when the machine has the memory for it (estimated from the peers'
-measured RSS; skipped with the reason otherwise).
+128-peer ring (100k parameters, plaintext) when the machine has the memory for it (1.5 x 128 x
+the per-peer estimate ``60 MB + 20 x model bytes``, from the RSS measured in docs/p2p.md; skipped
+with the reason otherwise).
 """
 
 from __future__ import annotations
@@ -70,7 +71,8 @@ QUICK_SIZES = (100_000, 1_000_000)
 FULL_PEERS = (4, 16)
 QUICK_PEERS = (4, 8)
 SCALE_PEERS = 128
-"""The full form's large ring (1M parameters, plaintext), run when memory allows."""
+SCALE_PARAMS = 100_000
+"""The full form's large ring: 128 peers, 100k parameters, plaintext, run when memory allows."""
 INPROCESS_NODES = 1000
 
 
@@ -283,18 +285,19 @@ def run(quick: bool, seed: int, out: Path) -> dict[str, Any]:
     cases = [(d, n, True) for d in sizes for n in peer_counts]
     if not quick:
         cases += [(d, 4, False) for d in sizes]  # mutual TLS
-        cases.append((1_000_000, SCALE_PEERS, True))
+        cases.append((SCALE_PARAMS, SCALE_PEERS, True))
     rows: list[dict[str, Any]] = []
     methods: dict[str, Any] = {}
     skipped: list[str] = []
     for d, n, insecure in cases:
         label = f"{'plain' if insecure else 'tls'}-{n}peers"
         if n == SCALE_PEERS:
-            per_peer = max((r.get("rss_mb_max") or 0.0 for r in rows), default=0.0) or 300.0
+            # measured (docs/p2p.md): ~60 MB per numpy peer plus ~20 copies of the model at peak
+            per_peer = 60.0 + 20 * 4 * d / 2**20
             avail = _mem_available_mb()
             need = 1.5 * n * per_peer
             if avail is None or avail < need:
-                skipped.append(f"{n} peers: needs ~{need:.0f} MB ({per_peer:.0f} MB per peer measured, x1.5), "
+                skipped.append(f"{n} peers: needs ~{need:.0f} MB ({per_peer:.0f} MB per peer estimated, x1.5), "
                                f"{avail if avail is None else round(avail)} MB available")
                 logger.warning("p2p throughput: skipping %s", skipped[-1])
                 continue
