@@ -24,13 +24,16 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from typing import TYPE_CHECKING
 
 from graphfl.common.config import ConfigError
+
+if TYPE_CHECKING:
+    from cryptography import x509
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+# ``cryptography`` is imported inside the functions that make keys and certificates: a peer only
+# reads PEM files (gRPC does the TLS), and the import costs ~0.1-0.2 s per process (docs/p2p.md).
 
 logger = logging.getLogger(__name__)
 
@@ -74,20 +77,29 @@ def write_secret(path: Path, data: bytes) -> None:
 
 def write_private_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
     """PEM (PKCS#8, unencrypted), readable by the owner only (created 0600)."""
+    from cryptography.hazmat.primitives import serialization
+
     write_secret(path, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                          serialization.NoEncryption()))
 
 
 def write_cert(path: Path, cert: x509.Certificate) -> None:
     """PEM certificate (public)."""
+    from cryptography.hazmat.primitives import serialization
+
     path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
 
 
 def _name(cn: str) -> x509.Name:
+    from cryptography import x509
+    from cryptography.x509.oid import NameOID
+
     return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
 
 
 def _san(hosts: list[str]) -> x509.SubjectAlternativeName:
+    from cryptography import x509
+
     entries: list[x509.GeneralName] = []
     for host in hosts:
         try:
@@ -99,6 +111,10 @@ def _san(hosts: list[str]) -> x509.SubjectAlternativeName:
 
 def make_ca(common_name: str = "graphfl-ca", days: int = 365) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
     """A self-signed CA: ``(key, certificate)`` (every function here returns keys first)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+
     key = ec.generate_private_key(ec.SECP256R1())
     now = dt.datetime.now(dt.UTC)
     cert = (
@@ -120,6 +136,11 @@ def issue_cert(
     server: bool = True, client: bool = False, days: int = 365,
 ) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
     """A leaf certificate signed by the CA, valid for ``hosts`` (IPs or DNS names)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID
+
     key = ec.generate_private_key(ec.SECP256R1())
     now = dt.datetime.now(dt.UTC)
     usages = ([ExtendedKeyUsageOID.SERVER_AUTH] if server else []) + ([ExtendedKeyUsageOID.CLIENT_AUTH] if client else [])
@@ -161,6 +182,9 @@ def generate_tls(out_dir: str | Path, hosts: list[str] | None = None, days: int 
 
 def generate_node_keys(out_dir: str | Path, count: int, first: int = 0) -> list[tuple[Path, Path]]:
     """ECDSA P-384 key pairs (OpenSSH format) for SuperNode authentication: ``node_I``, ``node_I.pub``."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     pairs = []

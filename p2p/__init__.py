@@ -12,6 +12,8 @@ Modules, one job each:
   the users' CSV files) as a gradient oracle / data problem;
 * :mod:`~graphfl.p2p.node` — one iteration of one node, shared by both runtimes;
 * :mod:`~graphfl.p2p.driver` — in-process driver (all nodes) and the one-node loop;
+* :mod:`~graphfl.p2p.vectorised` — all nodes as stacked arrays (gossip / DFL-SGD / DFL-GT on linear problems);
+* :mod:`~graphfl.p2p.inprocess` — ``graphfl p2p --engine inprocess`` (same config and result files, one process);
 * :mod:`~graphfl.p2p.checkpoint` — per-node checkpoints (npz + json, atomic, no pickle);
 * :mod:`~graphfl.p2p.codec` — tensors <-> protobuf frames (never pickle);
 * :mod:`~graphfl.p2p.transport` — transport interface, mailbox, in-process transport;

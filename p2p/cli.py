@@ -63,8 +63,12 @@ def p2p_command(
     timeout: float = typer.Option(0.0, "--timeout", help="overall bound in seconds (0 = derived from rounds)"),
     set_: list[str] | None = typer.Option(None, "--set", help="override a \\[run] key, e.g. --set round-timeout=5"),
     quiet: bool = typer.Option(False, "--quiet", help="no progress display"),
+    engine: str = typer.Option("process", "--engine",
+                               help="process (one peer process per node, gRPC) | inprocess (all nodes in this process, "
+                                    "lock-step, no sockets; 1000+ nodes on linear models)"),
 ) -> None:
-    """Launch N local peer processes on 127.0.0.1, collect results into <out>/p2p.{json,md,png}."""
+    """Launch N local peer processes on 127.0.0.1 (or run the network in-process), results in <out>/p2p.{json,md,png}."""
+    from graphfl.p2p.inprocess import ENGINES, launch_inprocess
     from graphfl.p2p.launcher import LaunchError, launch
     from graphfl.tasks.base import DataError
 
@@ -77,6 +81,15 @@ def p2p_command(
         if tau is not None:
             overrides["tau"] = tau
         overrides.update(_overrides(set_))
+        if engine not in ENGINES:
+            raise ConfigError(f"--engine {engine!r} is not valid; choose one of {list(ENGINES)}")
+        if engine == "inprocess":
+            if insecure or timeout:
+                raise ConfigError("--insecure and --timeout apply to the process engine only (inprocess opens no socket)")
+            summary = launch_inprocess(str(graph) if graph is not None else topology, peers, overrides, out=out,
+                                       mixing=mixing, data_dir=data_dir)
+            typer.echo(summary["text"])
+            raise typer.Exit(0 if summary["ok"] else 1)
         summary = launch(str(graph) if graph is not None else topology, peers, overrides, out=out, insecure=insecure,
                          mixing=mixing, timeout=timeout or None, progress=not quiet, data_dir=data_dir)
     except (ConfigError, LaunchError, DataError) as exc:

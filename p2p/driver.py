@@ -146,7 +146,9 @@ def run_network_inprocess(
     if bytes_model not in BYTES_MODELS:
         raise ValueError(f"bytes_model must be one of {list(BYTES_MODELS)}, got {bytes_model!r}")
     n = len(oracles)
-    ctxs = [NodeContext.from_matrix(w, i, adjacency) for i in range(n)]
+    ctxs = NodeContext.for_network(w, adjacency)
+    if len(ctxs) != n:
+        raise ValueError(f"{n} oracles but a {len(ctxs)}-node mixing matrix")
     if resume_from is not None:
         states = []
         for i, o in enumerate(oracles):

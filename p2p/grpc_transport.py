@@ -20,6 +20,10 @@ channel to each neighbour.
 
 Every outbound call has a deadline; reconnect back-off is capped at 2 s so a neighbour that
 comes back is reached again quickly.
+
+A message is encoded and serialised once (:class:`_EncodeCache`) and the same frame bytes are
+pushed to every neighbour (``Push`` called with a pass-through serialiser): the wire format is
+unchanged, the per-neighbour encode + protobuf serialisation (three copies of the model) is gone.
 """
 
 from __future__ import annotations
@@ -53,6 +57,9 @@ per channel; two leaves room for a retry)."""
 _UNREACHABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 """The only gRPC status codes that mean "the neighbour cannot be reached" (dead process, cut link,
 refused connection, TLS failure, deadline). Anything else is an error to report, not a skip."""
+PUSH_METHOD = "/graphfl.p2p.Peer/Push"
+"""The streaming RPC of :class:`~graphfl.p2p.proto.graphfl_p2p_pb2_grpc.PeerStub` (``Push``)."""
+
 _CHANNEL_OPTIONS = [
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
@@ -61,32 +68,45 @@ _CHANNEL_OPTIONS = [
 ]
 
 
-class _FrameStream:
-    """The frames of one message as gRPC's request iterator: counts their bytes and keeps a local error.
-
-    gRPC consumes the iterator on its own thread and turns an exception into a cancelled RPC;
-    :meth:`GrpcTransport.send` re-raises the kept error, so a local bug is never mistaken for
-    an unreachable neighbour.
+class _EncodedMessage:
+    """One message encoded and serialised once (header + chunked data frames as protobuf bytes),
+    pushed to every neighbour as it is: the wire bytes are exactly those of the frames, gRPC only
+    frames them (no re-encoding, no re-serialisation, no copy per neighbour).
     """
 
-    def __init__(self, frames: Iterator[pb.Frame]) -> None:
-        self._frames = frames
-        self.bytes = 0
-        self.error: BaseException | None = None
+    def __init__(self, frames: list[bytes], payload: int) -> None:
+        self.frames = frames
+        self.bytes = sum(len(f) for f in frames)
+        self.payload = payload
 
-    def __iter__(self) -> _FrameStream:
-        return self
 
-    def __next__(self) -> pb.Frame:
-        try:
-            frame = next(self._frames)
-        except StopIteration:
-            raise
-        except Exception as exc:
-            self.error = exc
-            raise
-        self.bytes += frame.ByteSize()
-        return frame
+class _EncodeCache:
+    """The last few encoded messages, keyed by (round, channel, the arrays' identities, scalars).
+
+    ``send_many`` pushes the same arrays to every neighbour from a thread pool; the first push
+    encodes, the others reuse it. Keys hold the arrays themselves (not only ``id``), so an id is
+    never reused for a different array while its entry lives.
+    """
+
+    def __init__(self, size: int = 4) -> None:
+        self.size = size
+        self._lock = threading.Lock()
+        self._entries: list[tuple[tuple[object, ...], tuple[np.ndarray, ...], _EncodedMessage]] = []
+
+    def get(self, sender: int, round_: int, channel: str, arrays: Mapping[str, np.ndarray],
+            scalars: Mapping[str, float] | None, chunk_bytes: int) -> _EncodedMessage:
+        held = tuple(arrays.values())
+        key = (round_, channel, tuple(arrays), tuple(id(a) for a in held), tuple(sorted((scalars or {}).items())))
+        with self._lock:
+            for k, _, enc in self._entries:
+                if k == key:
+                    return enc
+            frames = [f.SerializeToString() for f in codec.encode(sender, round_, channel, arrays, scalars, chunk_bytes)]
+            enc = _EncodedMessage(frames, int(sum(np.asarray(a).nbytes for a in held)))
+            # keep only this round's messages (a round's frames are what is in flight anyway)
+            self._entries = [e for e in self._entries if e[0][0] == round_][-(self.size - 1):] if self.size > 1 else []
+            self._entries.append((key, held, enc))
+            return enc
 
 
 @dataclass(frozen=True)
@@ -249,6 +269,8 @@ class GrpcTransport(Transport):
         self._server: grpc.Server | None = None
         self._channels: dict[int, grpc.Channel] = {}
         self._stubs: dict[int, pb_grpc.PeerStub] = {}
+        self._raw_push: dict[int, grpc.StreamUnaryMultiCallable] = {}
+        self._encoded = _EncodeCache()
         self.last_errors: dict[int, str] = {}
         self._creds = None
         if tls is not None:
@@ -307,6 +329,9 @@ class GrpcTransport(Transport):
                 ch = grpc.insecure_channel(addr, options=_CHANNEL_OPTIONS)
             self._channels[j] = ch
             stub = self._stubs[j] = pb_grpc.PeerStub(ch)
+            # Push with frames serialised once (_EncodedMessage): the same RPC and the same bytes
+            self._raw_push[j] = ch.stream_unary(PUSH_METHOD, request_serializer=None,
+                                                response_deserializer=pb.Ack.FromString)
         return stub
 
     def handshake(self, j: int, timeout: float) -> pb.HelloReply:
@@ -376,17 +401,16 @@ class GrpcTransport(Transport):
             If ``arrays`` cannot be encoded.
         """
         codec.check_encodable(channel, arrays)
+        stream = self._encoded.get(self.peer_id, round_, channel, arrays, scalars, self.chunk_bytes)
         for attempt in range(2):
-            stream = _FrameStream(codec.encode(self.peer_id, round_, channel, arrays, scalars, self.chunk_bytes))
             try:
                 if to not in self.verified:
                     self.handshake(to, timeout=min(2.0, timeout))
-                ack = self._stub(to).Push(stream, timeout=timeout)
+                self._stub(to)
+                ack = self._raw_push[to](iter(stream.frames), timeout=timeout)
             except HandshakeRefused as exc:
                 return SendResult(to, False, str(exc))
             except grpc.RpcError as exc:
-                if stream.error is not None:
-                    raise stream.error from None
                 with self._lock:
                     self.verified.discard(to)
                 code = exc.code()
@@ -399,7 +423,7 @@ class GrpcTransport(Transport):
                 with self._lock:
                     self.verified.discard(to)  # the neighbour restarted: handshake again, resend once
                 continue
-            payload = int(sum(np.asarray(a).nbytes for a in arrays.values()))
+            payload = stream.payload
             if ack.accepted:
                 with self.mailbox.stats.lock:
                     self.mailbox.stats.bytes_sent += stream.bytes

@@ -49,7 +49,7 @@ class LaunchError(RuntimeError):
 
 def prepare_network(
     out: Path, topology: str | None, peers: int | None, overrides: Mapping[str, Any], *, insecure: bool = False,
-    mixing: str = "metropolis", seed: int = 0, data_dir: str | Path | None = None,
+    mixing: str = "metropolis", seed: int = 0, data_dir: str | Path | None = None, reserve_ports: bool = True,
 ) -> Path:
     """Write ``<out>/network.toml`` (and certificates); returns its path.
 
@@ -60,7 +60,8 @@ def prepare_network(
     replace the graph (:meth:`~graphfl.p2p.algorithms.base.P2PAlgorithm.graph_for`: FedADMM-Local-ES
     runs on the complete graph). Then the algorithm's ``prepare`` hook runs in this process
     (FedADMM: ``lam = "cv"``); its settings go into the network file, its report into
-    ``<out>/prepare.json``.
+    ``<out>/prepare.json``. ``reserve_ports=False`` (the in-process engine, which opens no socket)
+    writes placeholder ports ``20000 + id`` instead of probing free ones.
     """
     out.mkdir(parents=True, exist_ok=True)
     overrides = dict(overrides)
@@ -89,10 +90,13 @@ def prepare_network(
         run = parse_p2p_config(dict(overrides), base=base.run)
     else:
         n = peers if peers is not None else (None if Path(topology).is_file() else 5)
-        ports = free_ports(n) if n is not None else None
+        def ports_for(k: int) -> list[int]:
+            return free_ports(k) if reserve_ports else [20000 + i for i in range(k)]
+
+        ports = ports_for(n) if n is not None else None
         topo = make_topology(topology, n, ports=ports, seed=seed, mixing=mixing)
         if ports is None:  # edge-list file: now we know n
-            topo = make_topology(topology, topo.n, ports=free_ports(topo.n), seed=seed, mixing=mixing)
+            topo = make_topology(topology, topo.n, ports=ports_for(topo.n), seed=seed, mixing=mixing)
         run = parse_p2p_config(dict(overrides))
     algo = run.make_algorithm()
     given = [(i, j) for i, j, _ in topo.edges]
@@ -148,9 +152,14 @@ class PeerProcesses:
         self.out = Path(out)
         self.args = list(args)
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.started_at: dict[int, float] = {}
+        """Wall-clock time each peer process was spawned (start-up time = its ``serving_at`` minus this)."""
         self.logs: dict[int, Any] = {}
-        self.env = {**os.environ, "GRAPHFL_TORCH_THREADS": "1", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-                    **(env or {})}
+        # MALLOC_ARENA_MAX=2: gRPC's threads otherwise each get a glibc arena holding freed 1 MB
+        # chunks; measured on a 4-peer ring of 1M float32 parameters: peak RSS per peer 187 -> 147 MB,
+        # round time unchanged (docs/p2p.md, "Lighter peers"). An explicit value in the environment wins.
+        self.env = {"MALLOC_ARENA_MAX": "2", **os.environ, "GRAPHFL_TORCH_THREADS": "1", "OMP_NUM_THREADS": "1",
+                    "PYTHONUNBUFFERED": "1", **(env or {})}
         for i in ids:
             self.start(i)
 
@@ -158,6 +167,7 @@ class PeerProcesses:
         """Start peer ``i`` (``graphfl peer``) with the common ``args`` (e.g. ``--resume``) or ``args``."""
         (self.out / "logs").mkdir(parents=True, exist_ok=True)
         log = open(self.out / "logs" / f"peer-{i}.log", "ab")
+        self.started_at[i] = time.time()
         cmd = [sys.executable, "-m", "graphfl.p2p", "peer", "--topology", str(self.network_file), "--id", str(i),
                "--out", str(self.out), *(self.args if args is None else args)]
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True,

@@ -57,15 +57,25 @@ def drive(iteration: Iteration,
 
 
 def local_disagreement(own_theta: np.ndarray, inboxes: list[Inbox]) -> float:
-    """Mean ``‖θ_i − θ_j‖²`` over the neighbours heard on channel ``params`` (NaN if none)."""
-    own = np.asarray(own_theta, np.float64)
-    diffs = [
-        float(np.sum((own - np.asarray(msg[PARAMS][THETA], np.float64)) ** 2))
-        for inbox in inboxes
-        for msg in inbox.messages.values()
-        if PARAMS in msg and THETA in msg[PARAMS]
-    ]
-    return float(np.mean(diffs)) if diffs else float("nan")
+    """Mean ``‖θ_i − θ_j‖²`` over the neighbours heard on channel ``params`` (NaN if none).
+
+    The difference is taken in the parameters' float dtype in one reused buffer and its squares
+    are summed in float64 (``einsum``, no temporaries); for float32 parameters that is the
+    float64 result to ~1e-10 relative. It used to build four float64 temporaries per neighbour:
+    a fifth of a 1M-parameter peer's round (docs/p2p.md, "Where the time goes").
+    """
+    others = [msg[PARAMS][THETA] for inbox in inboxes for msg in inbox.messages.values()
+              if PARAMS in msg and THETA in msg[PARAMS]]
+    if not others:
+        return float("nan")
+    own = np.asarray(own_theta)
+    own = own.reshape(-1).astype(np.result_type(own.dtype, np.float32), copy=False)
+    diff = np.empty_like(own)
+    total = 0.0
+    for other in others:
+        np.subtract(own, np.asarray(other).reshape(-1), out=diff, casting="unsafe")
+        total += float(np.einsum("i,i->", diff, diff, dtype=np.float64))
+    return total / len(others)
 
 
 class WireSizes:

@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 import traceback
@@ -34,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from graphfl.common.config import ConfigError
+from graphfl.common.envinfo import peak_rss_mb
 from graphfl.common.results import clean_json as _clean
 from graphfl.common.results import write_json
 from graphfl.p2p import checkpoint
@@ -139,6 +141,7 @@ def run_peer(network_file: str | Path, peer_id: int, out_dir: str | Path, overri
         transport.mailbox.max_round = run.iterations  # a message for a round beyond the run is refused
         transport.current_round = state.t
         transport.serve()
+        result["serving_at"] = time.time()  # wall clock: the launcher's spawn time gives the start-up time
         result["outcome"] = "connecting"
         _write_json(status_file, {"peer": peer_id, "state": "connecting", "round": 0, "rounds": run.rounds})
         reached = transport.start(run.connect_timeout)
@@ -208,6 +211,8 @@ def run_peer(network_file: str | Path, peer_id: int, out_dir: str | Path, overri
         logger.exception("peer %d failed", peer_id)
     finally:
         result["seconds"] = time.monotonic() - t_begin
+        result["max_rss_mb"] = peak_rss_mb()
+        result["torch_imported"] = "torch" in sys.modules
         if transport is not None:
             transport.close()
         _write_json(out / f"peer-{peer_id}.json", result)
@@ -229,6 +234,14 @@ def main(network_file: str, peer_id: int, out_dir: str, overrides: dict[str, Any
 
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
+        if os.environ.get("GRAPHFL_PROFILE"):  # developer aid: cProfile of the peer's main thread
+            import cProfile
+
+            prof = cProfile.Profile()
+            try:
+                return prof.runcall(run_peer, network_file, peer_id, out_dir, overrides, insecure, stop, resume)
+            finally:
+                prof.dump_stats(str(Path(out_dir) / f"peer-{peer_id}.prof"))
         return run_peer(network_file, peer_id, out_dir, overrides, insecure, stop, resume)
     finally:
         for sig, h in previous.items():

@@ -6,6 +6,11 @@ step-size keys as DFL-SGD and ignored them) on small linreg / vector
 problems: final ``theta`` (and ``tracker``), snapshots after iterations 0 and ``T // 2``, the
 driver's curve (losses, consensus, bytes) and the bytes per round. Every value must be
 reproduced to 1e-12 (float64) by the current code.
+
+Exception (issue 14, docs/p2p.md "Mixing precision"): since mixing accumulates in the
+parameters' own dtype, float32 problems (``vector``) no longer get the float64 sum that the
+reference recorded; their iterates must match to float32 rounding (``1e-6`` absolute on values
+of size ~0.3, i.e. a few float32 ulps after ``T`` rounds). float64 problems are unchanged (1e-12).
 """
 
 from __future__ import annotations
@@ -713,11 +718,12 @@ def _run(c):
 def test_iterates_match_the_recorded_reference(key):
     ref = REFERENCE[key]
     res, snaps = _run(ref["config"])
-    np.testing.assert_allclose(np.stack([s.theta for s in res.states]), ref["theta"], rtol=0, atol=1e-12)
+    tol = 1e-12 if res.states[0].theta.dtype == np.float64 else 1e-6  # float32: see the module docstring
+    np.testing.assert_allclose(np.stack([s.theta for s in res.states]), ref["theta"], rtol=0, atol=tol)
     if ref["tracker"] is not None:
-        np.testing.assert_allclose(np.stack([s.tracker for s in res.states]), ref["tracker"], rtol=0, atol=1e-12)
+        np.testing.assert_allclose(np.stack([s.tracker for s in res.states]), ref["tracker"], rtol=0, atol=tol)
     for t, thetas in ref["snapshots"].items():
-        np.testing.assert_allclose(np.stack(snaps[t]), thetas, rtol=0, atol=1e-12)
+        np.testing.assert_allclose(np.stack(snaps[t]), thetas, rtol=0, atol=tol)
     assert res.wire_bytes_per_round == ref["wire_bytes_per_round"]
     assert res.payload_bytes_per_round == ref["payload_bytes_per_round"]
     assert len(res.curve) == len(ref["curve"])
@@ -725,6 +731,6 @@ def test_iterates_match_the_recorded_reference(key):
         assert set(want) <= set(got)
         for k, v in want.items():
             if isinstance(v, float):
-                assert got[k] == pytest.approx(v, rel=0, abs=1e-12) or (np.isnan(v) and np.isnan(got[k])), k
+                assert got[k] == pytest.approx(v, rel=0, abs=tol) or (np.isnan(v) and np.isnan(got[k])), k
             else:
                 assert got[k] == v, k

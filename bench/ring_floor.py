@@ -1,0 +1,109 @@
+"""One process of the parallel floor of ``graphfl bench p2p-throughput`` (a small module: a spawned
+floor process imports only this, numpy and :mod:`graphfl.p2p.mixing`, so its start-up and memory are
+a floor too).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+import sys
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+from graphfl.common.envinfo import peak_rss_mb
+from graphfl.p2p.mixing import mix
+
+
+def ring_weights(i: int, n: int) -> dict[int, float]:
+    """Metropolis weights of a ring (what ``graphfl p2p`` uses): ``1/3`` on each edge and the diagonal."""
+    nbrs = sorted({(i - 1) % n, (i + 1) % n} - {i})
+    if not nbrs:
+        return {i: 1.0}
+    w = 1.0 / (1.0 + max(len(nbrs), 2 if n > 2 else 1))
+    row = {j: w for j in nbrs}
+    row[i] = 1.0 - w * len(nbrs)
+    return row
+
+
+def recv_into(conn: socket.socket, buf: bytearray) -> None:
+    """Fill ``buf`` from ``conn`` (raises if the peer closes early)."""
+    view = memoryview(buf)
+    got = 0
+    while got < len(buf):
+        k = conn.recv_into(view[got:], len(buf) - got)
+        if k == 0:
+            raise ConnectionError("floor socket closed early")
+        got += k
+
+
+def _expect(conn: socket.socket, what: bytes) -> None:
+    got = bytearray(len(what))
+    recv_into(conn, got)
+    if bytes(got) != what:
+        raise ConnectionError(f"floor control: expected {what!r}, got {bytes(got)!r}")
+
+
+def floor_peer(i: int, n: int, d: int, rounds: int, ports: list[int], ctrl_port: int, spawned: float) -> dict[str, Any]:
+    """Process ``i`` of the ring: listen, connect to both neighbours, then ``rounds`` exchanges, each
+    started by the parent's ``G`` and reported with ``D`` on the control socket (the parent starts a
+    round when every process has finished the previous one).
+    """
+    ctrl = socket.create_connection(("127.0.0.1", ctrl_port))
+    nbrs = sorted({(i - 1) % n, (i + 1) % n} - {i})
+    srv = socket.create_server(("127.0.0.1", ports[i]), backlog=max(2, len(nbrs)))
+    ready = time.time()
+    ctrl.sendall(b"R")
+    _expect(ctrl, b"S")  # every process listens
+    outgoing = {j: socket.create_connection(("127.0.0.1", ports[j])) for j in nbrs}
+    for sock in outgoing.values():
+        sock.sendall(struct.pack("!I", i))
+    incoming: dict[int, socket.socket] = {}
+    for _ in nbrs:
+        conn, _ = srv.accept()
+        hdr = bytearray(4)
+        recv_into(conn, hdr)
+        incoming[struct.unpack("!I", hdr)[0]] = conn
+    theta = np.random.default_rng([0, i]).standard_normal(d, dtype=np.float32)
+    row = ring_weights(i, n)
+    bufs = {j: bytearray(4 * d) for j in nbrs}
+    times = []
+    for _ in range(rounds):
+        _expect(ctrl, b"G")
+        t0 = time.perf_counter()
+        payload = theta.tobytes()
+        senders = [threading.Thread(target=outgoing[j].sendall, args=(payload,)) for j in nbrs]
+        for th in senders:
+            th.start()
+        arrays = {i: theta}
+        for j in nbrs:
+            recv_into(incoming[j], bufs[j])
+            arrays[j] = np.frombuffer(bufs[j], dtype=np.float32)
+        for th in senders:
+            th.join()
+        theta = mix(row, arrays)
+        times.append(time.perf_counter() - t0)
+        ctrl.sendall(b"D")
+    for sock in (*outgoing.values(), *incoming.values(), srv):
+        sock.close()
+    return {"peer": i, "round_s": times, "startup_s": ready - spawned,
+            "rss_mb": peak_rss_mb(), "ctrl": ctrl}
+
+
+def main(argv: list[str]) -> int:
+    """``python -m graphfl.bench.ring_floor I N D ROUNDS PORTS CTRL_PORT SPAWNED``: one floor process."""
+    i, n, d, rounds = (int(x) for x in argv[:4])
+    ports = [int(p) for p in argv[4].split(",")]
+    res = floor_peer(i, n, d, rounds, ports, int(argv[5]), float(argv[6]))
+    ctrl = res.pop("ctrl")
+    ctrl.sendall(json.dumps(res).encode() + b"\n")
+    ctrl.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
