@@ -12,7 +12,7 @@ import sys
 
 
 def peer_main(argv: list[str]) -> int:
-    """``peer --topology FILE --id I [--out DIR] [--insecure] [--set K=V ...] [--resume]``."""
+    """``peer --topology FILE --id I [--out DIR] [--insecure] [--set K=V ...] [--resume] [--device D]``."""
     from graphfl.common.config import ConfigError, parse_assignment
 
     ap = argparse.ArgumentParser(prog="python -m graphfl.p2p peer", description="Run one p2p peer process.")
@@ -22,6 +22,7 @@ def peer_main(argv: list[str]) -> int:
     ap.add_argument("--insecure", action="store_true", help="plaintext gRPC (no TLS); must be explicit")
     ap.add_argument("--set", dest="sets", action="append", default=[], help="override a [run] key, e.g. rounds=50")
     ap.add_argument("--resume", action="store_true", help="continue from this peer's checkpoint in --out")
+    ap.add_argument("--device", default=None, help="auto | cpu | cuda | cuda:N (overrides the network file's)")
     args = ap.parse_args(argv)
     overrides = {}
     try:
@@ -33,7 +34,7 @@ def peer_main(argv: list[str]) -> int:
         return 2
     from graphfl.p2p.peer import main
 
-    return main(args.topology, args.peer_id, args.out, overrides, args.insecure, args.resume)
+    return main(args.topology, args.peer_id, args.out, overrides, args.insecure, args.resume, args.device)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,8 @@ def peer_command(
     insecure: bool = typer.Option(False, "--insecure", help="plaintext gRPC (no TLS); must be explicit"),
     set_: list[str] | None = typer.Option(None, "--set", help="override a \\[run] key, e.g. --set rounds=50"),
     resume: bool = typer.Option(False, "--resume", help="continue from this peer's checkpoint in --out"),
+    device: str | None = typer.Option(None, "--device", help="auto | cpu | cuda | cuda:N (overrides the network "
+                                      "file's; auto keeps models under 100k parameters on the CPU)"),
 ) -> None:
     """Run one p2p peer process (one per device)."""
     from graphfl.p2p.peer import main
@@ -41,7 +43,7 @@ def peer_command(
     except ConfigError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
-    raise typer.Exit(main(str(topology), peer_id, str(out), overrides, insecure, resume))
+    raise typer.Exit(main(str(topology), peer_id, str(out), overrides, insecure, resume, device))
 
 
 def p2p_command(
@@ -63,6 +65,8 @@ def p2p_command(
     timeout: float = typer.Option(0.0, "--timeout", help="overall bound in seconds (0 = derived from rounds)"),
     set_: list[str] | None = typer.Option(None, "--set", help="override a \\[run] key, e.g. --set round-timeout=5"),
     quiet: bool = typer.Option(False, "--quiet", help="no progress display"),
+    device: str | None = typer.Option(None, "--device", help="every peer's device: auto | cpu | cuda | cuda:N "
+                                      "(auto keeps models under 100k parameters on the CPU)"),
     engine: str = typer.Option("process", "--engine",
                                help="process (one peer process per node, gRPC) | inprocess (all nodes in this process, "
                                     "lock-step, no sockets; 1000+ nodes on linear models)"),
@@ -87,11 +91,11 @@ def p2p_command(
             if insecure or timeout:
                 raise ConfigError("--insecure and --timeout apply to the process engine only (inprocess opens no socket)")
             summary = launch_inprocess(str(graph) if graph is not None else topology, peers, overrides, out=out,
-                                       mixing=mixing, data_dir=data_dir)
+                                       mixing=mixing, data_dir=data_dir, device=device)
             typer.echo(summary["text"])
             raise typer.Exit(0 if summary["ok"] else 1)
         summary = launch(str(graph) if graph is not None else topology, peers, overrides, out=out, insecure=insecure,
-                         mixing=mixing, timeout=timeout or None, progress=not quiet, data_dir=data_dir)
+                         mixing=mixing, timeout=timeout or None, progress=not quiet, data_dir=data_dir, device=device)
     except (ConfigError, LaunchError, DataError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None

@@ -41,7 +41,7 @@ ENGINES = ("process", "inprocess")
 
 def launch_inprocess(topology: str | None, peers: int | None, overrides: Mapping[str, Any], *, out: Path | None = None,
                      mixing: str = "metropolis", data_dir: str | Path | None = None,
-                     vectorise: bool = True) -> dict[str, Any]:
+                     vectorise: bool = True, device: str | None = None) -> dict[str, Any]:
     """Run a whole network in this process; returns the result dict plus ``text`` (one-line summary).
 
     ``vectorise=False`` forces the per-node driver (tests compare the two).
@@ -55,7 +55,7 @@ def launch_inprocess(topology: str | None, peers: int | None, overrides: Mapping
     out = Path(out) if out is not None else Path("runs") / time.strftime("p2p-%Y%m%d-%H%M%S")
     seed = int(overrides.get("seed", 0))
     network_file = prepare_network(out, topology, peers, overrides, insecure=True, mixing=mixing, seed=seed,
-                                   data_dir=data_dir, reserve_ports=False)
+                                   data_dir=data_dir, reserve_ports=False, device=device)
     net = load_network_file(network_file)
     run, topo = net.run, net.topology
     n = topo.n

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from graphfl.common.certs import generate_network_certs
-from graphfl.common.config import ConfigError
+from graphfl.common.config import ConfigError, device_problem
 from graphfl.common.envinfo import env_info
 from graphfl.common.ports import free_ports
 from graphfl.common.results import markdown_table, write_json
@@ -50,6 +50,7 @@ class LaunchError(RuntimeError):
 def prepare_network(
     out: Path, topology: str | None, peers: int | None, overrides: Mapping[str, Any], *, insecure: bool = False,
     mixing: str = "metropolis", seed: int = 0, data_dir: str | Path | None = None, reserve_ports: bool = True,
+    device: str | None = None,
 ) -> Path:
     """Write ``<out>/network.toml`` (and certificates); returns its path.
 
@@ -109,6 +110,11 @@ def prepare_network(
                                    name=f"{topo.name}-complete" if len(wanted) == topo.n * (topo.n - 1) // 2 else topo.name)
     algo.check_graph(wanted, topo.n)
     topo.mixing_matrix()  # validate before starting anything
+    if device is not None:  # --device: every peer's device (auto | cpu | cuda | cuda:N)
+        problem = device_problem(device)
+        if problem:
+            raise ConfigError(f"--device {device!r} is not valid; {problem}")
+        topo = dataclasses.replace(topo, peers=tuple(dataclasses.replace(p, device=device) for p in topo.peers))
     if insecure:
         tls = TlsSection(insecure=True)
     else:
@@ -470,7 +476,7 @@ def draw_graph(ax: Any, n: int, edges: Sequence[tuple[int, int]], selection: Map
 def launch(
     topology: str | None, peers: int | None, overrides: Mapping[str, Any], *, out: Path | None = None,
     insecure: bool = False, mixing: str = "metropolis", timeout: float | None = None, progress: bool = True,
-    data_dir: str | Path | None = None,
+    data_dir: str | Path | None = None, device: str | None = None,
 ) -> dict[str, Any]:
     """Run a whole local network; returns the result dict plus ``text`` (a one-line summary).
 
@@ -484,7 +490,7 @@ def launch(
     out = Path(out) if out is not None else Path("runs") / time.strftime("p2p-%Y%m%d-%H%M%S")
     seed = int(overrides.get("seed", 0))
     network_file = prepare_network(out, topology, peers, overrides, insecure=insecure, mixing=mixing, seed=seed,
-                                   data_dir=data_dir)
+                                   data_dir=data_dir, device=device)
     net = load_network_file(network_file)
     run: P2PConfig = net.run
     n = net.topology.n

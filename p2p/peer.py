@@ -34,7 +34,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from graphfl.common.config import ConfigError
+from graphfl.common.config import ConfigError, device_problem
 from graphfl.common.envinfo import peak_rss_mb
 from graphfl.common.results import clean_json as _clean
 from graphfl.common.results import write_json
@@ -58,10 +58,11 @@ def _write_json(path: Path, obj: Any) -> None:
     write_json(path, obj)
 
 
-def problem_spec(net: NetworkFile, peer_id: int) -> ProblemSpec:
+def problem_spec(net: NetworkFile, peer_id: int, device: str | None = None) -> ProblemSpec:
     """The local problem of peer ``peer_id`` as the network file's ``[run]`` table describes it.
 
     ``data-dir`` is relative to the network file; the peer's own ``data`` (``[[peers]]``) wins.
+    ``device`` (``graphfl peer --device``) overrides the peer's ``device`` of the network file.
     """
     run = net.run
     me = net.topology.peer(peer_id)
@@ -70,13 +71,14 @@ def problem_spec(net: NetworkFile, peer_id: int) -> ProblemSpec:
         data_dir = str(net.path.parent / data_dir)
     return ProblemSpec(
         problem=run.problem, num_nodes=net.topology.n, seed=run.seed, batch_size=run.batch_size, dim=run.dim,
-        samples=run.samples, standardize=run.standardize, input_scale=run.input_scale, device=me.device,
+        samples=run.samples, standardize=run.standardize, input_scale=run.input_scale, device=device or me.device,
         data_dir=data_dir, data_path=me.data, features=run.features, shared_samples=run.shared_samples,
     )
 
 
 def run_peer(network_file: str | Path, peer_id: int, out_dir: str | Path, overrides: dict[str, Any] | None = None,
-             insecure: bool = False, stop: threading.Event | None = None, resume: bool = False) -> int:
+             insecure: bool = False, stop: threading.Event | None = None, resume: bool = False,
+             device: str | None = None) -> int:
     """Run one peer to completion; returns the exit code (see the module docstring).
 
     With ``resume`` the peer starts from its checkpoint in ``out_dir`` (same algorithm and
@@ -113,7 +115,9 @@ def run_peer(network_file: str | Path, peer_id: int, out_dir: str | Path, overri
             torch.set_num_threads(int(os.environ.get("GRAPHFL_TORCH_THREADS", "1")))
         algo = run.make_algorithm()
         algo.check_graph([(i, j) for i, j, _ in topo.edges], topo.n)
-        spec = problem_spec(net, peer_id)
+        if device is not None and device_problem(device):
+            raise ConfigError(f"--device {device!r} is not valid; {device_problem(device)}")
+        spec = problem_spec(net, peer_id, device)
         if spec.problem == "csv" and not spec.features:
             from graphfl.p2p.oracles import feature_columns
 
@@ -121,6 +125,7 @@ def run_peer(network_file: str | Path, peer_id: int, out_dir: str | Path, overri
             raise ConfigError(f"{net.path}: problem 'csv' needs [run] features, the feature columns in the order every "
                               f"device uses (e.g. features = {','.join(here)!r}, this device's columns in file order)")
         oracle = make_oracle(peer_id, spec, partition=me.partition)
+        result["device"] = str(getattr(oracle, "device", "cpu"))  # the device really used (numpy problems: cpu)
         w = topo.mixing_matrix()
         ctx = NodeContext.from_matrix(w, peer_id, topo.adjacency())
         if resume:
@@ -222,7 +227,7 @@ def run_peer(network_file: str | Path, peer_id: int, out_dir: str | Path, overri
 
 
 def main(network_file: str, peer_id: int, out_dir: str, overrides: dict[str, Any] | None = None,
-         insecure: bool = False, resume: bool = False) -> int:
+         insecure: bool = False, resume: bool = False, device: str | None = None) -> int:
     """Process entry point: logging to stderr, SIGTERM/SIGINT stop the loop (bounded), exit code."""
     logging.basicConfig(level=os.environ.get("GRAPHFL_LOG", "INFO"),
                         format=f"%(asctime)s peer-{peer_id} %(levelname)s %(name)s: %(message)s")
@@ -242,7 +247,7 @@ def main(network_file: str, peer_id: int, out_dir: str, overrides: dict[str, Any
                 return prof.runcall(run_peer, network_file, peer_id, out_dir, overrides, insecure, stop, resume)
             finally:
                 prof.dump_stats(str(Path(out_dir) / f"peer-{peer_id}.prof"))
-        return run_peer(network_file, peer_id, out_dir, overrides, insecure, stop, resume)
+        return run_peer(network_file, peer_id, out_dir, overrides, insecure, stop, resume, device)
     finally:
         for sig, h in previous.items():
             signal.signal(sig, h)

@@ -91,3 +91,15 @@ def test_commands_are_registered_and_fail_clearly(tmp_path):
     assert "not found" in (tmp_path / "peer-0.json").read_text()
     res = runner.invoke(app, ["p2p", "--topology", "moebius", "--peers", "3", "--out", str(tmp_path / "o"), "--quiet"])
     assert res.exit_code == 2 and "unknown topology" in res.output
+
+
+def test_launcher_device_is_written_for_every_peer_and_a_bad_one_is_refused(tmp_path):
+    from graphfl.p2p.config import load_network_file
+    from graphfl.p2p.launcher import prepare_network
+
+    path = prepare_network(tmp_path / "a", "ring", 3, {"problem": "linreg"}, insecure=True, device="cuda:1",
+                           reserve_ports=False)
+    assert [p.device for p in load_network_file(path).topology.peers] == ["cuda:1"] * 3
+    with pytest.raises(ConfigError, match="cuda:N"):
+        prepare_network(tmp_path / "b", "ring", 3, {"problem": "linreg"}, insecure=True, device="gpu",
+                        reserve_ports=False)

@@ -41,9 +41,11 @@ def test_launch_torch_task_matches_inprocess_driver(tmp_path):
     rounds = 3
     result = launch("ring", 2, {"algorithm": "dfl-gt", "rounds": rounds, "problem": "synthetic-dfl", "alpha0": 0.3,
                                 "standardize": True, "connect-timeout": 60},
-                    out=out, progress=False, timeout=150)
+                    out=out, progress=False, timeout=150, device="cpu")
     assert result["ok"], result["peers"]
     assert result["config"]["tls"] is True
+    # --device reaches every peer, and each peer records the device it really used
+    assert all(json.loads((out / f"peer-{i}.json").read_text())["device"] == "cpu" for i in range(2))
     for name in ("p2p.json", "p2p.md", "p2p.png"):
         assert (out / name).is_file()
     curve = result["methods"]["dfl-gt"]["curve"]
