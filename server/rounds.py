@@ -130,11 +130,12 @@ def run_phase(
             continue
         if phase.kind == wire.TRAIN and is_encoded(rep.arrays):
             out.compressed = True
-            rep, why = _decoded(phase, pid, rep, payloads[pid])
-            if rep is None:
+            decoded, why = _decoded(phase, pid, rep, payloads[pid])
+            if decoded is None:
                 logger.warning("round %d, phase %s: reply of client %d rejected: %s", server_round, phase.name, pid, why)
                 out.rejected[pid] = why
                 continue
+            rep = decoded
             out.bytes_up_decoded += sum(a.nbytes for a in (rep.arrays or {}).values())
         update, why = _update(phase, pid, rep)
         if update is None:

@@ -65,12 +65,14 @@ def delta_update(delta: Mapping[str, np.ndarray], u_i: Mapping[str, np.ndarray],
 
 def corrected_gradient(grad: np.ndarray, delta: np.ndarray) -> np.ndarray:
     """FedGATE's local direction ``d = g − δ_i``; the step is ``w_i ← w_i − η d`` (§9.2)."""
-    return np.asarray(grad) - np.asarray(delta)
+    out: np.ndarray = np.asarray(grad) - np.asarray(delta)
+    return out
 
 
 def mix_outputs(h_v: np.ndarray, h_w: np.ndarray, alpha: float) -> np.ndarray:
     """APFL's personalised output ``ŷ = α h(v_i; x) + (1 − α) h(w; x)`` (§9.1, seed 004)."""
-    return alpha * np.asarray(h_v) + (1.0 - alpha) * np.asarray(h_w)
+    out: np.ndarray = alpha * np.asarray(h_v) + (1.0 - alpha) * np.asarray(h_w)
+    return out
 
 
 def alpha_gradient(dloss_dyhat: np.ndarray, h_v: np.ndarray, h_w: np.ndarray) -> float:
