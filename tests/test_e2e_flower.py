@@ -263,9 +263,10 @@ class TestOneTlsFederation:
             assert server["tags_ok"] is True and server["sums_ok"] is True
             assert server["counts"] == {"0": r, "1": r, "2": r}           # context.state persisted
 
-    @pytest.mark.parametrize("strategy", ["fesem", "bigfl"])
+    @pytest.mark.parametrize("strategy", ["fesem", "bigfl", "apflgate"])
     def test_graph_aware_strategy_in_a_real_deployment_matches_inprocess(self, tls_federation, tmp_path, strategy):
-        """Issue 3: both graph-aware strategies run on real SuperNodes (one federation, two runs)."""
+        """Issues 3 and 12: graph-aware strategies run on real SuperNodes (one federation, one run each);
+        apflgate keeps v_i, α_i, δ_i in context.state across the 2 rounds."""
         values = {"task": "synthetic-multicenter", "nodes": SHARED_NODES, "rounds": 2, "train.local-steps": 5,
                   "train.lr": 0.1, "connect-timeout": 90, "round-timeout": 120, "engine": "local-deployment",
                   "strategy": strategy, "out-dir": str(tmp_path / strategy)}
