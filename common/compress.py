@@ -25,8 +25,8 @@ per-client memory tensor): with memory ``e`` (persistent client state, 0 initial
 (ties: lower flat index first), ``Q(d) = topk(c)``; ``e ← c − topk(c)``.
 
 Wire layout (one ArrayRecord, keys under :data:`graphfl.common.wire.COMPRESSED_PREFIX`):
-``<P><key>/q`` codes (uint8 for b ≤ 8, else uint16; original shape), ``<P><key>/lo`` and
-``<P><key>/step`` (float64 scalars) for ``quant``; ``<P><key>/idx`` (int32 flat indices),
+``<P><key>/q`` the codes bit-packed, ``b`` bits each (uint8, ``⌈numel·b/8⌉`` bytes),
+``<P><key>/bits`` (uint8 scalar), ``<P><key>/lo`` and ``<P><key>/step`` (float64 scalars) for ``quant``; ``<P><key>/idx`` (int32 flat indices),
 ``<P><key>/val`` (values in the array's dtype) and ``<P><key>/shape`` (int64) for ``topk``.
 """
 
@@ -70,6 +70,23 @@ def quantize(x: np.ndarray, bits: int, rng: np.random.Generator) -> tuple[np.nda
 def dequantize(codes: np.ndarray, lo: float, step: float) -> np.ndarray:
     """``lo + step·codes`` in float64."""
     return lo + step * np.asarray(codes, dtype=np.float64)
+
+
+def pack_codes(codes: np.ndarray, bits: int) -> np.ndarray:
+    """Codes (< 2^bits) as a uint8 bit stream, ``bits`` bits per code, most significant first."""
+    flat = np.asarray(codes, dtype=np.uint32).ravel()
+    shifts = np.arange(bits - 1, -1, -1, dtype=np.uint32)
+    planes = ((flat[:, None] >> shifts) & 1).astype(np.uint8)
+    packed: np.ndarray = np.packbits(planes.ravel())
+    return packed
+
+
+def unpack_codes(packed: np.ndarray, bits: int, count: int) -> np.ndarray:
+    """Inverse of :func:`pack_codes`: ``count`` codes as int64."""
+    planes = np.unpackbits(np.asarray(packed, dtype=np.uint8), count=count * bits).reshape(count, bits)
+    weights = (1 << np.arange(bits - 1, -1, -1)).astype(np.int64)
+    out: np.ndarray = planes.astype(np.int64) @ weights
+    return out
 
 
 def topk_indices(x: np.ndarray, k: int) -> np.ndarray:
@@ -128,7 +145,8 @@ def encode(
         p = wire.COMPRESSED_PREFIX + key
         if cfg.kind == "quant":
             codes, lo, step = quantize(d, cfg.bits, rng)
-            out[p + "/q"] = codes
+            out[p + "/q"] = pack_codes(codes, cfg.bits)
+            out[p + "/bits"] = np.asarray(cfg.bits, dtype=np.uint8)
             out[p + "/lo"] = np.asarray(lo, dtype=np.float64)
             out[p + "/step"] = np.asarray(step, dtype=np.float64)
             qd = dequantize(codes, lo, step)
@@ -179,8 +197,14 @@ def decode(arrays: Arrays, reference: Mapping[str, np.ndarray], template: Mappin
         if ref_t is None:
             raise ValueError(f"compressed array {key!r} is not part of the model")
         dtype = np.asarray(ref_t).dtype
-        if {"q", "lo", "step"} <= set(got):
-            d = dequantize(got["q"], float(got["lo"]), float(got["step"]))
+        if {"q", "bits", "lo", "step"} <= set(got):
+            bits, shape = int(got["bits"]), np.asarray(ref_t).shape
+            count = int(np.prod(shape)) if shape else 1
+            if not 1 <= bits <= 16 or got["q"].size * 8 < count * bits:
+                raise ValueError(f"compressed array {key!r}: {got['q'].size} bytes cannot hold {count} "
+                                 f"codes of {bits} bits")
+            codes = unpack_codes(got["q"], bits, count).reshape(shape)
+            d = dequantize(codes, float(got["lo"]), float(got["step"]))
         elif {"idx", "val", "shape"} <= set(got):
             shape = tuple(int(s) for s in got["shape"])
             size = int(np.prod(shape)) if shape else 1
@@ -191,7 +215,7 @@ def decode(arrays: Arrays, reference: Mapping[str, np.ndarray], template: Mappin
             flat[idx] = got["val"].astype(np.float64)
             d = flat.reshape(shape)
         else:
-            raise ValueError(f"compressed array {key!r} has parts {sorted(got)}; expected q/lo/step "
+            raise ValueError(f"compressed array {key!r} has parts {sorted(got)}; expected q/bits/lo/step "
                              "(quant) or idx/val/shape (topk)")
         ref = reference.get(key)
         use_ref = ref is not None and np.asarray(ref).shape == d.shape and np.asarray(ref).dtype.kind == "f"

@@ -23,5 +23,6 @@ def test_tiny_run_writes_results_with_grid_baselines_and_compression(tmp_path, m
     comp = saved["compression"]
     assert comp["none"]["values"] == cell["values"]              # the reference cell, same runs
     assert 0.7 < comp["quant-8bit"]["bytes_saved_fraction"] < 0.76  # 1 byte instead of 4, plus scales
+    assert 0.85 < comp["quant-4bit"]["bytes_saved_fraction"] < 0.88  # half a byte per entry
     assert comp["topk-10%"]["bytes_saved_fraction"] > 0.7
     assert "| quant-4bit |" in (tmp_path / "apflgate.md").read_text()
