@@ -26,7 +26,8 @@ per-client memory tensor): with memory ``e`` (persistent client state, 0 initial
 
 Wire layout (one ArrayRecord, keys under :data:`graphfl.common.wire.COMPRESSED_PREFIX`):
 ``<P><key>/q`` the codes bit-packed, ``b`` bits each (uint8, ``⌈numel·b/8⌉`` bytes),
-``<P><key>/bits`` (uint8 scalar), ``<P><key>/lo`` and ``<P><key>/step`` (float64 scalars) for ``quant``; ``<P><key>/idx`` (int32 flat indices),
+``<P><key>/bits`` (uint8 scalar), ``<P><key>/lo`` and ``<P><key>/step`` (float64 scalars) for
+``quant``; ``<P><key>/idx`` (int32 flat indices),
 ``<P><key>/val`` (values in the array's dtype) and ``<P><key>/shape`` (int64) for ``topk``.
 """
 
