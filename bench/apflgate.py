@@ -76,7 +76,7 @@ class Form:
     batch_size: int = 32
 
 
-QUICK = Form(rounds=15, local_steps=10, seeds=3, lr_grid=(0.05, 0.2, 0.5), alphas=(0.1, 0.5, 0.9),
+QUICK = Form(rounds=15, local_steps=10, seeds=3, lr_grid=(0.2, 0.5, 1.0), alphas=(0.1, 0.5, 0.9),
              taus=PAPER_TAUS, nodes=8)
 FULL = Form(rounds=50, local_steps=20, seeds=3, lr_grid=(0.03, 0.1, 0.3, 1.0), alphas=PAPER_ALPHAS,
             taus=PAPER_TAUS, nodes=0)

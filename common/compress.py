@@ -199,6 +199,8 @@ def decode(arrays: Arrays, reference: Mapping[str, np.ndarray], template: Mappin
             raise ValueError(f"compressed array {key!r} is not part of the model")
         dtype = np.asarray(ref_t).dtype
         if {"q", "bits", "lo", "step"} <= set(got):
+            if got["q"].dtype != np.uint8:
+                raise ValueError(f"compressed array {key!r}: codes have dtype {got['q'].dtype}, expected uint8")
             bits, shape = int(got["bits"]), np.asarray(ref_t).shape
             count = int(np.prod(shape)) if shape else 1
             if not 1 <= bits <= 16 or got["q"].size * 8 < count * bits:
@@ -209,6 +211,8 @@ def decode(arrays: Arrays, reference: Mapping[str, np.ndarray], template: Mappin
         elif {"idx", "val", "shape"} <= set(got):
             shape = tuple(int(s) for s in got["shape"])
             size = int(np.prod(shape)) if shape else 1
+            if got["idx"].dtype.kind not in "iu":
+                raise ValueError(f"compressed array {key!r}: indices have dtype {got['idx'].dtype}")
             idx = got["idx"].astype(np.int64)
             if idx.size != got["val"].size or (idx.size and (idx.min() < 0 or idx.max() >= size)):
                 raise ValueError(f"compressed array {key!r}: indices do not fit shape {shape}")

@@ -156,6 +156,13 @@ def test_codec_codes_the_change_against_the_payload_and_passes_int_arrays_raw():
     assert dec["n"] == 4 and dec["extra"].dtype == np.float32
     with pytest.raises(ValueError, match="not part of the model"):
         decode(enc.wire_arrays, ref, {"n": up["n"]})
+    bad = dict(enc.wire_arrays)
+    bad["graphfl.z/w/q"] = bad["graphfl.z/w/q"] * np.nan                  # a corrupted upload is refused
+    with pytest.raises(ValueError, match="expected uint8"):
+        decode(bad, ref, up)
+    bad["graphfl.z/w/q"] = enc.wire_arrays["graphfl.z/w/q"][:1]
+    with pytest.raises(ValueError, match="cannot hold"):
+        decode(bad, ref, up)
 
 
 def test_compress_config_errors_name_the_key_and_choices():
