@@ -26,8 +26,9 @@ from graphfl.server.exchange import Reply
 logger = logging.getLogger(__name__)
 
 
-EVAL_KEYS = ("test_loss", "test_acc", "local_test_loss", "local_test_acc")
-"""Client evaluation metrics the curve records (mean and per client)."""
+EVAL_KEYS = ("test_loss", "test_acc", "test_auc", "test_mae", "local_test_loss", "local_test_acc")
+"""Client evaluation metrics the curve records (mean and per client); ``test_auc`` / ``test_mae`` for
+tasks that report them (graph classification, rating prediction; ALGORITHMS.md §1.4)."""
 
 
 @dataclass
