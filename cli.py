@@ -27,6 +27,7 @@ logger = logging.getLogger("graphfl.cli")
 
 BENCHMARKS = {
     "admm": "graphfl.bench.admm",
+    "apflgate": "graphfl.bench.apflgate",
     "fedrelax": "graphfl.bench.fedrelax",
     "multicenter": "graphfl.bench.multicenter",
     "dfl": "graphfl.bench.dfl",
@@ -300,8 +301,12 @@ def bench(
     quick: bool = typer.Option(False, help="Small version that finishes in minutes."),
     seed: int = typer.Option(0, help="Base random seed."),
     out: Path | None = typer.Option(None, "--out", help="Output folder (default ./runs/bench-NAME-<ts>)."),
+    task: str | None = typer.Option(None, "--task", help="Task, for benchmarks that take one (apflgate)."),
+    data_dir: str | None = typer.Option(None, "--data-dir", help="Data folder, for benchmarks that take one."),
 ) -> None:
     """Reproduce a paper experiment; writes <out>/<name>.json/.md/.png."""
+    import inspect
+
     from graphfl.deploy.run import default_out_dir
 
     if name not in BENCHMARKS:
@@ -310,9 +315,21 @@ def bench(
         module = importlib.import_module(BENCHMARKS[name])
     except ImportError as exc:
         fail(f"benchmark {name!r} is not available: {exc}")
+    extra: dict[str, str] = {}
+    accepted = inspect.signature(module.run).parameters
+    for option, value in (("task", task), ("data_dir", data_dir)):
+        if value is None:
+            continue
+        if option not in accepted:
+            fail(f"benchmark {name!r} takes no --{option.replace('_', '-')}")
+        extra[option] = value
+    if task is not None:
+        from graphfl.tasks import registry as task_registry
+
+        task_registry.get(task)  # ConfigError listing the valid tasks
     out_dir = (out or default_out_dir(f"runs/bench-{name}")).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
-    module.run(quick=quick, seed=seed, out=out_dir)
+    module.run(quick=quick, seed=seed, out=out_dir, **extra)
     console.print(f"results in {out_dir}")
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from graphfl.common import wire
+from graphfl.common.compress import Encoded, encode
 from graphfl.common.config import RunConfig
 from graphfl.common.core import EVALUATE_PHASE, FIT_PHASE, ClientContext, ClientTrainer
 from graphfl.common.types import Arrays, ClientState, Payload
@@ -88,15 +89,33 @@ def handle(
         if eval_first:
             metrics.update(_prefixed(runtime.trainer.evaluate(payload, state)))
         result = runtime.trainer.fit_phase(phase or FIT_PHASE, server_round, payload, state)
+        upload = compress_upload(runtime, server_round, payload, result.arrays, state)
+        runtime.trainer.after_upload(phase or FIT_PHASE, server_round, payload, upload.decoded, state)
         metrics.update({k: float(v) for k, v in result.metrics.items()})
         metrics[wire.NUM_EXAMPLES] = float(result.num_examples)
         metrics[wire.CLIENT_SECONDS] = time.perf_counter() - t0
-        return result.arrays, metrics
+        return upload.wire_arrays, metrics
     evaluation = (runtime.trainer.evaluate(payload, state) if kind == wire.JOIN
                   else runtime.trainer.evaluate_phase(phase or EVALUATE_PHASE, payload, state))
     metrics.update(_prefixed(evaluation))
     metrics[wire.CLIENT_SECONDS] = time.perf_counter() - t0
     return None, metrics
+
+
+def compress_upload(runtime: ClientRuntime, server_round: int, payload: Payload, arrays: Arrays,
+                    state: ClientState) -> Encoded:
+    """Encode a training upload with the run's ``[compress]`` settings (against the payload).
+
+    ``compress.kind = none`` returns ``arrays`` untouched. The quantiser's randomness is drawn
+    from (seed, partition id, round), so every engine sends the same bits.
+    """
+    from graphfl.tasks.partition import client_rng
+
+    cfg = runtime.ctx.config.compress
+    if cfg.kind == "none":
+        return Encoded(arrays, arrays)
+    rng = client_rng(runtime.ctx.config.seed, 7, runtime.ctx.partition_id, server_round)
+    return encode(arrays, payload.arrays, cfg, rng, state)
 
 
 def _prefixed(evaluation: dict[str, float]) -> dict[str, float]:

@@ -171,6 +171,23 @@ class DataConfig:
     max_samples: int = field(default=0, metadata={"min": 0})  # 0 = all; subsample big datasets
 
 
+COMPRESS_KINDS = ("none", "quant", "topk")
+
+
+@dataclass(frozen=True)
+class CompressConfig:
+    """Compression of client uploads, for every strategy (:mod:`graphfl.common.compress`).
+
+    ``kind``: ``none`` (default; uploads unchanged), ``quant`` (unbiased ``bits``-bit
+    stochastic quantisation) or ``topk`` (keep the fraction ``k`` of largest entries per array,
+    with per-client error memory).
+    """
+
+    kind: str = field(default="none", metadata={"choices": COMPRESS_KINDS})
+    bits: int = field(default=8, metadata={"min": 1, "max": 16})
+    k: float = field(default=0.1, metadata={"min": 1e-9, "max": 1.0})
+
+
 ENGINES = ("local-deployment", "simulation", "inprocess")
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -206,6 +223,7 @@ class RunConfig:
     graph_file: str = ""
     train: TrainConfig = field(default_factory=TrainConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    compress: CompressConfig = field(default_factory=CompressConfig)
     # Hyperparameters of the chosen strategy (a frozen dataclass from the registry).
     params: Any = None
 
@@ -224,7 +242,7 @@ class RunConfig:
         return out
 
 
-_SECTIONS = {"train": TrainConfig, "data": DataConfig}
+_SECTIONS = {"train": TrainConfig, "data": DataConfig, "compress": CompressConfig}
 
 
 def parse_run_config(flat: Mapping[str, Any], *, ignore_other_strategies: bool = True) -> RunConfig:
@@ -244,7 +262,7 @@ def parse_run_config(flat: Mapping[str, Any], *, ignore_other_strategies: bool =
 
     values = flatten(flat)
     top_fields = {
-        _field_key(f.name) for f in fields(RunConfig) if f.name not in ("train", "data", "params")
+        _field_key(f.name) for f in fields(RunConfig) if f.name not in ("train", "data", "compress", "params")
     }
     top: dict[str, Any] = {}
     sections: dict[str, dict[str, Any]] = {name: {} for name in _SECTIONS}
@@ -283,6 +301,7 @@ def parse_run_config(flat: Mapping[str, Any], *, ignore_other_strategies: bool =
         section="",
         train=build_dataclass(TrainConfig, sections["train"], "train"),
         data=build_dataclass(DataConfig, sections["data"], "data"),
+        compress=build_dataclass(CompressConfig, sections["compress"], "compress"),
         params=build_dataclass(spec.params, strategy_sections.get(strategy, {}), section=strategy),
     )
     registry.check_task(cfg.task)  # raises ConfigError listing valid task names

@@ -263,6 +263,14 @@ class ClientTrainer(ABC, Generic[P]):
         Returns at least ``test_loss`` and ``num_test``; classification tasks add ``test_acc``.
         """
 
+    def after_upload(self, phase: str, server_round: int, payload: Payload, uploaded: Arrays,
+                     state: ClientState) -> None:
+        """Called after a train-kind phase with the arrays the server will decode (``Q`` of the
+        upload when ``[compress]`` is on, else the upload itself); may update ``state``.
+
+        The default does nothing; FedGATE keeps ``Q(Δ_i)`` for its δ update (ALGORITHMS.md §9.2).
+        """
+
     def fit_phase(self, phase: str, server_round: int, payload: Payload, state: ClientState) -> FitResult:
         """Serve a train-kind request of phase ``phase``: ``fit`` for :data:`FIT_PHASE`.
 

@@ -66,15 +66,21 @@ class ClientSpec(Generic[P]):
 
 # name -> module that registers its server half / its client half. Keep sorted.
 _SERVER_MODULES: dict[str, str] = {
+    "apfl": "graphfl.strategies.apfl",
+    "apflgate": "graphfl.strategies.apflgate",
     "bigfl": "graphfl.strategies.bigfl",
     "fedavg": "graphfl.strategies.fedavg",
+    "fedgate": "graphfl.strategies.fedgate",
     "fedprox": "graphfl.strategies.fedavg",
     "fesem": "graphfl.strategies.fesem",
     "local": "graphfl.strategies.local",
 }
 _CLIENT_MODULES: dict[str, str] = {
+    "apfl": "graphfl.client.gate_trainer",
+    "apflgate": "graphfl.client.gate_trainer",
     "bigfl": "graphfl.client.bigfl_trainer",
     "fedavg": "graphfl.client.trainers",
+    "fedgate": "graphfl.client.gate_trainer",
     "fedprox": "graphfl.client.trainers",
     "fesem": "graphfl.client.fesem_trainer",
     "local": "graphfl.client.trainers",

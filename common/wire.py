@@ -15,6 +15,8 @@ METRICS = "metrics"
 """MetricRecord of a reply."""
 STATE = "graphfl-state"
 """ArrayRecord in the ClientApp's ``context.state`` holding the client's persistent state."""
+COMPRESSED_PREFIX = "graphfl.z/"
+"""Upload array keys under this prefix are compressed parts (:mod:`graphfl.common.compress`)."""
 
 # Control keys inside the config record (prefixed so payload scalars cannot collide)
 CONTROL_PREFIX = "graphfl."

@@ -26,8 +26,9 @@ from graphfl.server.exchange import Reply
 logger = logging.getLogger(__name__)
 
 
-EVAL_KEYS = ("test_loss", "test_acc", "local_test_loss", "local_test_acc")
-"""Client evaluation metrics the curve records (mean and per client)."""
+EVAL_KEYS = ("test_loss", "test_acc", "test_auc", "test_mae", "local_test_loss", "local_test_acc")
+"""Client evaluation metrics the curve records (mean and per client); ``test_auc`` / ``test_mae`` for
+tasks that report them (graph classification, rating prediction; ALGORITHMS.md §1.4)."""
 
 
 @dataclass
@@ -47,7 +48,11 @@ class PhaseOutcome:
     seconds, server_seconds
         Wall time of the whole phase (configure, exchange, aggregate) and of ``aggregate``.
     bytes_down, bytes_up
-        Payload bytes sent and reply bytes received (arrays only).
+        Payload bytes sent and reply bytes received (arrays only; compressed uploads count
+        as they travel).
+    compressed, bytes_up_decoded
+        Whether some upload of the phase was compressed (``[compress]``), and the bytes of
+        the valid compressed uploads once decoded (what they would have cost raw).
     """
 
     name: str
@@ -59,6 +64,8 @@ class PhaseOutcome:
     server_seconds: float = 0.0
     bytes_down: int = 0
     bytes_up: int = 0
+    compressed: bool = False
+    bytes_up_decoded: int = 0
 
     def ok(self) -> dict[int, Reply]:
         """Replies that arrived and passed validation."""
@@ -142,6 +149,8 @@ class RunRecorder:
         row["seconds"] = seconds
         row["bytes_up"] = sum(ph.bytes_up for ph in phases)
         row["bytes_down"] = sum(ph.bytes_down for ph in phases)
+        if any(ph.compressed for ph in phases):
+            row["bytes_up_decoded"] = sum(ph.bytes_up_decoded for ph in phases)
         failed: dict[str, str] = {}
         for ph in phases:
             for pid, why in ph.failures().items():

@@ -35,6 +35,7 @@ import numpy as np
 
 from graphfl.common import wire
 from graphfl.common.arrays import validate_update
+from graphfl.common.compress import decode, is_encoded
 from graphfl.common.config import RunConfig
 from graphfl.common.core import EVALUATE_PHASE, Phase, ServerContext, ServerCore
 from graphfl.common.registry import AlgorithmSpec
@@ -127,6 +128,15 @@ def run_phase(
         if rep.error is not None:
             logger.warning("round %d, phase %s: client %d failed: %s", server_round, phase.name, pid, rep.error)
             continue
+        if phase.kind == wire.TRAIN and is_encoded(rep.arrays):
+            out.compressed = True
+            decoded, why = _decoded(phase, pid, rep, payloads[pid])
+            if decoded is None:
+                logger.warning("round %d, phase %s: reply of client %d rejected: %s", server_round, phase.name, pid, why)
+                out.rejected[pid] = why
+                continue
+            rep = decoded
+            out.bytes_up_decoded += sum(a.nbytes for a in (rep.arrays or {}).values())
         update, why = _update(phase, pid, rep)
         if update is None:
             logger.warning("round %d, phase %s: reply of client %d rejected: %s", server_round, phase.name, pid, why)
@@ -141,6 +151,16 @@ def run_phase(
                        if rep.arrays is not None)
     out.seconds = time.perf_counter() - t0
     return out
+
+
+def _decoded(phase: Phase, pid: int, rep: Reply, payload: Payload) -> tuple[Reply | None, str]:
+    """The reply with its compressed upload decoded against ``payload`` (what the client received)."""
+    assert phase.template is not None and rep.arrays is not None
+    try:
+        arrays = decode(rep.arrays, payload.arrays, phase.template(pid))
+    except (ValueError, TypeError) as exc:
+        return None, f"undecodable compressed upload: {exc}"
+    return Reply(pid, arrays, rep.metrics, rep.error), ""
 
 
 def _update(phase: Phase, pid: int, rep: Reply) -> tuple[ClientUpdate | None, str]:

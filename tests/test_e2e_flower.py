@@ -263,16 +263,22 @@ class TestOneTlsFederation:
             assert server["tags_ok"] is True and server["sums_ok"] is True
             assert server["counts"] == {"0": r, "1": r, "2": r}           # context.state persisted
 
-    @pytest.mark.parametrize("strategy", ["fesem", "bigfl"])
+    @pytest.mark.parametrize("strategy", ["fesem", "bigfl", "apflgate"])
     def test_graph_aware_strategy_in_a_real_deployment_matches_inprocess(self, tls_federation, tmp_path, strategy):
-        """Issue 3: both graph-aware strategies run on real SuperNodes (one federation, two runs)."""
+        """Issues 3 and 12: graph-aware strategies run on real SuperNodes (one federation, one run each);
+        apflgate keeps v_i, α_i, δ_i in context.state across the 2 rounds, with 4-bit quantised uploads
+        (seeded codec, decoded by the server, Q(Δ_i) kept by the client)."""
         values = {"task": "synthetic-multicenter", "nodes": SHARED_NODES, "rounds": 2, "train.local-steps": 5,
                   "train.lr": 0.1, "connect-timeout": 90, "round-timeout": 120, "engine": "local-deployment",
                   "strategy": strategy, "out-dir": str(tmp_path / strategy)}
+        if strategy == "apflgate":
+            values.update({"compress.kind": "quant", "compress.bits": 4})
         out = submit(tls_federation, values)
         rows = curve(out, strategy)
         assert [r["round"] for r in rows] == [0, 1, 2]
         assert rows[2]["clients_ok"] == SHARED_NODES and "failed" not in rows[2]
+        if strategy == "apflgate":
+            assert rows[2]["bytes_up"] < 0.2 * rows[2]["bytes_up_decoded"]
         assert_matches_inprocess(out, values, strategy)
 
 

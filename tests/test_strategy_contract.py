@@ -222,7 +222,32 @@ def _check_bigfl(run: ContractRun) -> None:
     assert all(M_KEY in p.arrays for p in sent3.values())
 
 
+def _check_gate(run: ContractRun) -> None:
+    """apfl / fedgate / apflgate: u_i = w − w_i, ū = uniform mean over accepted, w ← w − γ ū."""
+    from graphfl.strategies.fedgate import ACCEPTED_KEY, ROUND_KEY, U_PREFIX
+
+    ups = _accepted_uploads(run, 2)
+    assert sorted(ups) == list(ACCEPTED_IN_ROUND_2)
+    w2 = {k: v for k, v in run.trace.sent(2, "fit")[0].arrays.items() if not k.startswith(U_PREFIX)}
+    gamma = run.core.params.gamma
+    tracking = run.name != "apfl"
+    for key, w in w2.items():
+        u = [w.astype(np.float64) - ups[p].arrays[key].astype(np.float64) for p in ACCEPTED_IN_ROUND_2]
+        u_bar = (u[0] + u[1] + u[2]) / 3.0
+        expect = (w.astype(np.float64) - gamma * u_bar).astype(w.dtype)
+        for pid, payload in run.trace.sent(3, "fit").items():
+            np.testing.assert_array_equal(payload.arrays[key], expect, err_msg=f"client {pid} {key}")
+            if tracking and key in run.inputs.param_keys:
+                np.testing.assert_allclose(payload.arrays[U_PREFIX + key], u_bar.astype(w.dtype), rtol=0, atol=0)
+    for pid, payload in run.trace.sent(3, "fit").items():
+        if tracking:
+            assert payload.config == {ROUND_KEY: 2, ACCEPTED_KEY: pid in ACCEPTED_IN_ROUND_2}
+        else:
+            assert set(payload.arrays) == set(w2) and not payload.config
+
+
 EXPECTED: dict[str, Callable[[ContractRun], None]] = {
+    "apfl": _check_gate, "fedgate": _check_gate, "apflgate": _check_gate,
     "fedavg": _check_fedavg, "fedprox": _check_fedavg, "local": _check_local,
     "fesem": _check_fesem, "bigfl": _check_bigfl,
 }

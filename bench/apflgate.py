@@ -1,0 +1,392 @@
+"""Benchmark B8 (ALGORITHMS.md §9.3, §11; seed 004 Tables 1–2): APFLGate's α × τ grid beside APFL and FedGATE.
+
+Task-agnostic: ``graphfl bench apflgate --task T`` runs on any registered task (the paper's are
+``bbbp``, ROC-AUC, and ``ciao``, MAE). The metric is the first of ``test_auc``, ``test_mae``,
+``test_acc``, ``test_loss`` that the task's evaluation reports (higher is better for AUC and
+accuracy, lower for MAE and loss).
+
+Protocol (fair comparison, issue 10 rules):
+
+* one optimiser for every method: plain SGD (momentum 0), ``local-steps`` per round, batch 32,
+  a constant step per *method*, chosen on the validation split (:mod:`graphfl.tasks.holdout`,
+  20 % of each client's training data, first seed) at the method's reference setting —
+  APFL α = 0.5, FedGATE τ = 10, APFLGate (α = 0.5, τ = 10) — and then used for every cell of
+  that method's grid (tuning each of the 20 cells separately would multiply the cost by 20);
+* the grid: APFL over α, FedGATE over τ, APFLGate over α × τ (poster: α ∈ {0.1, 0.25, 0.5,
+  0.75, 0.9}, τ ∈ {0.1, 1, 10, 100}); FedAvg (tuned the same way) as the reference;
+* every cell: ≥ 3 seeds (data split, initialisation, minibatches), mean ± sd of the final test
+  metric (the model after the last round: APFL/APFLGate evaluate the personalised mixture
+  ``α h(v_i) + (1 − α) h(w)``, FedGATE/FedAvg the global model), averaged over clients;
+* compression row: APFLGate at its reference cell with uploads compressed
+  (``compress.kind = quant`` 8 and 4 bits, ``topk`` 10 % with error memory), same step and
+  seeds; reported: upload bytes over the run and the metric's change against uncompressed.
+
+``run(quick, seed, out, task=..., data_dir=...)`` writes ``<out>/apflgate.{json,md,png}``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from graphfl.tasks.holdout import VALIDATION_FRACTION, validation_task
+
+from .runcache import RunCache
+
+logger = logging.getLogger(__name__)
+
+NAME = "apflgate"
+METRICS = (("test_auc", True), ("test_mae", False), ("test_acc", True), ("test_loss", False))
+"""(metric, higher is better), in order of preference."""
+PAPER_ALPHAS = (0.1, 0.25, 0.5, 0.75, 0.9)
+PAPER_TAUS = (0.1, 1.0, 10.0, 100.0)
+REFERENCE = {"apfl": {"apfl.alpha": 0.5}, "fedgate": {"fedgate.tau": 10.0},
+             "apflgate": {"apflgate.alpha": 0.5, "apflgate.tau": 10.0}, "fedavg": {}}
+COMPRESSIONS: dict[str, dict[str, Any]] = {
+    "quant-8bit": {"compress.kind": "quant", "compress.bits": 8},
+    "quant-4bit": {"compress.kind": "quant", "compress.bits": 4},
+    "topk-10%": {"compress.kind": "topk", "compress.k": 0.1},
+}
+PAPER: dict[str, dict[str, Any]] = {
+    "bbbp": {"metric": "ROC-AUC (higher is better)", "apfl": {"alpha=0.1": 0.7492}, "fedgate": {"tau=100": 0.7703},
+             "apflgate": {"0.1,0.1": 0.8342, "0.1,100": 0.8347, "0.1,1": 0.8349, "0.9,10": 0.8429,
+                          "0.75,10": 0.844, "0.5,10": 0.8458, "0.25,10": 0.8472, "0.1,10": 0.848}},
+    "ciao": {"metric": "MAE (lower is better)", "apfl": {"alpha=0.25": 0.8054}, "fedgate": {"tau=10": 0.8055},
+             "apflgate": {"0.1,10": 0.7921, "0.25,10": 0.7895, "0.5,10": 0.7891, "0.75,10": 0.7891,
+                          "0.9,10": 0.7891}},
+}
+
+
+@dataclass(frozen=True)
+class Form:
+    """What ``--quick`` and the full form run."""
+
+    rounds: int
+    local_steps: int
+    seeds: int
+    lr_grid: tuple[float, ...]
+    alphas: tuple[float, ...]
+    taus: tuple[float, ...]
+    nodes: int  # 0 = the task's default number of clients
+    batch_size: int = 32
+
+
+QUICK = Form(rounds=15, local_steps=10, seeds=3, lr_grid=(0.2, 0.5, 1.0), alphas=(0.1, 0.5, 0.9),
+             taus=PAPER_TAUS, nodes=8)
+FULL = Form(rounds=50, local_steps=20, seeds=3, lr_grid=(0.03, 0.1, 0.3, 1.0), alphas=PAPER_ALPHAS,
+            taus=PAPER_TAUS, nodes=0)
+
+
+def unspecified(form: Form, task: str, nodes: int) -> list[str]:
+    """Every choice the poster does not give (ALGORITHMS.md §9.3 'Not stated')."""
+    return [
+        f"task {task!r}, {nodes} clients, the task's own model, split (Dirichlet α_dir from [data]) and loss",
+        f"rounds {form.rounds}, {form.local_steps} local SGD steps per round, batch {form.batch_size}, momentum 0, "
+        "weight decay 0, full participation, server step γ = 1",
+        f"step grid {list(form.lr_grid)}, chosen per method on validation ({VALIDATION_FRACTION:.0%} of each "
+        "client's training data, first seed) at the reference setting "
+        + ", ".join(f"{m}: {v or 'defaults'}" for m, v in REFERENCE.items()) + "; the same step for every cell",
+        "APFL and APFLGate: output mixing, fixed α (adaptive α off, as in the poster's tables); the personal "
+        "model v_i starts from the initial global model and shares the minibatch and step with w_i",
+        "FedGATE τ and APFLGate τ: the free variance-reduction parameter of the δ update δ += (u_i − ū)/(η τ)",
+        f"grid α {list(form.alphas)} × τ {list(form.taus)}; {form.seeds} seeds (mean ± sd); final-round metric",
+        "compression: APFLGate at its reference cell; quant = unbiased stochastic b-bit per array of the "
+        "update, topk = 10 % largest entries per array with per-client error memory",
+    ]
+
+
+_cache = RunCache(None)  # run() points it at <out>/cache
+
+
+def pick_metric(row: dict[str, Any]) -> tuple[str, bool]:
+    """The first of :data:`METRICS` that ``row`` (a curve row) carries."""
+    for name, higher in METRICS:
+        if row.get(name) is not None:
+            return name, higher
+    raise RuntimeError(f"the run's evaluation has none of {[m for m, _ in METRICS]}")
+
+
+def run_one(strategy: str, task: str, nodes: int, form: Form, seed: int, lr: float, extra: dict[str, Any],
+            data_dir: str) -> dict[str, Any]:
+    """One in-process run (through the run cache): final metric row, total upload bytes, curve."""
+    overrides = {"train.local-steps": form.local_steps, "train.batch-size": form.batch_size, "train.momentum": 0.0,
+                 "train.lr": lr, **extra}
+    key = {"bench": NAME, "strategy": strategy, "task": task, "nodes": nodes, "rounds": form.rounds, "seed": seed,
+           "overrides": overrides, "data_dir": data_dir}
+
+    def compute() -> dict[str, Any]:
+        from graphfl.common.config import parse_run_config
+        from graphfl.server.inprocess import run_federated_inprocess
+
+        cfg = parse_run_config({"strategy": strategy, "task": task, "nodes": nodes, "rounds": form.rounds,
+                                "seed": seed, "engine": "inprocess", "data-dir": data_dir, "min-replies": 0,
+                                **overrides})
+        t0 = time.perf_counter()
+        doc, _ = run_federated_inprocess(cfg)
+        curve = doc["methods"][strategy]["curve"]
+        keep = ("round", "test_loss", "test_acc", "test_auc", "test_mae", "bytes_up", "bytes_up_decoded")
+        return {"curve": [{k: row[k] for k in keep if k in row} for row in curve],
+                "bytes_up": int(sum(row.get("bytes_up", 0) or 0 for row in curve)),
+                "wall_seconds": time.perf_counter() - t0}
+
+    return _cache(key, compute)
+
+
+def final_value(run: dict[str, Any], metric: str) -> float | None:
+    v = run["curve"][-1].get(metric)
+    return None if v is None or not np.isfinite(v) else float(v)
+
+
+def _stats(values: list[float | None]) -> dict[str, Any]:
+    vals = [v for v in values if v is not None]
+    return {"mean": float(np.mean(vals)) if vals else None,
+            "sd": float(np.std(vals, ddof=1)) if len(vals) > 1 else None,
+            "values": values, "failed": len(values) - len(vals)}
+
+
+def tune(strategy: str, task: str, nodes: int, form: Form, seed: int, data_dir: str) -> dict[str, Any]:
+    """The step of ``strategy`` at its reference setting, by the validation metric."""
+    val = validation_task(task)
+    scores: dict[str, float | None] = {}
+    metric, higher = "", True
+    for lr in form.lr_grid:
+        try:
+            r = run_one(strategy, val, nodes, form, seed, lr, REFERENCE[strategy], data_dir)
+        except (RuntimeError, ValueError, ArithmeticError) as exc:  # a diverging step must not stop the bench
+            logger.warning("tuning %s lr=%g failed: %s", strategy, lr, exc)
+            scores[f"{lr:g}"] = None
+            continue
+        metric, higher = pick_metric(r["curve"][-1])
+        scores[f"{lr:g}"] = final_value(r, metric)
+    ok = {float(k): v for k, v in scores.items() if v is not None}
+    if not ok:
+        raise RuntimeError(f"{strategy}: every step in {form.lr_grid} failed on {val}")
+    sign = -1.0 if higher else 1.0
+    chosen = min(ok, key=lambda lr: (sign * ok[lr], lr))
+    return {"grid": scores, "metric": metric, "lr": chosen,
+            "at_grid_edge": chosen in (min(form.lr_grid), max(form.lr_grid))}
+
+
+def cell(strategy: str, task: str, nodes: int, form: Form, seeds: list[int], lr: float, extra: dict[str, Any],
+         metric: str, data_dir: str) -> dict[str, Any]:
+    """Mean ± sd over ``seeds`` of the final test metric (and upload bytes) of one setting."""
+    values: list[float | None] = []
+    bytes_up: list[int] = []
+    curves: list[list[float | None]] = []
+    for s in seeds:
+        try:
+            r = run_one(strategy, task, nodes, form, s, lr, extra, data_dir)
+        except (RuntimeError, ValueError, ArithmeticError) as exc:
+            logger.warning("%s %s seed %d failed: %s", strategy, extra, s, exc)
+            values.append(None)
+            continue
+        values.append(final_value(r, metric))
+        bytes_up.append(r["bytes_up"])
+        curves.append([row.get(metric) for row in r["curve"]])
+    out = _stats(values)
+    out["settings"] = {**extra, "train.lr": lr}
+    out["bytes_up"] = float(np.mean(bytes_up)) if bytes_up else None
+    if curves:
+        arr = np.array([[np.nan if v is None else v for v in c] for c in curves], dtype=float)
+        out["curve_mean"] = [None if np.isnan(v) else float(v) for v in np.nanmean(arr, axis=0)]
+    return out
+
+
+def run(quick: bool = False, seed: int = 0, out: Path | str = Path("runs/bench"), task: str = "digits",
+        data_dir: str = "") -> dict[str, Any]:
+    """Run B8 on ``task`` and write ``<out>/apflgate.{json,md,png}``.
+
+    Parameters
+    ----------
+    quick
+        15 rounds of 10 local steps, 8 clients, 3 seeds, a 3-point step grid, α ∈ {0.1, 0.5, 0.9}
+        × the poster's 4 τ values. The full form: 50 rounds of 20 steps, the task's default
+        number of clients, 3 seeds, a 4-point step grid, the poster's 5 × 4 grid.
+    seed
+        First seed (also the tuning seed); seeds are ``seed, seed+1, ...``.
+    out
+        Output folder (a ``cache`` folder inside lets an interrupted run continue).
+    task, data_dir
+        Any registered task (``bbbp`` and ``ciao`` are the paper's) and its data folder.
+    """
+    import graphfl.strategies.apfl
+    import graphfl.strategies.apflgate
+    import graphfl.strategies.fedgate  # noqa: F401
+    from graphfl.common.envinfo import env_info
+    from graphfl.common.results import atomic_write_text, write_json
+    from graphfl.tasks import registry as task_registry
+
+    global _cache
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    _cache = RunCache(out / "cache")
+    t_start = time.perf_counter()
+    form = QUICK if quick else FULL
+    nodes = form.nodes or task_registry.get(task).spec.default_nodes
+    seeds = [seed + i for i in range(form.seeds)]
+
+    tuning = {m: tune(m, task, nodes, form, seed, data_dir) for m in ("fedavg", "apfl", "fedgate", "apflgate")}
+    metric = tuning["apflgate"]["metric"]
+    higher = dict(METRICS)[metric]
+    lr = {m: t["lr"] for m, t in tuning.items()}
+    logger.info("tuned steps: %s (validation %s)", lr, metric)
+
+    fedavg = cell("fedavg", task, nodes, form, seeds, lr["fedavg"], {}, metric, data_dir)
+    apfl = {f"{a:g}": cell("apfl", task, nodes, form, seeds, lr["apfl"], {"apfl.alpha": a}, metric, data_dir)
+            for a in form.alphas}
+    fedgate = {f"{t:g}": cell("fedgate", task, nodes, form, seeds, lr["fedgate"], {"fedgate.tau": t}, metric, data_dir)
+               for t in form.taus}
+    grid = {f"{a:g},{t:g}": cell("apflgate", task, nodes, form, seeds, lr["apflgate"],
+                                 {"apflgate.alpha": a, "apflgate.tau": t}, metric, data_dir)
+            for a in form.alphas for t in form.taus}
+    ref = REFERENCE["apflgate"]
+    raw = cell("apflgate", task, nodes, form, seeds, lr["apflgate"], ref, metric, data_dir)
+    compression: dict[str, Any] = {"none": raw}
+    for name, keys in COMPRESSIONS.items():
+        c = cell("apflgate", task, nodes, form, seeds, lr["apflgate"], {**ref, **keys}, metric, data_dir)
+        if c["bytes_up"] and raw["bytes_up"]:
+            c["bytes_saved_fraction"] = 1.0 - c["bytes_up"] / raw["bytes_up"]
+        pairs = [(x, y) for x, y in zip(c["values"], raw["values"]) if x is not None and y is not None]
+        if pairs:
+            d = [x - y for x, y in pairs]
+            c["metric_change"] = {"mean": float(np.mean(d)), "sd": float(np.std(d, ddof=1)) if len(d) > 1 else None}
+        compression[name] = c
+
+    doc: dict[str, Any] = {
+        "name": NAME, "task": task, "nodes": nodes, "metric": metric, "higher_is_better": higher,
+        "form": {"quick": quick, **asdict(form), "seeds_used": seeds}, "unspecified_settings": unspecified(form, task, nodes),
+        "paper": PAPER.get(task), "tuning": tuning,
+        "methods": {"fedavg": fedavg, "apfl": apfl, "fedgate": fedgate, "apflgate": grid},
+        "compression": compression, "env": env_info(), "wall_seconds": time.perf_counter() - t_start,
+    }
+    doc["best"] = best_cells(doc)
+    write_json(out / f"{NAME}.json", doc)
+    atomic_write_text(out / f"{NAME}.md", render_markdown(doc))
+    try:
+        plot(doc, out / f"{NAME}.png")
+    except Exception:  # the JSON/MD are already written
+        logger.exception("could not draw %s.png", NAME)
+    return doc
+
+
+def best_cells(doc: dict[str, Any]) -> dict[str, Any]:
+    """Each method's best cell by mean *test* metric (descriptive only; nothing is tuned on it)."""
+    sign = -1.0 if doc["higher_is_better"] else 1.0
+    out: dict[str, Any] = {}
+    for m in ("apfl", "fedgate", "apflgate"):
+        cells = {k: v for k, v in doc["methods"][m].items() if v["mean"] is not None}
+        if cells:
+            k = min(cells, key=lambda c: sign * cells[c]["mean"])
+            out[m] = {"cell": k, "mean": cells[k]["mean"], "sd": cells[k]["sd"]}
+    return out
+
+
+def _pm(c: dict[str, Any] | None) -> str:
+    if not c or c.get("mean") is None:
+        return "failed"
+    sd = c.get("sd")
+    return f"{c['mean']:.4f} ± {sd:.4f}" if sd is not None else f"{c['mean']:.4f}"
+
+
+def render_markdown(doc: dict[str, Any]) -> str:
+    """Tables: APFLGate α × τ, APFL per α, FedGATE per τ, FedAvg, compression; tuning; settings."""
+    m, form = doc["metric"], doc["form"]
+    better = "higher" if doc["higher_is_better"] else "lower"
+    lines = [f"# B8: APFLGate vs APFL and FedGATE on `{doc['task']}` ({doc['nodes']} clients)", "",
+             f"Metric: final-round `{m}` ({better} is better), mean ± sd over seeds {form['seeds_used']}; "
+             f"{form['rounds']} rounds × {form['local_steps']} local steps"
+             + (" (quick form)." if form["quick"] else "."), ""]
+    alphas = [f"{a:g}" for a in form["alphas"]]
+    taus = [f"{t:g}" for t in form["taus"]]
+    lines += ["## APFLGate (rows α, columns τ)", "", "| α \\ τ | " + " | ".join(taus) + " |",
+              "|---|" + "---|" * len(taus)]
+    for a in alphas:
+        lines.append(f"| {a} | " + " | ".join(_pm(doc["methods"]["apflgate"].get(f"{a},{t}")) for t in taus) + " |")
+    lines += ["", "## Baselines", "", "| method | setting | " + m + " |", "|---|---|---|",
+              f"| FedAvg | — | {_pm(doc['methods']['fedavg'])} |"]
+    lines += [f"| APFL | α = {a} | {_pm(doc['methods']['apfl'].get(a))} |" for a in alphas]
+    lines += [f"| FedGATE | τ = {t} | {_pm(doc['methods']['fedgate'].get(t))} |" for t in taus]
+    lines += ["", "Best cell of each method by mean test metric (descriptive): "
+              + "; ".join(f"{k} {v['cell']}: {v['mean']:.4f}" for k, v in doc["best"].items()), ""]
+    lines += ["## Compression of uploads (APFLGate, α = 0.5, τ = 10)", "",
+              f"| upload codec | {m} | change vs none (paired) | upload bytes per run | bytes saved |",
+              "|---|---|---|---|---|"]
+    for name, c in doc["compression"].items():
+        ch = c.get("metric_change")
+        chs = "—" if not ch else (f"{ch['mean']:+.4f}" + (f" ± {ch['sd']:.4f}" if ch.get("sd") is not None else ""))
+        saved = c.get("bytes_saved_fraction")
+        lines.append(f"| {name} | {_pm(c)} | {chs} | {c['bytes_up']:.0f} | "
+                     f"{'—' if saved is None else f'{saved:.1%}'} |" if c.get("bytes_up") else f"| {name} | failed | | | |")
+    lines += ["", "## Step sizes (tuned on validation)", "", "| method | grid (validation " + m + ") | chosen |",
+              "|---|---|---|"]
+    for meth, t in doc["tuning"].items():
+        grid = ", ".join(f"{k}: {'fail' if v is None else f'{v:.4f}'}" for k, v in t["grid"].items())
+        lines.append(f"| {meth} | {grid} | {t['lr']:g}{' (grid edge)' if t['at_grid_edge'] else ''} |")
+    paper = doc.get("paper")
+    lines += ["", "## Paper (seed 004)", ""]
+    if paper:
+        lines += [f"Metric: {paper['metric']}. APFL {paper['apfl']}, FedGATE {paper['fedgate']}; APFLGate (α,τ): "
+                  + ", ".join(f"({k}) {v}" for k, v in paper["apflgate"].items()), ""]
+    else:
+        lines += [f"The poster reports BBBP and ciao only; `{doc['task']}` has no paper numbers.", ""]
+    lines += ["## Settings the paper does not give", ""] + [f"- {s}" for s in doc["unspecified_settings"]]
+    lines += ["", f"Wall time {doc['wall_seconds']:.0f} s.", ""]
+    return "\n".join(lines)
+
+
+def plot(doc: dict[str, Any], path: Path) -> None:
+    """Heat map of the APFLGate grid, and the per-round metric of each method's reference setting."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    form, m = doc["form"], doc["metric"]
+    alphas, taus = [f"{a:g}" for a in form["alphas"]], [f"{t:g}" for t in form["taus"]]
+    grid = np.array([[doc["methods"]["apflgate"][f"{a},{t}"]["mean"] or np.nan for t in taus] for a in alphas], float)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    ax = axes[0]
+    im = ax.imshow(grid, cmap="viridis" if doc["higher_is_better"] else "viridis_r", aspect="auto")
+    ax.set_xticks(range(len(taus)), taus)
+    ax.set_yticks(range(len(alphas)), alphas)
+    ax.set_xlabel("τ")
+    ax.set_ylabel("α")
+    ax.set_title(f"APFLGate: final {m} (mean over seeds)")
+    for i in range(len(alphas)):
+        for j in range(len(taus)):
+            if np.isfinite(grid[i, j]):
+                ax.text(j, i, f"{grid[i, j]:.3f}", ha="center", va="center", color="w", fontsize=8)
+    fig.colorbar(im, ax=ax)
+    ax = axes[1]
+    series = {"FedAvg": doc["methods"]["fedavg"], "APFL α=0.5": doc["methods"]["apfl"].get("0.5"),
+              "FedGATE τ=10": doc["methods"]["fedgate"].get("10"), "APFLGate (0.5, 10)": doc["methods"]["apflgate"].get("0.5,10")}
+    for name, c in series.items():
+        if c and c.get("curve_mean"):
+            ys = [np.nan if v is None else v for v in c["curve_mean"]]
+            ax.plot(range(len(ys)), ys, label=name)
+    ax.set_xlabel("round")
+    ax.set_ylabel(m)
+    ax.set_title(f"{doc['task']}: mean {m} over seeds per round")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    import argparse
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    ap = argparse.ArgumentParser(description=(__doc__ or NAME).splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--task", default="digits")
+    ap.add_argument("--data-dir", default="")
+    ap.add_argument("--out", type=Path, default=Path("runs/bench"))
+    args = ap.parse_args()
+    run(args.quick, args.seed, args.out, task=args.task, data_dir=args.data_dir)

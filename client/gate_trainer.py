@@ -1,0 +1,246 @@
+"""Client halves of APFL, FedGATE and APFLGate (ALGORITHMS.md §9; seed 004).
+
+One local loop, three switches (``personal``: APFL's personal model, ``tracking``: FedGATE's
+correction). Per round, with ``w`` the received global model, ``R = train.local-steps``::
+
+    (tracking) on receipt: δ_i ← δ_i + (u_i − ū)/(η τ) if this client's last upload is in ū
+    w_i ← w
+    repeat R times, minibatch (x, y):
+        w_i ← w_i − η (∇ℓ(h(w_i; x), y) − δ_i)                       (δ_i = 0 without tracking)
+        (personal) ŷ = α_i h(v_i; x) + (1 − α_i) h(w_i; x)           (h(w_i; x) detached)
+                   v_i ← v_i − η ∇_{v_i} ℓ(ŷ, y)
+                   (adaptive α) α_i ← clip_[0,1](α_i − η_α ∂ℓ(ŷ)/∂α)
+    upload w_i;  keep u_i = w − Q(w_i) (what the server decodes) for the next δ update
+
+Persistent client state (``context.state`` in Flower, keyed by the SuperNode's partition):
+``model.*`` = ``v_i``, ``apfl.alpha`` = ``α_i``, ``gate.delta/*`` = ``δ_i``, ``gate.up/*`` =
+``u_i`` with ``gate.up-round`` / ``gate.up-steps``. Evaluation: ``test_loss``/``test_acc`` of
+the mixture ``α_i h(v_i) + (1 − α_i) h(w)`` (personal) or of ``w`` (FedGATE); personal
+clients report the global model's numbers beside it as ``global_test_*`` and ``α_i``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from graphfl.client.trainers import state_model, store_model
+from graphfl.client.training import _batches, evaluate_model, get_arrays, set_arrays, sgd_update
+from graphfl.common.core import ClientContext, ClientTrainer
+from graphfl.common.registry import ClientSpec, register_client
+from graphfl.common.types import Arrays, ClientData, ClientState, FitResult, Payload
+from graphfl.strategies.apfl import APFLParams
+from graphfl.strategies.apfl_math import alpha_step, client_update, delta_update
+from graphfl.strategies.apflgate import APFLGateParams
+from graphfl.strategies.fedgate import ACCEPTED_KEY, ROUND_KEY, U_PREFIX, FedGATEParams
+from graphfl.tasks.partition import client_rng
+
+ALPHA_KEY = "apfl.alpha"
+DELTA_PREFIX = "gate.delta/"
+UP_PREFIX = "gate.up/"
+UP_ROUND_KEY = "gate.up-round"
+UP_STEPS_KEY = "gate.up-steps"
+
+
+class OutputMixture(nn.Module):
+    """``x ↦ α v(x) + (1 − α) w(x)`` (APFL's personalised output, §9.1)."""
+
+    def __init__(self, v: nn.Module, w: nn.Module, alpha: float) -> None:
+        super().__init__()
+        self.v, self.w, self.alpha = v, w, float(alpha)
+
+    def forward(self, x: Any) -> torch.Tensor:
+        out: torch.Tensor = self.alpha * self.v(x) + (1.0 - self.alpha) * self.w(x)
+        return out
+
+
+def minibatches(data: ClientData, steps: int, batch_size: int, rng: np.random.Generator,
+                device: str) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """``steps`` training minibatches, drawn exactly as :func:`graphfl.client.training.sgd_steps` does."""
+    x_all, y_all = torch.as_tensor(data.x_train), torch.as_tensor(data.y_train)
+    for idx in _batches(len(x_all), batch_size, steps, rng):
+        idx_t = torch.as_tensor(idx)
+        yield x_all[idx_t].to(device), y_all[idx_t].to(device)
+
+
+def personal_step(
+    model_v: nn.Module, h_w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, alpha: float,
+    loss_fn: nn.Module, lr: float, buffers: list[torch.Tensor | None], adaptive: bool = False,
+    alpha_lr: float = 0.0, momentum: float = 0.0, weight_decay: float = 0.0,
+) -> tuple[float, float]:
+    """One APFL personal step on ``v_i`` (output mixing, §9.1); returns (loss, new α).
+
+    ``ŷ = α h(v; x) + (1 − α) h_w`` with ``h_w`` the (detached) global output;
+    ``v ← v − lr ∇_v ℓ(ŷ, y)``; with ``adaptive``, ``α ← clip_[0,1](α − alpha_lr ∂ℓ/∂α)``
+    where ``∂ℓ/∂α = ⟨∂ℓ/∂ŷ, h(v; x) − h_w⟩`` is taken at the pre-step ``v``.
+    """
+    params = [p for p in model_v.parameters() if p.requires_grad]
+    for p in params:
+        p.grad = None
+    a = torch.tensor(float(alpha), dtype=h_w.dtype, device=h_w.device, requires_grad=adaptive)
+    y_hat = a * model_v(x) + (1.0 - a) * h_w.detach()
+    loss = loss_fn(y_hat, y)
+    loss.backward()
+    sgd_update(params, buffers, lr, momentum, weight_decay)
+    new_alpha = alpha
+    if adaptive:
+        assert a.grad is not None
+        new_alpha = alpha_step(alpha, float(a.grad), alpha_lr)
+    return float(loss.detach()), new_alpha
+
+
+class GateTrainer(ClientTrainer[Any]):
+    """Local loop of the gate family (module doc); ``personal`` / ``tracking`` pick the algorithm."""
+
+    personal = True
+    tracking = True
+
+    def __init__(self, ctx: ClientContext[Any]) -> None:
+        super().__init__(ctx)
+        self.loss_fn = ctx.task.loss_fn()
+
+    # -- state ---------------------------------------------------------------------------
+
+    @staticmethod
+    def model_arrays(payload: Payload) -> Arrays:
+        """The global model ``w`` of a payload (without the broadcast ``ū``)."""
+        return {k: v for k, v in payload.arrays.items() if not k.startswith(U_PREFIX)}
+
+    def alpha(self, state: ClientState) -> float:
+        """``α_i``: from state, else the configured initial value."""
+        return float(state[ALPHA_KEY]) if ALPHA_KEY in state else float(self.params.alpha)
+
+    @staticmethod
+    def delta(state: ClientState, keys: tuple[str, ...]) -> Arrays:
+        """``δ_i`` per trainable key (zeros before the first update), float64."""
+        return {k: np.asarray(state[DELTA_PREFIX + k], dtype=np.float64) if DELTA_PREFIX + k in state
+                else np.zeros(0) for k in keys}
+
+    def apply_pending_delta(self, payload: Payload, state: ClientState) -> bool:
+        """``δ_i ← δ_i + (u_i − ū)/(η τ)`` if the payload's ``ū`` includes this client's last
+        upload (§9.2); the kept ``u_i`` is dropped either way. Returns whether δ moved.
+        """
+        if UP_ROUND_KEY not in state:
+            return False
+        up_round = int(state[UP_ROUND_KEY])
+        steps = float(state.get(UP_STEPS_KEY, np.asarray(self.ctx.config.train.local_steps)))
+        keys = tuple(k[len(UP_PREFIX):] for k in state if k.startswith(UP_PREFIX))
+        u_i = {k: state.pop(UP_PREFIX + k) for k in keys}
+        del state[UP_ROUND_KEY]
+        state.pop(UP_STEPS_KEY, None)
+        if int(payload.config.get(ROUND_KEY, 0)) != up_round or not bool(payload.config.get(ACCEPTED_KEY, False)):
+            return False
+        u_bar = {k: payload.arrays[U_PREFIX + k] for k in keys}
+        old = {k: np.asarray(state[DELTA_PREFIX + k], dtype=np.float64) if DELTA_PREFIX + k in state
+               else np.zeros(np.shape(u_i[k])) for k in keys}
+        tau = float(self.params.tau) or steps
+        for k, v in delta_update(old, u_i, u_bar, self.ctx.config.train.lr, tau).items():
+            state[DELTA_PREFIX + k] = v
+        return True
+
+    # -- protocol ------------------------------------------------------------------------
+
+    def fit(self, server_round: int, payload: Payload, state: ClientState) -> FitResult:
+        tc = self.ctx.config.train
+        device = self.ctx.device
+        moved = self.apply_pending_delta(payload, state) if self.tracking else False
+        w = self.model_arrays(payload)
+        model_w = self.ctx.task.build_model()
+        set_arrays(model_w, w)
+        model_w.to(device).train()
+        named_w = [(k, p) for k, p in model_w.named_parameters() if p.requires_grad]
+        params_w = [p for _, p in named_w]
+        deltas: list[torch.Tensor | None] = []
+        for k, p in named_w:
+            dk = DELTA_PREFIX + k
+            deltas.append(torch.as_tensor(np.asarray(state[dk]), dtype=p.dtype).to(device)
+                          if self.tracking and dk in state else None)
+        bufs_w: list[torch.Tensor | None] = [None] * len(params_w)
+        alpha = self.alpha(state) if self.personal else 0.0
+        model_v: nn.Module | None = None
+        bufs_v: list[torch.Tensor | None] = []
+        if self.personal:
+            model_v = self.ctx.task.build_model()
+            set_arrays(model_v, state_model(state) or w)
+            model_v.to(device).train()
+            bufs_v = [None] * len(list(model_v.parameters()))
+        adaptive = bool(getattr(self.params, "adaptive_alpha", False))
+        alpha_lr = float(getattr(self.params, "alpha_lr", 0.0)) or tc.lr
+        rng = client_rng(self.ctx.config.seed, 3, self.ctx.partition_id, server_round)
+        total_w = total_v = 0.0
+        for x, y in minibatches(self.ctx.data, tc.local_steps, tc.batch_size, rng, device):
+            for p in params_w:
+                p.grad = None
+            loss = self.loss_fn(model_w(x), y)
+            loss.backward()
+            total_w += float(loss.detach())
+            with torch.no_grad():
+                for p, d in zip(params_w, deltas):
+                    if d is not None and p.grad is not None:
+                        p.grad.sub_(d)                                  # g − δ_i
+            sgd_update(params_w, bufs_w, tc.lr, tc.momentum, tc.weight_decay)
+            if model_v is not None:
+                with torch.no_grad():
+                    h_w = model_w(x)
+                lv, alpha = personal_step(model_v, h_w, x, y, alpha, self.loss_fn, tc.lr, bufs_v, adaptive,
+                                          alpha_lr, tc.momentum, tc.weight_decay)
+                total_v += lv
+        steps = max(tc.local_steps, 1)
+        metrics = {"train_loss": total_w / steps}
+        if model_v is not None:
+            store_model(state, get_arrays(model_v))
+            state[ALPHA_KEY] = np.asarray(alpha, dtype=np.float64)
+            metrics.update(personal_loss=total_v / steps, alpha=alpha)
+        if self.tracking:
+            metrics["delta_updated"] = float(moved)
+        return FitResult(get_arrays(model_w), self.ctx.data.num_train, metrics)
+
+    def after_upload(self, phase: str, server_round: int, payload: Payload, uploaded: Arrays,
+                     state: ClientState) -> None:
+        """Keep ``u_i = w − Q(w_i)`` (trainable keys) for the δ update of the next round."""
+        if not self.tracking:
+            return
+        w = self.model_arrays(payload)
+        keys = [k for k, _ in self.ctx.task.build_model().named_parameters()]
+        u_i = client_update({k: w[k] for k in keys}, uploaded)
+        for k in keys:
+            state[UP_PREFIX + k] = u_i[k]
+        state[UP_ROUND_KEY] = np.asarray(server_round, dtype=np.int64)
+        state[UP_STEPS_KEY] = np.asarray(self.ctx.config.train.local_steps, dtype=np.int64)
+
+    def evaluate(self, payload: Payload, state: ClientState) -> dict[str, float]:
+        d = self.ctx.data
+        classification = self.ctx.task.kind == "classification"
+        model_w = self.ctx.task.build_model()
+        set_arrays(model_w, self.model_arrays(payload))
+        if not self.personal:
+            return evaluate_model(model_w, d.x_test, d.y_test, self.loss_fn, classification, device=self.ctx.device)
+        model_v = self.ctx.task.build_model()
+        set_arrays(model_v, state_model(state) or self.model_arrays(payload))
+        out = evaluate_model(OutputMixture(model_v, model_w, self.alpha(state)), d.x_test, d.y_test,
+                             self.loss_fn, classification, device=self.ctx.device)
+        glob = evaluate_model(model_w, d.x_test, d.y_test, self.loss_fn, classification, device=self.ctx.device)
+        out.update({f"global_{k}": v for k, v in glob.items() if k != "num_test"})
+        out["alpha"] = self.alpha(state)
+        return out
+
+
+class APFLTrainer(GateTrainer):
+    """APFL: personal model, no tracking."""
+
+    tracking = False
+
+
+class FedGATETrainer(GateTrainer):
+    """FedGATE: tracking, no personal model."""
+
+    personal = False
+
+
+register_client(ClientSpec[APFLParams]("apfl", APFLTrainer))
+register_client(ClientSpec[FedGATEParams]("fedgate", FedGATETrainer))
+register_client(ClientSpec[APFLGateParams]("apflgate", GateTrainer))

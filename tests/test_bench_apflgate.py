@@ -1,0 +1,28 @@
+"""B8 ``apflgate`` benchmark: a tiny end-to-end run writes its files and keeps tuning off the test split."""
+
+from __future__ import annotations
+
+import json
+
+from graphfl.bench import apflgate
+
+
+def test_tiny_run_writes_results_with_grid_baselines_and_compression(tmp_path, monkeypatch):
+    tiny = apflgate.Form(rounds=2, local_steps=2, seeds=2, lr_grid=(0.05, 0.2), alphas=(0.5,), taus=(10.0,), nodes=3)
+    monkeypatch.setattr(apflgate, "QUICK", tiny)
+    doc = apflgate.run(quick=True, seed=0, out=tmp_path, task="digits")
+    for ext in ("json", "md", "png"):
+        assert (tmp_path / f"apflgate.{ext}").stat().st_size > 0
+    saved = json.loads((tmp_path / "apflgate.json").read_text())
+    assert saved["metric"] == "test_acc" and saved["higher_is_better"] is True
+    assert set(saved["methods"]["apflgate"]) == {"0.5,10"} and set(saved["methods"]["fedgate"]) == {"10"}
+    for method, t in doc["tuning"].items():                      # steps come from the +val task's grid
+        assert t["lr"] in tiny.lr_grid and set(t["grid"]) == {"0.05", "0.2"}, method
+    cell = saved["methods"]["apflgate"]["0.5,10"]
+    assert len(cell["values"]) == 2 and cell["sd"] is not None
+    comp = saved["compression"]
+    assert comp["none"]["values"] == cell["values"]              # the reference cell, same runs
+    assert 0.7 < comp["quant-8bit"]["bytes_saved_fraction"] < 0.76  # 1 byte instead of 4, plus scales
+    assert 0.85 < comp["quant-4bit"]["bytes_saved_fraction"] < 0.88  # half a byte per entry
+    assert comp["topk-10%"]["bytes_saved_fraction"] > 0.7
+    assert "| quant-4bit |" in (tmp_path / "apflgate.md").read_text()
