@@ -515,3 +515,46 @@ def test_certs_rejects_bad_counts(tmp_path, args, word):
     result = CliRunner().invoke(app, ["certs", str(tmp_path / "c"), *args])
     assert result.exit_code == 2 and word in result.output
     assert not (tmp_path / "c").exists()
+
+
+# ----------------------------------------------------------------------------- the guide
+
+def _guide() -> str:
+    path = ROOT / "docs" / "edge-guide.md"
+    if not path.is_file():
+        pytest.skip("not a source checkout (docs/ absent)")
+    return path.read_text()
+
+
+def test_guide_network_file_is_valid_and_names_the_files_certs_writes(tmp_path):
+    from graphfl.p2p.config import load_network_file
+
+    text = _guide()
+    block = re.search(r"```toml\n(\[network\].*?)```", text, re.S)
+    assert block, "docs/edge-guide.md lost its network file example"
+    (tmp_path / "network.toml").write_text(block.group(1))
+    net = load_network_file(tmp_path / "network.toml")
+    assert net.topology.n == 3 and not net.tls.insecure
+    made = tmp_path / "fed-certs"
+    assert CliRunner().invoke(app, ["certs", str(made), "--peers", "3"]).exit_code == 0
+    for i in range(3):
+        files = net.tls_files(i)
+        assert files.ca == Path("/etc/graphfl/certs/p2p/ca.crt")
+        for want in (files.cert, files.key):  # the guide installs fed-certs/p2p/<name> under that folder
+            assert want.parent == Path("/etc/graphfl/certs/p2p") and (made / "p2p" / want.name).is_file()
+
+
+def test_guide_graphfl_commands_parse():
+    """Every one-line ``graphfl ...`` command of the guide is accepted by the CLI parser."""
+    text = _guide().replace("\\\n", " ")
+    commands = [line.strip() for block in re.findall(r"```bash\n(.*?)```", text, re.S)
+                for line in block.splitlines() if line.strip().startswith("graphfl ")]
+    commands += [re.sub(r".*?/opt/graphfl/venv/bin/graphfl ", "graphfl ", line.strip())
+                 for line in text.splitlines() if "/opt/graphfl/venv/bin/graphfl run" in line]
+    commands += [re.sub(r".*? graphfl:(cpu|cuda) ", "graphfl ", line.strip())
+                 for line in text.splitlines() if line.strip().startswith("docker run")]
+    assert len(commands) >= 6, commands
+    for line in commands:
+        argv = shlex.split(line.split("#")[0])[1:]
+        name, _ = parse_cli(argv)
+        assert name in ("certs", "run", "superlink", "supernode", "peer")
