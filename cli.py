@@ -215,6 +215,7 @@ def certs(
     peer_host: list[str] = typer.Option([], "--peer-host", help="Extra IP/DNS name in every peer certificate "
                                         "(repeatable; peers are checked by their name peer-<id>, so this is optional)."),
     days: int = typer.Option(365, help="Validity in days."),
+    overwrite: bool = typer.Option(False, help="Replace the CA and everything else already in OUT."),
 ) -> None:
     """Generate all TLS material for a federation: a CA and SuperLink certificate, optional SuperNode
     authentication keys (--node-keys N) and an optional p2p network CA with N peer certificates (--peers N).
@@ -229,6 +230,10 @@ def certs(
             fail(f"{name} must be >= 0, got {value}")
     if days < 1:
         fail(f"--days must be >= 1, got {days}")
+    existing = [p for p in (out / "ca.crt", out / "p2p" / "ca.crt") if p.exists()]
+    if existing and not overwrite:
+        fail(f"{existing[0]} exists: a new CA invalidates every certificate and device set up with the old one; "
+             "give --overwrite to replace it, or another folder")
     files = generate_tls(out, host, days=days)
     console.print(f"CA {files.ca_cert}\nserver certificate {files.server_cert} (key {files.server_key})")
     if node_keys:

@@ -558,3 +558,14 @@ def test_guide_graphfl_commands_parse():
         argv = shlex.split(line.split("#")[0])[1:]
         name, _ = parse_cli(argv)
         assert name in ("certs", "run", "superlink", "supernode", "peer")
+
+
+def test_certs_refuses_to_replace_an_existing_ca_unless_asked(tmp_path):
+    out = tmp_path / "c"
+    assert CliRunner().invoke(app, ["certs", str(out), "--peers", "1"]).exit_code == 0
+    before = (out / "ca.crt").read_bytes()
+    again = CliRunner().invoke(app, ["certs", str(out)])
+    assert again.exit_code == 2 and "--overwrite" in again.output
+    assert (out / "ca.crt").read_bytes() == before
+    assert CliRunner().invoke(app, ["certs", str(out), "--overwrite"]).exit_code == 0
+    assert (out / "ca.crt").read_bytes() != before
