@@ -374,6 +374,10 @@ def test_unit_commands_exec_flower_command_lines_flower_accepts(tmp_path, monkey
         raise SystemExit(0)
 
     monkeypatch.setattr(os, "execvp", fake_exec)
+    from graphfl.deploy.processes import QUIET_FLOWER_ENV
+
+    for key, value in QUIET_FLOWER_ENV.items():  # the commands set these before exec: undone after the test
+        monkeypatch.setenv(key, os.environ.get(key, value))
     for name in ("graphfl-superlink.service", "graphfl-supernode@.service"):
         argv = expand_exec(one(unit(name), "Service", "ExecStart"), env, "0")
         result = CliRunner().invoke(app, argv[1:])
