@@ -209,20 +209,42 @@ def list_() -> None:
 
 @app.command()
 def certs(
-    out: Path = typer.Argument(..., help="Folder for ca.crt, server.pem, server.key (and keys/)."),
+    out: Path = typer.Argument(..., help="Folder for ca.crt, server.pem, server.key (and keys/, p2p/)."),
     host: list[str] = typer.Option([], "--host", help="Extra IP/DNS name of the SuperLink (repeatable)."),
     node_keys: int = typer.Option(0, help="Also write N SuperNode auth key pairs into OUT/keys."),
+    peers: int = typer.Option(0, help="Also write a p2p network CA and N peer certificates into OUT/p2p."),
+    peer_host: list[str] = typer.Option([], "--peer-host", help="Extra IP/DNS name in every peer certificate "
+                                        "(repeatable; peers are checked by their name peer-<id>, so this is optional)."),
     days: int = typer.Option(365, help="Validity in days."),
+    overwrite: bool = typer.Option(False, help="Replace the CA and everything else already in OUT."),
 ) -> None:
-    """Generate a CA, a SuperLink certificate and optional SuperNode authentication keys."""
-    from graphfl.common.certs import generate_node_keys, generate_tls
+    """Generate all TLS material for a federation: a CA and SuperLink certificate, optional SuperNode
+    authentication keys (--node-keys N) and an optional p2p network CA with N peer certificates (--peers N).
 
+    Private keys are written with mode 0600. Keep ca.key and p2p/ca.key on the machine that made them;
+    docs/edge-guide.md lists which files go to which device.
+    """
+    from graphfl.common.certs import default_hosts, generate_network_certs, generate_node_keys, generate_tls
+
+    for name, value in (("--node-keys", node_keys), ("--peers", peers)):
+        if value < 0:
+            fail(f"{name} must be >= 0, got {value}")
+    if days < 1:
+        fail(f"--days must be >= 1, got {days}")
+    existing = [p for p in (out / "ca.crt", out / "p2p" / "ca.crt") if p.exists()]
+    if existing and not overwrite:
+        fail(f"{existing[0]} exists: a new CA invalidates every certificate and device set up with the old one; "
+             "give --overwrite to replace it, or another folder")
     files = generate_tls(out, host, days=days)
     console.print(f"CA {files.ca_cert}\nserver certificate {files.server_cert} (key {files.server_key})")
     if node_keys:
         pairs = generate_node_keys(out / "keys", node_keys)
         console.print(f"{len(pairs)} SuperNode key pairs in {out / 'keys'} (register the .pub files with "
                       "`flwr supernode register`)")
+    if peers:
+        p2p_dir = generate_network_certs(out / "p2p", peers, tuple(default_hosts(peer_host)), days=days)
+        console.print(f"p2p CA and {peers} peer certificates in {p2p_dir} (device i gets ca.crt, "
+                      "peer-<i>.crt, peer-<i>.key)")
 
 
 @app.command()

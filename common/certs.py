@@ -228,11 +228,12 @@ def make_peer_cert(
     return PeerTlsFiles(out_dir / "ca.crt", crt, kf)
 
 
-def generate_network_certs(out_dir: str | Path, num_peers: int, hosts: tuple[str, ...] = ("127.0.0.1", "localhost")) -> Path:
+def generate_network_certs(out_dir: str | Path, num_peers: int, hosts: tuple[str, ...] = ("127.0.0.1", "localhost"),
+                           days: int = 365) -> Path:
     """Write ``ca.crt``/``ca.key`` and ``peer-<i>.crt``/``.key`` for ``i < num_peers``; returns ``out_dir``."""
     out = Path(out_dir)
-    ca_key, ca_cert = write_ca(out)
+    ca_key, ca_cert = write_ca(out, days=days)
     for i in range(num_peers):
-        make_peer_cert(out, i, ca_key, ca_cert, hosts)
+        make_peer_cert(out, i, ca_key, ca_cert, hosts, days=days)
     logger.info("wrote a CA and %d peer certificates to %s", num_peers, out)
     return out
