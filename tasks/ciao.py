@@ -95,7 +95,8 @@ def client_graph_collate(num_users: int, num_items: int, users: np.ndarray, item
     ``users`` (0-based), ``items`` (local item ids in ``0..num_items-1``, covering the client's
     train and test items) and ``ratings`` are the client's training edges. Item features: (mean
     training rating − 4, log(1 + degree)); items without training ratings get the client's mean
-    rating. Returns a PyG ``Data`` (moves with ``.to``).
+    rating. The graph is stored normalised with self loops (``gcn_norm_edges``), once per client.
+    Returns a PyG ``Data`` (moves with ``.to``).
     """
     import torch
     from torch_geometric.data import Data
@@ -107,12 +108,15 @@ def client_graph_collate(num_users: int, num_items: int, users: np.ndarray, item
     item_feat = torch.as_tensor(np.stack([mean - 4.0, np.log1p(deg)], axis=1))
     u = torch.as_tensor(users, dtype=torch.long)
     v = torch.as_tensor(items, dtype=torch.long) + num_users
-    edge_index = torch.stack([torch.cat([u, v]), torch.cat([v, u])])
+    from graphfl.tasks.gnn_models import gcn_norm_edges
+
+    num_nodes = num_users + num_items
+    edge_index, edge_weight = gcn_norm_edges(torch.stack([torch.cat([u, v]), torch.cat([v, u])]), num_nodes)
 
     def collate(pairs: np.ndarray) -> Any:
         p = torch.as_tensor(np.asarray(pairs, np.int64)).clone()
         p[:, 1] += num_users
-        return Data(edge_index=edge_index, item_feat=item_feat, pairs=p, num_nodes=num_users + num_items)
+        return Data(edge_index=edge_index, edge_weight=edge_weight, item_feat=item_feat, pairs=p, num_nodes=num_nodes)
 
     return collate
 

@@ -190,7 +190,13 @@ def test_ciao_one_client_per_category_graph_and_training(tmp_path):
     assert sorted(set(users.tolist())) == [0, 1, 2]      # users 1..3 of category 1, 0-based
     batch = d.collate(d.x_train)
     assert batch.num_nodes == NUM_USERS + 3              # all users + products 10, 11, 12
-    assert batch.edge_index.shape == (2, 2 * d.num_train)  # training ratings only, both directions
+    nodes = NUM_USERS + 3
+    assert batch.edge_index.shape == (2, 2 * d.num_train + nodes)  # training ratings both ways + self loops
+    a = torch.zeros(nodes, nodes)
+    a[batch.edge_index[0], batch.edge_index[1]] = batch.edge_weight
+    deg = (a > 0).sum(0).float()                           # degree counting the self loop
+    i, j = batch.edge_index[:, 0].tolist()
+    assert float(a[i, j]) == pytest.approx(1.0 / float(torch.sqrt(deg[i] * deg[j])))  # D^-1/2 (A+I) D^-1/2
     assert int(batch.pairs[:, 1].min()) >= NUM_USERS
     grouped = registry.create("ciao", data=DataConfig(test_fraction=0.25), data_dir=str(tmp_path)).client_data(0, 2)
     assert grouped.num_train + grouped.num_test == 5 + 3  # categories 1 and 3 on client 0 of 2
@@ -239,12 +245,16 @@ def test_fedavg_on_a_small_real_bbbp_subset_learns(real_data, tmp_path):
     lines = (root / "bbbp" / "BBBP.csv").read_text().splitlines()
     # rows 1..400 hold both classes (the file's second half is all positive)
     (tmp_path / "bbbp" / "BBBP.csv").write_text("\n".join(lines[:401]) + "\n")
-    cfg = parse_run_config({"strategy": "fedavg", "task": "bbbp", "nodes": 4, "rounds": 2, "engine": "inprocess",
-                            "data-dir": str(tmp_path), "data.split": "random", "device": "cpu",
-                            "train.local-steps": 30, "train.lr": 0.05})
+    # 2 clients, near-iid labels (α = 10) so that both hold both classes; with α = 0.5 and 4 clients on
+    # 397 molecules the clients' test sets are nearly one-class and ROC-AUC is mostly undefined
+    cfg = parse_run_config({"strategy": "fedavg", "task": "bbbp", "nodes": 2, "rounds": 2, "engine": "inprocess",
+                            "data-dir": str(tmp_path), "data.split": "random", "data.dirichlet-alpha": 10.0,
+                            "device": "cpu", "train.local-steps": 30, "train.lr": 0.05})
     doc, _ = run_federated_inprocess(cfg)
     curve = doc["methods"]["fedavg"]["curve"]
-    assert doc["task"]["molecules"] == 398 and doc["task"]["skipped_rows"] == [61, 63]
+    assert doc["task"]["molecules"] == 397 and doc["task"]["skipped_rows"] == [61, 63, 393]
+    assert curve[2]["train_loss"] < curve[1]["train_loss"]
     assert curve[-1]["test_loss"] < curve[0]["test_loss"]
-    assert curve[-1]["test_auc"] > 0.5
+    assert curve[-1]["test_auc"] > max(0.5, curve[0]["test_auc"])
+    assert set(curve[-1]["test_auc_per_client"]) == {"0", "1"}
     assert doc["methods"]["fedavg"]["final"]["test_auc"] == curve[-1]["test_auc"]
