@@ -88,12 +88,16 @@ def sgd_steps(
     params = [p for p in model.parameters() if p.requires_grad]
     buffers: list[torch.Tensor | None] = [None] * len(params)
     collate = data.collate
-    x_all = data.x_train if collate is not None else torch.as_tensor(data.x_train)
+    x_tensor = torch.as_tensor(data.x_train) if collate is None else None
     y_all = torch.as_tensor(data.y_train)
     total = 0.0
-    for idx in _batches(len(x_all), batch_size, steps, rng):
+    for idx in _batches(len(data.x_train), batch_size, steps, rng):
         idx_t = torch.as_tensor(idx)
-        x = collate(x_all[idx]).to(device) if collate is not None else x_all[idx_t].to(device)
+        if x_tensor is not None:
+            x = x_tensor[idx_t].to(device)
+        else:
+            assert collate is not None
+            x = collate(data.x_train[idx]).to(device)
         y = y_all[idx_t].to(device)
         for p in params:
             p.grad = None

@@ -54,11 +54,11 @@ def parse_smiles(smiles: str) -> Any | None:
     """The RDKit molecule of ``smiles``, or ``None`` when RDKit rejects it (its stderr message silenced)."""
     from rdkit import Chem, RDLogger
 
-    RDLogger.DisableLog("rdApp.*")  # RDKit prints parse errors on stderr; callers log them with the row
+    RDLogger.DisableLog("rdApp.*")  # type: ignore[attr-defined]  # RDKit prints parse errors on stderr; callers log them with the row
     try:
         return Chem.MolFromSmiles(smiles)
     finally:
-        RDLogger.EnableLog("rdApp.*")
+        RDLogger.EnableLog("rdApp.*")  # type: ignore[attr-defined]
 
 
 def smiles_graph(smiles: str) -> Any | None:
