@@ -103,6 +103,8 @@ class RoundPrinter:
                 self.last_eval = eval_round
                 what = "initial model" if eval_round == 0 else f"after round {eval_round}"
                 acc = f", acc {ev['test_acc']:.4f}" if ev.get("test_acc") is not None else ""
+                acc += "".join(f", {name} {ev[k]:.4f}" for k, name in (("test_auc", "ROC-AUC"), ("test_mae", "MAE"))
+                               if ev.get(k) is not None)
                 parts.append(f"| {what}: test loss {ev['test_loss']:.4g}{acc}")
             self.progress.console.print("  ".join(parts))
             self.progress.update(self.task, completed=r, description="training" if kind == "round" else "done")
@@ -172,12 +174,13 @@ def _print_final(out_dir: Path) -> None:
 
     doc = json.loads((out_dir / "run.json").read_text())
     table = Table(title=f"results in {out_dir}")
-    for col in ("method", "test_loss", "test_acc", "seconds/round", "rounds"):
+    extra = [k for k in ("test_auc", "test_mae") if any(r["final"].get(k) is not None for r in doc["methods"].values())]
+    for col in ("method", "test_loss", "test_acc", *extra, "seconds/round", "rounds"):
         table.add_column(col)
     for name, res in doc["methods"].items():
         fin = res["final"]
         fmt = lambda v: "–" if v is None else f"{v:.4g}"  # noqa: E731
-        table.add_row(name, fmt(fin.get("test_loss")), fmt(fin.get("test_acc")),
+        table.add_row(name, fmt(fin.get("test_loss")), fmt(fin.get("test_acc")), *(fmt(fin.get(k)) for k in extra),
                       fmt(fin.get("seconds_per_round")), str(fin.get("rounds_completed")))
     Console().print(table)
 

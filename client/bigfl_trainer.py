@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from graphfl.client.trainers import state_model, store_model
-from graphfl.client.training import evaluate_model, get_arrays, param_keys, set_arrays, sgd_steps
+from graphfl.client.training import evaluate_client, get_arrays, param_keys, set_arrays, sgd_steps
 from graphfl.common.arrays import select_keys
 from graphfl.common.core import ClientContext, ClientTrainer
 from graphfl.common.registry import ClientSpec, register_client
@@ -140,9 +140,7 @@ class BiGFLTrainer(ClientTrainer[BiGFLParams]):
 
     def evaluate(self, payload: Payload, state: ClientState) -> dict[str, float]:
         model, _ = self._model(payload, state)
-        d = self.ctx.data
-        return evaluate_model(model, d.x_test, d.y_test, self.loss_fn,
-                              self.ctx.task.kind == "classification", device=self.ctx.device)
+        return evaluate_client(model, self.ctx.task, self.ctx.data, self.loss_fn, device=self.ctx.device)
 
 
 register_client(ClientSpec[BiGFLParams]("bigfl", BiGFLTrainer))

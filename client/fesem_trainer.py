@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from graphfl.client.trainers import SGDTrainer, state_model, store_model
 from graphfl.client.training import (
-    evaluate_model,
+    evaluate_client,
     get_arrays,
     param_keys,
     proximal_penalty,
@@ -56,9 +56,7 @@ class FeSEMTrainer(SGDTrainer[FeSEMParams]):
         if own is not None:
             model = self.ctx.task.build_model()
             set_arrays(model, own)
-            d = self.ctx.data
-            local = evaluate_model(model, d.x_test, d.y_test, self.loss_fn,
-                                   self.ctx.task.kind == "classification", device=self.ctx.device)
+            local = evaluate_client(model, self.ctx.task, self.ctx.data, self.loss_fn, device=self.ctx.device)
             for key, value in local.items():
                 if key != "num_test":
                     out[f"local_{key}"] = value

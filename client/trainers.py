@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from graphfl.client.training import (
-    evaluate_model,
+    evaluate_client,
     get_arrays,
     param_keys,
     proximal_penalty,
@@ -77,9 +77,7 @@ class SGDTrainer(ClientTrainer[P]):
     def evaluate(self, payload: Payload, state: ClientState) -> dict[str, float]:
         model = self.ctx.task.build_model()
         set_arrays(model, self.start_arrays(payload, state))
-        d = self.ctx.data
-        return evaluate_model(model, d.x_test, d.y_test, self.loss_fn,
-                              self.ctx.task.kind == "classification", device=self.ctx.device)
+        return evaluate_client(model, self.ctx.task, self.ctx.data, self.loss_fn, device=self.ctx.device)
 
 
 class LocalTrainer(SGDTrainer[LocalParams]):

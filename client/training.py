@@ -7,6 +7,7 @@ Every function is deterministic given its ``rng``; trainers derive that generato
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -99,12 +100,18 @@ def sgd_steps(
     model.to(device).train()
     params = [p for p in model.parameters() if p.requires_grad]
     buffers: list[torch.Tensor | None] = [None] * len(params)
-    x_all = torch.as_tensor(data.x_train)
+    collate = data.collate
+    x_tensor = torch.as_tensor(data.x_train) if collate is None else None
     y_all = torch.as_tensor(data.y_train)
     total = 0.0
-    for idx in _batches(len(x_all), batch_size, steps, rng):
+    for idx in _batches(len(data.x_train), batch_size, steps, rng):
         idx_t = torch.as_tensor(idx)
-        x, y = x_all[idx_t].to(device), y_all[idx_t].to(device)
+        if x_tensor is not None:
+            x = x_tensor[idx_t].to(device)
+        else:
+            assert collate is not None
+            x = collate(data.x_train[idx]).to(device)
+        y = y_all[idx_t].to(device)
         for p in params:
             p.grad = None
         loss = loss_fn(model(x), y)
@@ -114,6 +121,11 @@ def sgd_steps(
         loss.backward()
         sgd_update(params, buffers, lr, momentum, weight_decay)
     return total / max(steps, 1)
+
+
+def model_input(x: np.ndarray, collate: Callable[[np.ndarray], Any] | None, device: str) -> Any:
+    """The model input for the sample rows ``x`` on ``device`` (``ClientData.collate`` or a tensor)."""
+    return (collate(x) if collate is not None else torch.as_tensor(x)).to(device)
 
 
 @torch.no_grad()
@@ -145,27 +157,48 @@ def sgd_update(params: Sequence[torch.Tensor], buffers: list[torch.Tensor | None
 def evaluate_model(
     model: nn.Module, x: np.ndarray, y: np.ndarray, loss_fn: nn.Module, classification: bool,
     device: str = "cpu", batch_size: int = 1024,
+    collate: Callable[[np.ndarray], Any] | None = None,
+    metrics_fn: Callable[[np.ndarray, np.ndarray], dict[str, float]] | None = None,
 ) -> dict[str, float]:
-    """Mean loss (and accuracy for classification) of ``model`` on (x, y)."""
+    """Mean loss (and accuracy for classification) of ``model`` on (x, y).
+
+    ``collate`` builds each batch's input (see :class:`~graphfl.common.types.ClientData`);
+    ``metrics_fn(outputs, y)`` adds task metrics computed on all outputs at once (a task's
+    :meth:`~graphfl.tasks.base.Task.metrics`, e.g. ROC-AUC, which does not average over batches).
+    """
     model.to(device).eval()
     n = len(x)
     if n == 0:
         out = {"test_loss": float("nan"), "num_test": 0.0}
         if classification:
             out["test_acc"] = float("nan")
+        if metrics_fn is not None:
+            out.update(metrics_fn(np.zeros((0,), np.float32), np.asarray(y)))
         return out
     loss_sum, correct = 0.0, 0
+    outputs: list[np.ndarray] = []
     for start in range(0, n, batch_size):
-        xb = torch.as_tensor(x[start : start + batch_size]).to(device)
+        xb = model_input(x[start : start + batch_size], collate, device)
         yb = torch.as_tensor(y[start : start + batch_size]).to(device)
         out_b = model(xb)
-        loss_sum += float(loss_fn(out_b, yb)) * len(xb)
+        loss_sum += float(loss_fn(out_b, yb)) * len(yb)
         if classification:
             correct += int((out_b.argmax(1) == yb).sum())
+        if metrics_fn is not None:
+            outputs.append(out_b.detach().cpu().numpy())
     out = {"test_loss": loss_sum / n, "num_test": float(n)}
     if classification:
         out["test_acc"] = correct / n
+    if metrics_fn is not None:
+        out.update(metrics_fn(np.concatenate(outputs), np.asarray(y)))
     return out
+
+
+def evaluate_client(model: nn.Module, task: Any, data: ClientData, loss_fn: nn.Module,
+                    device: str = "cpu") -> dict[str, float]:
+    """:func:`evaluate_model` on ``data``'s test split with the task's collate and metrics."""
+    return evaluate_model(model, data.x_test, data.y_test, loss_fn, task.kind == "classification",
+                          device=device, collate=data.collate, metrics_fn=task.metrics)
 
 
 def proximal_penalty(anchor: dict[str, np.ndarray], mu: float, keys: tuple[str, ...]) -> Callable[[nn.Module], torch.Tensor]:

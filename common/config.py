@@ -161,6 +161,9 @@ class TrainConfig:
     weight_decay: float = field(default=0.0, metadata={"min": 0.0})
 
 
+DATA_SPLITS = ("auto", "random", "scaffold")
+
+
 @dataclass(frozen=True)
 class DataConfig:
     """How a task's data is split among clients (ALGORITHMS.md §1.3)."""
@@ -169,6 +172,9 @@ class DataConfig:
     min_partition_size: int = field(default=10, metadata=positive())
     test_fraction: float = field(default=0.2, metadata={"min": 0.0, "max": 0.9})
     max_samples: int = field(default=0, metadata={"min": 0})  # 0 = all; subsample big datasets
+    split: str = field(default="auto", metadata={"choices": DATA_SPLITS})
+    """Train/test split where a task offers a choice: ``auto`` (the task's default), ``random``
+    or ``scaffold`` (bbbp: Bemis–Murcko scaffolds, unseen in training; its default)."""
 
 
 COMPRESS_KINDS = ("none", "quant", "topk")

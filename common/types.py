@@ -6,8 +6,9 @@ client trainers, the round loop and the p2p layer exchange.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -62,12 +63,19 @@ class FitResult:
 
 @dataclass(frozen=True)
 class ClientData:
-    """One client's local data, already split into train and test (numpy, float32 / int64)."""
+    """One client's local data, already split into train and test (numpy, float32 / int64).
+
+    ``collate`` turns a slice of ``x_train`` / ``x_test`` (the rows of one minibatch) into the
+    model's input, an object with ``.to(device)``; ``None`` means ``torch.as_tensor`` (plain
+    feature arrays). Graph tasks keep sample ids in ``x`` and batch their graphs here (a
+    molecule id → a PyG ``Batch``; a (user, item) pair → the client's graph plus the pairs).
+    """
 
     x_train: np.ndarray
     y_train: np.ndarray
     x_test: np.ndarray
     y_test: np.ndarray
+    collate: Callable[[np.ndarray], Any] | None = field(default=None, compare=False, repr=False)
 
     @property
     def num_train(self) -> int:

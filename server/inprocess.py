@@ -79,11 +79,17 @@ def server_inputs(cfg: RunConfig) -> ServerInputs:
     from graphfl.client.training import get_arrays, param_keys
     from graphfl.common.graph import resolve_client_graph
     from graphfl.tasks import registry as tasks
+    from graphfl.tasks.base import DataError
 
     task = tasks.create(cfg.task, data=cfg.data, data_dir=cfg.data_dir, seed=cfg.seed)
     model = task.build_model()
     graph, source = resolve_client_graph(cfg.nodes, task.client_graph(cfg.nodes), cfg.graph_file, cfg.task)
-    return ServerInputs(get_arrays(model), param_keys(model), graph, source, task.cluster_labels(cfg.nodes))
+    try:
+        info = task.describe()
+    except DataError as exc:  # a server without the data files still runs; the clients load them
+        logger.warning("task %s: no data description on the server (%s)", cfg.task, exc)
+        info = {}
+    return ServerInputs(get_arrays(model), param_keys(model), graph, source, task.cluster_labels(cfg.nodes), info)
 
 
 def run_federated_inprocess(

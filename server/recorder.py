@@ -26,9 +26,12 @@ from graphfl.server.exchange import Reply
 logger = logging.getLogger(__name__)
 
 
-EVAL_KEYS = ("test_loss", "test_acc", "test_auc", "test_mae", "local_test_loss", "local_test_acc")
-"""Client evaluation metrics the curve records (mean and per client); ``test_auc`` / ``test_mae`` for
-tasks that report them (graph classification, rating prediction; ALGORITHMS.md §1.4)."""
+EVAL_KEYS = ("test_loss", "test_acc", "local_test_loss", "local_test_acc", "test_auc", "test_mae")
+"""Client evaluation metrics the curve records (mean and per client); ``test_auc`` / ``test_mae``
+come from tasks that report them (:meth:`~graphfl.tasks.base.Task.metrics`)."""
+
+TASK_FINAL_KEYS = ("test_auc", "test_mae")
+"""Task metrics copied into the ``final`` summary when the run reports them."""
 
 
 @dataclass
@@ -194,6 +197,7 @@ class RunRecorder:
         final: dict[str, Any] = {"test_loss": None, "test_acc": None}
         if evaluated:
             final = {"test_loss": evaluated[-1].get("test_loss"), "test_acc": evaluated[-1].get("test_acc")}
+            final.update({k: evaluated[-1][k] for k in TASK_FINAL_KEYS if evaluated[-1].get(k) is not None})
         timed = [row["seconds"] for row in curve if row.get("seconds") is not None]
         final["seconds_per_round"] = float(np.median(timed)) if timed else None
         final["rounds_completed"] = max((row["round"] for row in curve if "seconds" in row), default=0)

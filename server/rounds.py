@@ -28,7 +28,7 @@ import logging
 import random
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -75,6 +75,8 @@ class ServerInputs:
     client_graph: np.ndarray | None = None
     graph_source: str = ""
     cluster_labels: np.ndarray | None = None
+    task_info: dict[str, Any] = field(default_factory=dict)
+    """The task's :meth:`~graphfl.tasks.base.Task.describe` (written to the result file as ``task``)."""
 
 
 def build_server_context(cfg: RunConfig, inputs: ServerInputs, num_examples: Mapping[int, int]) -> ServerContext[Any]:
@@ -98,6 +100,8 @@ def run_federated(
     Results are flushed to ``recorder.out_dir`` after every round, and with a plot at the
     end; on failure the status ``failed`` and the reason are written before re-raising.
     """
+    if inputs.task_info:
+        recorder.extra["task"] = dict(inputs.task_info)
     try:
         core = _run(cfg, spec, exchange, inputs, recorder)
     except BaseException as exc:
@@ -275,4 +279,5 @@ def _event(kind: str, r: int, rounds: int, train_row: Mapping[str, Any], eval_ro
     """
     return {"event": kind, "round": r, "rounds": rounds,
             "train_loss": train_row.get("train_loss"), "seconds": train_row.get("seconds"),
-            "eval_round": eval_round, "test_loss": eval_row.get("test_loss"), "test_acc": eval_row.get("test_acc")}
+            "eval_round": eval_round, "test_loss": eval_row.get("test_loss"), "test_acc": eval_row.get("test_acc"),
+            **{k: eval_row[k] for k in ("test_auc", "test_mae") if eval_row.get(k) is not None}}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -74,6 +74,19 @@ class Task(ABC):
         import torch
 
         return torch.nn.CrossEntropyLoss() if self.kind == "classification" else torch.nn.MSELoss()
+
+    def metrics(self, outputs: np.ndarray, targets: np.ndarray) -> dict[str, float]:
+        """Extra evaluation metrics from a client's test outputs (model outputs, stacked) and targets.
+
+        Reported beside ``test_loss`` / ``test_acc`` (e.g. ``test_auc``, ``test_mae``); a metric
+        that is undefined on this client (ROC-AUC with one class) is ``nan`` and the server's
+        mean skips it. Default: none.
+        """
+        return {}
+
+    def describe(self) -> dict[str, Any]:
+        """Facts about the loaded data for the result file (e.g. rows skipped); default none."""
+        return {}
 
     def cluster_labels(self, num_partitions: int) -> np.ndarray | None:
         """Ground-truth cluster of each client, if the task plants one."""

@@ -37,7 +37,8 @@ def split_validation(data: ClientData, seed: int, partition_id: int,
     n_val = min(m - 1, max(1, int(round(fraction * m))))
     order = np.random.default_rng([int(seed), _SPLIT_STREAM, int(partition_id)]).permutation(m)
     val, train = np.sort(order[:n_val]), np.sort(order[n_val:])
-    return ClientData(data.x_train[train], data.y_train[train], data.x_train[val], data.y_train[val])
+    return ClientData(data.x_train[train], data.y_train[train], data.x_train[val], data.y_train[val],
+                      collate=data.collate)
 
 
 def validation_task(name: str) -> str:
