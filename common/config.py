@@ -166,6 +166,25 @@ class DataConfig:
     max_samples: int = field(default=0, metadata={"min": 0})  # 0 = all; subsample big datasets
 
 
+@dataclass(frozen=True)
+class ChannelConfig:
+    """Noisy, lossy uplink of seed 002 (ALGORITHMS.md §8.2), applied to every training reply.
+
+    ``y = m ⊙ θ + n`` with ``m_c ~ Bernoulli(1 − missing)`` per entry and AWGN of standard
+    deviation ``σ = noise · mean|θ|`` (one σ per upload). Off (exact copies) when both are 0.
+    The client-side Flower mod :func:`graphfl.client.noisy_channel.noisy_channel_mod` reads
+    these keys; the in-process driver applies the same function.
+    """
+
+    noise: float = field(default=0.0, metadata={"min": 0.0})
+    missing: float = field(default=0.0, metadata={"min": 0.0, "max": 1.0})
+
+    @property
+    def active(self) -> bool:
+        """Whether the channel changes anything."""
+        return self.noise > 0 or self.missing > 0
+
+
 ENGINES = ("local-deployment", "simulation", "inprocess")
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -191,6 +210,7 @@ class RunConfig:
     graph_file: str = ""
     train: TrainConfig = field(default_factory=TrainConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    channel: ChannelConfig = field(default_factory=ChannelConfig)
     # Hyperparameters of the chosen strategy (a frozen dataclass from the registry).
     params: Any = None
 
@@ -209,7 +229,7 @@ class RunConfig:
         return out
 
 
-_SECTIONS = {"train": TrainConfig, "data": DataConfig}
+_SECTIONS = {"train": TrainConfig, "data": DataConfig, "channel": ChannelConfig}
 
 
 def parse_run_config(flat: Mapping[str, Any], *, ignore_other_strategies: bool = True) -> RunConfig:
@@ -229,7 +249,7 @@ def parse_run_config(flat: Mapping[str, Any], *, ignore_other_strategies: bool =
 
     values = flatten(flat)
     top_fields = {
-        _field_key(f.name) for f in fields(RunConfig) if f.name not in ("train", "data", "params")
+        _field_key(f.name) for f in fields(RunConfig) if f.name not in ("train", "data", "channel", "params")
     }
     top: dict[str, Any] = {}
     sections: dict[str, dict[str, Any]] = {name: {} for name in _SECTIONS}
@@ -268,6 +288,7 @@ def parse_run_config(flat: Mapping[str, Any], *, ignore_other_strategies: bool =
         section="",
         train=build_dataclass(TrainConfig, sections["train"], "train"),
         data=build_dataclass(DataConfig, sections["data"], "data"),
+        channel=build_dataclass(ChannelConfig, sections["channel"], "channel"),
         params=build_dataclass(spec.params, strategy_sections.get(strategy, {}), section=strategy),
     )
     registry.check_task(cfg.task)  # raises ConfigError listing valid task names

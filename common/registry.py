@@ -67,17 +67,25 @@ class ClientSpec(Generic[P]):
 # name -> module that registers its server half / its client half. Keep sorted.
 _SERVER_MODULES: dict[str, str] = {
     "bigfl": "graphfl.strategies.bigfl",
+    "cfl": "graphfl.strategies.cfl",
+    "fedamp": "graphfl.strategies.fedamp",
     "fedavg": "graphfl.strategies.fedavg",
     "fedprox": "graphfl.strategies.fedavg",
     "fesem": "graphfl.strategies.fesem",
+    "jgesr": "graphfl.strategies.jgesr",
     "local": "graphfl.strategies.local",
+    "pfedgraph": "graphfl.strategies.pfedgraph",
 }
 _CLIENT_MODULES: dict[str, str] = {
     "bigfl": "graphfl.client.bigfl_trainer",
+    "cfl": "graphfl.client.graph_trainers",
+    "fedamp": "graphfl.client.graph_trainers",
     "fedavg": "graphfl.client.trainers",
     "fedprox": "graphfl.client.trainers",
     "fesem": "graphfl.client.fesem_trainer",
+    "jgesr": "graphfl.client.graph_trainers",
     "local": "graphfl.client.trainers",
+    "pfedgraph": "graphfl.client.graph_trainers",
 }
 
 _SERVER: dict[str, AlgorithmSpec[Any]] = {}
