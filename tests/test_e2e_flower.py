@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from graphfl.common.config import parse_run_config
@@ -263,16 +264,25 @@ class TestOneTlsFederation:
             assert server["tags_ok"] is True and server["sums_ok"] is True
             assert server["counts"] == {"0": r, "1": r, "2": r}           # context.state persisted
 
-    @pytest.mark.parametrize("strategy", ["fesem", "bigfl"])
+    @pytest.mark.parametrize("strategy", ["fesem", "bigfl", "jgesr", "pfedgraph"])
     def test_graph_aware_strategy_in_a_real_deployment_matches_inprocess(self, tls_federation, tmp_path, strategy):
-        """Issue 3: both graph-aware strategies run on real SuperNodes (one federation, two runs)."""
+        """Issues 3 and 11: graph-aware strategies run on real SuperNodes (one federation, one run each).
+
+        JGESR runs behind the noisy channel (the ClientApp's mod): the masks reach the server
+        (its logged missing fraction) and the noisy run still equals the in-process one.
+        """
+        channel = {"channel.noise": 0.1, "channel.missing": 0.2} if strategy == "jgesr" else {}
         values = {"task": "synthetic-multicenter", "nodes": SHARED_NODES, "rounds": 2, "train.local-steps": 5,
                   "train.lr": 0.1, "connect-timeout": 90, "round-timeout": 120, "engine": "local-deployment",
-                  "strategy": strategy, "out-dir": str(tmp_path / strategy)}
+                  "strategy": strategy, "out-dir": str(tmp_path / strategy), **channel}
         out = submit(tls_federation, values)
         rows = curve(out, strategy)
         assert [r["round"] for r in rows] == [0, 1, 2]
         assert rows[2]["clients_ok"] == SHARED_NODES and "failed" not in rows[2]
+        if channel:
+            assert 0.05 < rows[1]["server"]["missing_fraction"] < 0.5   # the masks reached the server
+            graph = np.asarray(rows[2]["server"]["graph"])
+            assert graph.shape == (SHARED_NODES, SHARED_NODES) and np.allclose(graph, graph.T)
         assert_matches_inprocess(out, values, strategy)
 
 
