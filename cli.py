@@ -7,6 +7,7 @@ Stable commands (DESIGN.md): ``run``, ``superlink``, ``supernode``, ``peer``, ``
 from __future__ import annotations
 
 import importlib
+import inspect
 import logging
 import os
 import sys
@@ -28,6 +29,8 @@ logger = logging.getLogger("graphfl.cli")
 BENCHMARKS = {
     "admm": "graphfl.bench.admm",
     "fedrelax": "graphfl.bench.fedrelax",
+    "jgesr": "graphfl.bench.jgesr",
+    "jgesr-cost": "graphfl.bench.jgesr_cost",
     "multicenter": "graphfl.bench.multicenter",
     "dfl": "graphfl.bench.dfl",
     "p2p-throughput": "graphfl.bench.p2p_throughput",
@@ -300,6 +303,7 @@ def bench(
     quick: bool = typer.Option(False, help="Small version that finishes in minutes."),
     seed: int = typer.Option(0, help="Base random seed."),
     out: Path | None = typer.Option(None, "--out", help="Output folder (default ./runs/bench-NAME-<ts>)."),
+    task: str | None = typer.Option(None, help="Task, for benchmarks that take one (jgesr: digits | mnist | cifar10)."),
 ) -> None:
     """Reproduce a paper experiment; writes <out>/<name>.json/.md/.png."""
     from graphfl.deploy.run import default_out_dir
@@ -310,9 +314,14 @@ def bench(
         module = importlib.import_module(BENCHMARKS[name])
     except ImportError as exc:
         fail(f"benchmark {name!r} is not available: {exc}")
+    extra: dict[str, str] = {}
+    if task is not None:
+        if "task" not in inspect.signature(module.run).parameters:
+            fail(f"benchmark {name!r} takes no --task")
+        extra["task"] = task
     out_dir = (out or default_out_dir(f"runs/bench-{name}")).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
-    module.run(quick=quick, seed=seed, out=out_dir)
+    module.run(quick=quick, seed=seed, out=out_dir, **extra)
     console.print(f"results in {out_dir}")
 
 

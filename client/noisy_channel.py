@@ -255,7 +255,8 @@ def noisy_channel_mod(msg: Message, context: Context, call_next: ClientAppCallab
     server_round, phase = 0, ""
     config = msg.content.config_records.get(wire.CONFIG)
     if config is not None and wire.ROUND in config:
-        server_round, phase = int(config[wire.ROUND]), str(config.get(wire.PHASE, "") or "")  # type: ignore[call-overload]
+        server_round = int(_config_number(config, wire.ROUND, 0))
+        phase = str(config.get(wire.PHASE, "") or "")
     elif msg.metadata.group_id.isdigit():
         server_round = int(msg.metadata.group_id)
     content = reply.content

@@ -96,7 +96,8 @@ class ModelTable:
 
     def mean_row(self, rows: np.ndarray, idx: np.ndarray) -> np.ndarray:
         """Sample-weighted mean of ``rows`` (one per id in ``idx``), float32: what a client without an
-        upload of its own receives."""
+        upload of its own receives.
+        """
         w = self.weights[idx] / self.weights[idx].sum()
         out: np.ndarray = (w @ np.asarray(rows, dtype=np.float64)).astype(np.float32)
         return out
