@@ -211,3 +211,18 @@ def test_noisy_inprocess_runs_are_deterministic_and_channel_off_equals_no_channe
     off = curve({**base, "channel.noise": 0.0, "channel.missing": 0.0})
     assert off == curve(base)
     assert off != curve(noisy)
+
+
+def test_the_last_learned_graph_is_drawn_in_the_run_plot(tmp_path, monkeypatch):
+    from graphfl.common import results
+
+    graphs = [[[0, 1], [1, 0]], [[0, 2], [2, 0]]]
+    curve = [{"round": 0, "test_loss": 1.0}] + [{"round": r, "test_loss": 1.0 / (r + 1), "server": {"graph": g}}
+                                                 for r, g in enumerate(graphs, start=1)]
+    seen = []
+    real = results.plot_panels
+    monkeypatch.setattr(results, "plot_panels", lambda path, panels, title="": seen.extend(panels) or real(path, panels))
+    assert results.plot_curves({"name": "run", "methods": {"jgesr": {"curve": curve}}}, tmp_path / "run.png")
+    matrices = [p for p in seen if "matrix" in p]
+    assert len(matrices) == 1 and matrices[0]["matrix"] == graphs[-1] and "round 2" in matrices[0]["title"]
+    assert (tmp_path / "run.png").stat().st_size > 0
