@@ -68,7 +68,7 @@ class Form:
 
 
 QUICK = Form(nodes=10, rounds=20, local_steps=10, batch_size=32, seeds=3, noise_levels=(0.5, 1.0),
-             missing_rates=(0.0, 0.3, 0.5), lr_grid=(0.03, 0.1, 0.3), max_samples=0)
+             missing_rates=(0.0, 0.3, 0.5), lr_grid=(0.1, 0.3, 1.0), max_samples=0)
 FULL = Form(nodes=10, rounds=100, local_steps=50, batch_size=64, seeds=3, noise_levels=(0.5, 1.0),
             missing_rates=(0.0, 0.1, 0.2, 0.3, 0.5), lr_grid=(0.003, 0.01, 0.03, 0.1, 0.3), max_samples=0)
 DIRICHLET = 0.5
@@ -117,9 +117,14 @@ def run_one(method: str, task: str, form: Form, seed: int, lr: float, noise: flo
     def compute() -> dict[str, Any]:
         from graphfl.common.config import parse_run_config
         from graphfl.server.inprocess import run_federated_inprocess
+        from graphfl.server.rounds import RunError
 
         t0 = time.perf_counter()
-        doc, _ = run_federated_inprocess(parse_run_config(values))
+        try:
+            doc, _ = run_federated_inprocess(parse_run_config(values))
+        except RunError as exc:  # e.g. every upload NaN at a too large step: a failed setting, not a crash
+            logger.warning("%s lr %g diverged: %s", method, lr, exc)
+            return {"acc": [], "final": None, "error": str(exc), "wall_seconds": time.perf_counter() - t0}
         curve = doc["methods"][strategy]["curve"]
         agg = [r.get("server_seconds") for r in curve[1:]]
         return {"acc": [r.get("test_acc") for r in curve], "final": curve[-1].get("test_acc"),

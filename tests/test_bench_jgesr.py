@@ -59,3 +59,15 @@ def test_cost_point_times_the_real_cores():
     masked = bc.time_point("pdca-masked", 6, 64, seed=0, repeats=1)
     assert masked["impute_steps"] >= 2
     assert "iterations_cold" not in bc.time_point("fedavg", 6, 64, seed=0, repeats=1)
+
+
+def test_a_diverging_step_is_a_failed_setting_not_a_crash(monkeypatch):
+    from graphfl.server import inprocess
+    from graphfl.server.rounds import RunError
+
+    def boom(cfg):
+        raise RunError("round 1, phase 'fit': 0 valid replies of 3 (NaN)")
+
+    monkeypatch.setattr(inprocess, "run_federated_inprocess", boom)
+    out = bj.run_one("FedAvg", "digits", TINY, 0, 10.0, 0.2, 0.0)
+    assert out["final"] is None and "NaN" in out["error"]
