@@ -70,7 +70,7 @@ class Form:
 QUICK = Form(nodes=10, rounds=20, local_steps=10, batch_size=32, seeds=3, noise_levels=(0.5, 1.0),
              missing_rates=(0.0, 0.3, 0.5), lr_grid=(0.1, 0.3, 1.0), max_samples=0)
 FULL = Form(nodes=10, rounds=100, local_steps=50, batch_size=64, seeds=3, noise_levels=(0.5, 1.0),
-            missing_rates=(0.0, 0.1, 0.2, 0.3, 0.5), lr_grid=(0.003, 0.01, 0.03, 0.1, 0.3), max_samples=0)
+            missing_rates=(0.0, 0.1, 0.2, 0.3, 0.5), lr_grid=(0.01, 0.03, 0.1, 0.3, 1.0), max_samples=0)
 DIRICHLET = 0.5
 QUICK_MAX_SAMPLES = {"mnist": 6000, "cifar10": 6000}
 
