@@ -7,6 +7,7 @@ Stable commands (DESIGN.md): ``run``, ``superlink``, ``supernode``, ``peer``, ``
 from __future__ import annotations
 
 import importlib
+import inspect
 import logging
 import os
 import sys
@@ -29,6 +30,8 @@ BENCHMARKS = {
     "admm": "graphfl.bench.admm",
     "apflgate": "graphfl.bench.apflgate",
     "fedrelax": "graphfl.bench.fedrelax",
+    "jgesr": "graphfl.bench.jgesr",
+    "jgesr-cost": "graphfl.bench.jgesr_cost",
     "multicenter": "graphfl.bench.multicenter",
     "dfl": "graphfl.bench.dfl",
     "p2p-throughput": "graphfl.bench.p2p_throughput",
@@ -326,12 +329,11 @@ def bench(
     quick: bool = typer.Option(False, help="Small version that finishes in minutes."),
     seed: int = typer.Option(0, help="Base random seed."),
     out: Path | None = typer.Option(None, "--out", help="Output folder (default ./runs/bench-NAME-<ts>)."),
-    task: str | None = typer.Option(None, "--task", help="Task, for benchmarks that take one (apflgate)."),
+    task: str | None = typer.Option(None, "--task",
+                                    help="Task, for benchmarks that take one (apflgate; jgesr: digits, mnist, cifar10)."),
     data_dir: str | None = typer.Option(None, "--data-dir", help="Data folder, for benchmarks that take one."),
 ) -> None:
     """Reproduce a paper experiment; writes <out>/<name>.json/.md/.png."""
-    import inspect
-
     from graphfl.deploy.run import default_out_dir
 
     if name not in BENCHMARKS:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from graphfl.client.noisy_channel import noisy_channel_mod
 from graphfl.common import wire
 from graphfl.common.types import ConfigValue
 
@@ -24,7 +25,9 @@ MetricRecordValue = int | float | list[int] | list[float]
 
 logger = logging.getLogger(__name__)
 
-app = ClientApp()
+app = ClientApp(mods=[noisy_channel_mod])
+"""graphfl's ClientApp; training replies pass the noisy uplink of the run config's ``channel.*``
+(off by default; :mod:`graphfl.client.noisy_channel`)."""
 
 
 def process_age() -> float:

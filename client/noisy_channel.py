@@ -21,6 +21,28 @@ Observation model of one client's upload::
   ``fill_missing`` (e.g. ``nan``) the missing entries are set to that value instead of
   ``0 + noise``; JGESR treats NaN as missing, so the mask need not travel separately.
 
+Wiring (one function, two carriers)
+-----------------------------------
+:func:`transmit_upload` is the channel of one training reply: float arrays pass
+:func:`apply_uplink_channel` with the generator :func:`channel_rng` ``(seed, partition id,
+round, phase)``; other arrays (integer buffers) pass unchanged. It is applied by
+
+* :func:`noisy_channel_mod`, a Flower client mod (``ClientApp(mods=[noisy_channel_mod])``;
+  graphfl's own ClientApp has it), which works with *any* ClientApp: it reads
+  ``channel.noise`` / ``channel.missing`` / ``seed`` from the run config (absent = off), the
+  partition id from the node config (else the node id), and round / phase from graphfl's
+  control keys (else the message's group id / ""). Every ArrayRecord ``name`` of a reply to
+  a train message is corrupted and the mask travels beside it as the ArrayRecord
+  ``wire.MASK_PREFIX + name`` (bool, ``True`` = received), so the server knows what is missing;
+* the in-process driver (:mod:`graphfl.server.inprocess`), with the same arguments, so an
+  in-process run and a deployment see bit-identical uploads.
+
+With the channel off (both 0, the default) the mod returns the reply untouched (no mask
+record) and the driver does not call it: un-noised runs are bit-identical to runs without it.
+The missing entries carry ``0 + n`` on the wire (finite: the reply passes the round loop's
+NaN check); a method that ignores the mask (FedAvg, ...) aggregates them as they are, as in
+the seed's experiments.
+
 Determinism: the arrays are processed in sorted name order; for each, the mask is drawn
 (``rng.random``, only if ``r > 0``) and then the noise (``rng.standard_normal`` in the array's
 dtype for float32/float64, in float64 then cast otherwise; only if ``c > 0``). The same
@@ -33,13 +55,21 @@ from __future__ import annotations
 
 import logging
 import math
+import zlib
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
 
+if TYPE_CHECKING:  # pragma: no cover
+    from flwr.app import Context, Message
+    from flwr.clientapp.typing import ClientAppCallable
+
 logger = logging.getLogger(__name__)
+
+CHANNEL_STREAM = 7
+"""Stream id of the channel's generator (distinct from the clients' training streams)."""
 
 BoolArray = NDArray[np.bool_]
 AnyFloatArray = NDArray[np.floating[Any]]
@@ -156,3 +186,84 @@ def _transmit(
     if fill_missing is not None and missing_rate > 0:
         y[lost] = fill_missing
     return y, mask
+
+
+# ---------------------------------------------------------------------------------------
+# one training reply through the channel (shared by the Flower mod and the in-process driver)
+# ---------------------------------------------------------------------------------------
+
+
+def channel_rng(seed: int, partition_id: int, server_round: int, phase: str) -> np.random.Generator:
+    """The channel's generator for one upload: ``(seed, 7, partition id, round, crc32(phase))``."""
+    entropy = [int(seed) & 0xFFFFFFFF, CHANNEL_STREAM, int(partition_id) & 0xFFFFFFFF, int(server_round) & 0xFFFFFFFF,
+               zlib.crc32(phase.encode())]
+    return np.random.default_rng(entropy)
+
+
+def transmit_upload(
+    arrays: Mapping[str, np.ndarray],
+    noise: float,
+    missing: float,
+    seed: int,
+    partition_id: int,
+    server_round: int,
+    phase: str,
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray] | None]:
+    """One training reply through the channel: ``(received arrays, masks)`` (module docstring).
+
+    Float arrays get ``m ⊙ θ + n`` (``σ = noise · mean|θ|`` over all float arrays); the others
+    are passed on unchanged and have no mask. Keys keep their order. With ``noise = missing =
+    0`` the input mapping's arrays are returned as they are and the mask is ``None``.
+    """
+    if not (noise > 0 or missing > 0):
+        return dict(arrays), None
+    floats = {k: v for k, v in arrays.items() if np.issubdtype(np.asarray(v).dtype, np.floating)}
+    result = apply_uplink_channel(floats, noise, missing, channel_rng(seed, partition_id, server_round, phase))
+    out = {k: (result.arrays[k] if k in floats else v) for k, v in arrays.items()}
+    masks = {k: result.masks[k] for k in arrays if k in floats}
+    return out, masks
+
+
+def _config_number(config: Mapping[str, Any], key: str, default: float) -> float:
+    value = config.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"run config {key!r} = {value!r} is not a number")
+    return float(value)
+
+
+def noisy_channel_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+    """Flower client mod: the reply to a train message passes the noisy uplink (module docstring).
+
+    Reads ``channel.noise`` (``c >= 0``) and ``channel.missing`` (``r ∈ [0, 1]``) and ``seed``
+    from ``context.run_config``; adds the ArrayRecord ``wire.MASK_PREFIX + name`` of masks
+    beside every corrupted ArrayRecord ``name``.
+    """
+    from flwr.app import MessageType
+
+    from graphfl.common import wire
+    from graphfl.common.records import arrays_to_record, record_to_arrays
+
+    reply = call_next(msg, context)
+    run = context.run_config
+    noise = _config_number(run, wire.CHANNEL_NOISE, 0.0)
+    missing = _config_number(run, wire.CHANNEL_MISSING, 0.0)
+    if not (noise > 0 or missing > 0) or reply.has_error() or msg.metadata.message_type != MessageType.TRAIN:
+        return reply
+    seed = int(_config_number(run, wire.RUN_SEED, 0))
+    node = context.node_config
+    pid = int(node[wire.NODE_PARTITION_ID]) if wire.NODE_PARTITION_ID in node else int(context.node_id)
+    server_round, phase = 0, ""
+    config = msg.content.config_records.get(wire.CONFIG)
+    if config is not None and wire.ROUND in config:
+        server_round = int(_config_number(config, wire.ROUND, 0))
+        phase = str(config.get(wire.PHASE, "") or "")
+    elif msg.metadata.group_id.isdigit():
+        server_round = int(msg.metadata.group_id)
+    content = reply.content
+    for name in [n for n in content.array_records if not n.startswith(wire.MASK_PREFIX)]:
+        arrays, masks = transmit_upload(record_to_arrays(content.array_records[name]), noise, missing, seed, pid,
+                                        server_round, phase)
+        content[name] = arrays_to_record(arrays)
+        if masks is not None:
+            content[wire.MASK_PREFIX + name] = arrays_to_record(masks)
+    return reply

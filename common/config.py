@@ -194,6 +194,25 @@ class CompressConfig:
     k: float = field(default=0.1, metadata={"min": 1e-9, "max": 1.0})
 
 
+@dataclass(frozen=True)
+class ChannelConfig:
+    """Noisy, lossy uplink of seed 002 (ALGORITHMS.md §8.2), applied to every training reply.
+
+    ``y = m ⊙ θ + n`` with ``m_c ~ Bernoulli(1 − missing)`` per entry and AWGN of standard
+    deviation ``σ = noise · mean|θ|`` (one σ per upload). Off (exact copies) when both are 0.
+    The client-side Flower mod :func:`graphfl.client.noisy_channel.noisy_channel_mod` reads
+    these keys; the in-process driver applies the same function.
+    """
+
+    noise: float = field(default=0.0, metadata={"min": 0.0})
+    missing: float = field(default=0.0, metadata={"min": 0.0, "max": 1.0})
+
+    @property
+    def active(self) -> bool:
+        """Whether the channel changes anything."""
+        return self.noise > 0 or self.missing > 0
+
+
 ENGINES = ("local-deployment", "simulation", "inprocess")
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -230,6 +249,7 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     data: DataConfig = field(default_factory=DataConfig)
     compress: CompressConfig = field(default_factory=CompressConfig)
+    channel: ChannelConfig = field(default_factory=ChannelConfig)
     # Hyperparameters of the chosen strategy (a frozen dataclass from the registry).
     params: Any = None
 
@@ -248,7 +268,7 @@ class RunConfig:
         return out
 
 
-_SECTIONS = {"train": TrainConfig, "data": DataConfig, "compress": CompressConfig}
+_SECTIONS = {"train": TrainConfig, "data": DataConfig, "compress": CompressConfig, "channel": ChannelConfig}
 
 
 def parse_run_config(flat: Mapping[str, Any], *, ignore_other_strategies: bool = True) -> RunConfig:
@@ -268,7 +288,7 @@ def parse_run_config(flat: Mapping[str, Any], *, ignore_other_strategies: bool =
 
     values = flatten(flat)
     top_fields = {
-        _field_key(f.name) for f in fields(RunConfig) if f.name not in ("train", "data", "compress", "params")
+        _field_key(f.name) for f in fields(RunConfig) if f.name not in ("train", "data", "compress", "channel", "params")
     }
     top: dict[str, Any] = {}
     sections: dict[str, dict[str, Any]] = {name: {} for name in _SECTIONS}
@@ -308,6 +328,7 @@ def parse_run_config(flat: Mapping[str, Any], *, ignore_other_strategies: bool =
         train=build_dataclass(TrainConfig, sections["train"], "train"),
         data=build_dataclass(DataConfig, sections["data"], "data"),
         compress=build_dataclass(CompressConfig, sections["compress"], "compress"),
+        channel=build_dataclass(ChannelConfig, sections["channel"], "channel"),
         params=build_dataclass(spec.params, strategy_sections.get(strategy, {}), section=strategy),
     )
     registry.check_task(cfg.task)  # raises ConfigError listing valid task names

@@ -69,21 +69,29 @@ _SERVER_MODULES: dict[str, str] = {
     "apfl": "graphfl.strategies.apfl",
     "apflgate": "graphfl.strategies.apflgate",
     "bigfl": "graphfl.strategies.bigfl",
+    "cfl": "graphfl.strategies.cfl",
+    "fedamp": "graphfl.strategies.fedamp",
     "fedavg": "graphfl.strategies.fedavg",
     "fedgate": "graphfl.strategies.fedgate",
     "fedprox": "graphfl.strategies.fedavg",
     "fesem": "graphfl.strategies.fesem",
+    "jgesr": "graphfl.strategies.jgesr",
     "local": "graphfl.strategies.local",
+    "pfedgraph": "graphfl.strategies.pfedgraph",
 }
 _CLIENT_MODULES: dict[str, str] = {
     "apfl": "graphfl.client.gate_trainer",
     "apflgate": "graphfl.client.gate_trainer",
     "bigfl": "graphfl.client.bigfl_trainer",
+    "cfl": "graphfl.client.graph_trainers",
+    "fedamp": "graphfl.client.graph_trainers",
     "fedavg": "graphfl.client.trainers",
     "fedgate": "graphfl.client.gate_trainer",
     "fedprox": "graphfl.client.trainers",
     "fesem": "graphfl.client.fesem_trainer",
+    "jgesr": "graphfl.client.graph_trainers",
     "local": "graphfl.client.trainers",
+    "pfedgraph": "graphfl.client.graph_trainers",
 }
 
 _SERVER: dict[str, AlgorithmSpec[Any]] = {}

@@ -115,7 +115,8 @@ def plot_panels(path: Path, panels: Sequence[Mapping[str, Any]], title: str = ""
 
     A panel is ``{"x": key, "y": key, "series": {label: curve}, "xlabel", "ylabel", "title",
     "logy", "logx", "band": key of a ± band (e.g. the sd over seeds), "style": {label: kwargs}}``;
-    a curve is a list of dicts and points whose ``y`` is missing are skipped.
+    a curve is a list of dicts and points whose ``y`` is missing are skipped. A panel with a
+    ``"matrix"`` (2-D list, e.g. a learned client graph) is drawn as a heat map instead.
     """
     import matplotlib
 
@@ -125,6 +126,14 @@ def plot_panels(path: Path, panels: Sequence[Mapping[str, Any]], title: str = ""
     drawn = False
     fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(5.5 * max(1, len(panels)), 4.2), squeeze=False)
     for ax, panel in zip(axes[0], panels):
+        if "matrix" in panel:
+            image = ax.imshow(panel["matrix"], cmap="viridis")
+            fig.colorbar(image, ax=ax, fraction=0.046)
+            ax.set_title(panel.get("title", ""))
+            ax.set_xlabel(panel.get("xlabel", "client"))
+            ax.set_ylabel(panel.get("ylabel", "client"))
+            drawn = True
+            continue
         x_key, y_key, band = panel["x"], panel["y"], panel.get("band")
         for label, curve in panel["series"].items():
             pts = [(r[x_key], r[y_key], (r.get(band) or 0.0) if band else 0.0)
@@ -168,10 +177,16 @@ def plot_curves(doc: Mapping[str, Any], path: Path, keys: tuple[str, ...] = CURV
     present = [k for k in keys if any(p.get(k) is not None for c in curves.values() for p in c)]
     if not present:
         return False
-    panels = []
+    panels: list[dict[str, Any]] = []
     for key in present:
         positive = all(p.get(key) is None or p[key] > 0 for c in curves.values() for p in c)
         panels.append({"x": x_key, "y": key, "series": curves, "logy": key.endswith("loss") and positive})
+    for method, curve in curves.items():  # a learned client graph (JGESR, pFedGraph): its last one
+        graphs = [(row["round"], row["server"]["graph"]) for row in curve
+                  if isinstance(row.get("server"), Mapping) and row["server"].get("graph")]
+        if graphs:
+            r, graph = graphs[-1]
+            panels.append({"matrix": graph, "title": f"{method}: learned graph W, round {r}"})
     return plot_panels(path, panels, str(doc.get("name", "")))
 
 

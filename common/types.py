@@ -50,6 +50,9 @@ class ClientUpdate:
     arrays: Arrays
     num_examples: int
     metrics: Mapping[str, float] = field(default_factory=dict)
+    mask: Arrays | None = None
+    """Which entries arrived (bool, ``True`` = received), for the float arrays that passed the
+    noisy uplink (:mod:`graphfl.client.noisy_channel`); ``None`` = everything arrived."""
 
 
 @dataclass(frozen=True)

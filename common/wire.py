@@ -44,3 +44,12 @@ describe its training."""
 NODE_PARTITION_ID = "partition-id"
 NODE_NUM_PARTITIONS = "num-partitions"
 NODE_DEVICE = "device"
+
+# Noisy uplink channel (seed 002; graphfl.client.noisy_channel)
+MASK_PREFIX = "graphfl-mask/"
+"""A reply's ArrayRecord ``name`` that passed the noisy channel travels with the ArrayRecord
+``MASK_PREFIX + name`` of the same keys: bool arrays, ``True`` = entry received."""
+RUN_SEED = "seed"
+CHANNEL_NOISE = "channel.noise"
+CHANNEL_MISSING = "channel.missing"
+"""Run-config keys the channel mod reads (absent: the channel is off)."""

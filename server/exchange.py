@@ -47,6 +47,8 @@ class Reply:
     arrays: Arrays | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     error: str | None = None
+    mask: Arrays | None = None
+    """Received-entry masks of ``arrays`` when they passed the noisy uplink (else ``None``)."""
 
     @property
     def num_examples(self) -> int:

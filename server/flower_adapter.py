@@ -61,7 +61,13 @@ def reply_from_message(msg: Message, partition_id: int | None = None) -> Reply:
             arrays = record_to_arrays(content.array_records[wire.ARRAYS])
         except (ValueError, TypeError) as exc:  # undecodable arrays: treat as a failed reply
             return Reply(pid, error=f"undecodable arrays: {exc}")
-    return Reply(pid, arrays, metrics)
+    mask = None
+    if wire.MASK_PREFIX + wire.ARRAYS in content.array_records:
+        try:
+            mask = record_to_arrays(content.array_records[wire.MASK_PREFIX + wire.ARRAYS])
+        except (ValueError, TypeError) as exc:
+            return Reply(pid, error=f"undecodable channel mask: {exc}")
+    return Reply(pid, arrays, metrics, mask=mask)
 
 
 class GridExchange:

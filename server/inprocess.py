@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from graphfl.client.handler import ClientRuntime, build_runtime, handle
+from graphfl.client.noisy_channel import transmit_upload
 from graphfl.common import wire
 from graphfl.common.config import RunConfig
 from graphfl.common.core import EVALUATE_PHASE, ServerCore
@@ -58,11 +59,16 @@ class InProcessExchange:
         except Exception as exc:  # a failing client is a failed reply, as in deployment
             logger.exception("client %d failed in round %d (phase %s)", pid, r, request.phase)
             return Reply(pid, error=f"{type(exc).__name__}: {exc}")
+        mask = None
+        channel = self.cfg.channel
+        if arrays and channel.active:  # the same function the ClientApp's channel mod applies
+            arrays, mask = transmit_upload(arrays, channel.noise, channel.missing, self.cfg.seed, pid, r,
+                                           request.phase)
         if mode == "nan" and arrays:
             key = next(iter(arrays))
             arrays = dict(arrays)
             arrays[key] = arrays[key] * float("nan")
-        return Reply(pid, arrays, metrics)
+        return Reply(pid, arrays, metrics, mask=mask)
 
     def join(self, initial: Payload, num_clients: int) -> dict[int, Reply]:
         """Every client evaluates the initial model and reports its partition and size."""

@@ -175,10 +175,26 @@ def _update(phase: Phase, pid: int, rep: Reply) -> tuple[ClientUpdate | None, st
             return None, "reply carries no evaluation"
         return ClientUpdate(pid, {}, rep.num_examples, evaluation), ""
     assert phase.template is not None  # Phase enforces it for train phases
-    why = validate_update(rep.arrays, phase.template(pid))
+    template = phase.template(pid)
+    why = validate_update(rep.arrays, template)
     if why is not None or rep.arrays is None:
         return None, why or "reply carries no arrays"
-    return ClientUpdate(pid, rep.arrays, rep.num_examples, rep.fit_metrics()), ""
+    if rep.mask is not None:
+        why = validate_mask(rep.mask, template)
+        if why is not None:
+            return None, why
+    return ClientUpdate(pid, rep.arrays, rep.num_examples, rep.fit_metrics(), mask=rep.mask), ""
+
+
+def validate_mask(mask: Arrays, template: Arrays) -> str | None:
+    """Why a reply's channel mask is unusable (unknown key, wrong shape, not bool), or ``None``."""
+    for key, m in mask.items():
+        if key not in template:
+            return f"channel mask has key {key!r}, which the model does not have"
+        if m.shape != template[key].shape or m.dtype != np.bool_:
+            return (f"channel mask {key!r} has shape {m.shape} and dtype {m.dtype}, "
+                    f"expected {template[key].shape} bool")
+    return None
 
 
 def _evaluate(core: ServerCore[Any], exchange: ClientExchange, server_round: int, clients: Sequence[int]) -> dict[int, Reply]:

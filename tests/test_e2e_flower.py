@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from graphfl.common.config import parse_run_config
@@ -263,14 +264,19 @@ class TestOneTlsFederation:
             assert server["tags_ok"] is True and server["sums_ok"] is True
             assert server["counts"] == {"0": r, "1": r, "2": r}           # context.state persisted
 
-    @pytest.mark.parametrize("strategy", ["fesem", "bigfl", "apflgate"])
+    @pytest.mark.parametrize("strategy", ["fesem", "bigfl", "apflgate", "jgesr", "pfedgraph"])
     def test_graph_aware_strategy_in_a_real_deployment_matches_inprocess(self, tls_federation, tmp_path, strategy):
-        """Issues 3 and 12: graph-aware strategies run on real SuperNodes (one federation, one run each);
+        """Issues 3, 11 and 12: graph-aware strategies run on real SuperNodes (one federation, one run each).
+
         apflgate keeps v_i, α_i, δ_i in context.state across the 2 rounds, with 4-bit quantised uploads
-        (seeded codec, decoded by the server, Q(Δ_i) kept by the client)."""
+        (seeded codec, decoded by the server, Q(Δ_i) kept by the client). JGESR runs behind the noisy
+        channel (the ClientApp's mod): the masks reach the server (its logged missing fraction) and
+        the noisy run still equals the in-process one.
+        """
+        channel = {"channel.noise": 0.1, "channel.missing": 0.2} if strategy == "jgesr" else {}
         values = {"task": "synthetic-multicenter", "nodes": SHARED_NODES, "rounds": 2, "train.local-steps": 5,
                   "train.lr": 0.1, "connect-timeout": 90, "round-timeout": 120, "engine": "local-deployment",
-                  "strategy": strategy, "out-dir": str(tmp_path / strategy)}
+                  "strategy": strategy, "out-dir": str(tmp_path / strategy), **channel}
         if strategy == "apflgate":
             values.update({"compress.kind": "quant", "compress.bits": 4})
         out = submit(tls_federation, values)
@@ -279,6 +285,10 @@ class TestOneTlsFederation:
         assert rows[2]["clients_ok"] == SHARED_NODES and "failed" not in rows[2]
         if strategy == "apflgate":
             assert rows[2]["bytes_up"] < 0.2 * rows[2]["bytes_up_decoded"]
+        if channel:
+            assert 0.05 < rows[1]["server"]["missing_fraction"] < 0.5   # the masks reached the server
+            graph = np.asarray(rows[2]["server"]["graph"])
+            assert graph.shape == (SHARED_NODES, SHARED_NODES) and np.allclose(graph, graph.T)
         assert_matches_inprocess(out, values, strategy)
 
     def test_gnn_task_state_dict_and_graph_batches_in_a_real_deployment(self, tls_federation, tmp_path, real_data):

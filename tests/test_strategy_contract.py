@@ -246,10 +246,103 @@ def _check_gate(run: ContractRun) -> None:
             assert set(payload.arrays) == set(w2) and not payload.config
 
 
+def _latest_uploads(run: ContractRun, upto: int = 2) -> dict[int, Reply]:
+    latest: dict[int, Reply] = {}
+    for r in range(1, upto + 1):
+        latest.update(_accepted_uploads(run, r))
+    return dict(sorted(latest.items()))
+
+
+def _rows(run: ContractRun, arrays_by_pid: Mapping[int, Arrays]) -> np.ndarray:
+    keys = run.inputs.param_keys
+    return np.stack([np.concatenate([np.asarray(a[k], dtype=np.float64).ravel() for k in keys])
+                     for a in arrays_by_pid.values()])
+
+
+def _check_payload_rows(run: ContractRun, expect: np.ndarray, pids, rtol=1e-5, atol=1e-6, prefix="") -> None:
+    keys = run.inputs.param_keys
+    sent3 = run.trace.sent(3, "fit")
+    for j, pid in enumerate(pids):
+        got = np.concatenate([np.asarray(sent3[pid].arrays[prefix + k], dtype=np.float64).ravel() for k in keys])
+        np.testing.assert_allclose(got, expect[j], rtol=rtol, atol=atol, err_msg=f"client {pid}")
+
+
+def _check_jgesr(run: ContractRun) -> None:
+    from graphfl.strategies import jgesr_math as jm
+
+    latest = _latest_uploads(run)
+    assert sorted(latest) == [0, 1, 2, 3]   # client 1 keeps its round-1 upload
+    y = _rows(run, {p: r.arrays for p, r in latest.items()}).astype(np.float32)
+    sizes = [r.num_examples for r in latest.values()]
+    # the set of clients changed between rounds 1 ({1,2,3}) and 2 (all): a cold start, cosine graph
+    expect = jm.solve_pdca(y, None, sizes, run.core.params.solver_params())
+    _check_payload_rows(run, expect.psi.astype(np.float64), list(latest))
+    graph = np.asarray(run.curve[2]["server"]["graph"])
+    np.testing.assert_allclose(graph, expect.graph, atol=1e-6)
+    assert np.allclose(graph, graph.T) and (graph >= 0).all() and not np.diag(graph).any()
+    sent3 = run.trace.sent(3, "fit")   # a model per client: the restored rows differ
+    assert not same_arrays(sent3[0].arrays, sent3[2].arrays)
+
+
+def _check_cfl(run: ContractRun) -> None:
+    ups = _accepted_uploads(run, 2)
+    sent2 = run.trace.sent(2, "fit")
+    # warm-up (20 rounds): one cluster; every client gets its sent model + the uniform mean update
+    du = _rows(run, {p: ups[p].arrays for p in ups}) - _rows(run, {p: sent2[p].arrays for p in ups})
+    mean_update = du.mean(axis=0)
+    start = _rows(run, {p: sent2[p].arrays for p in range(4)})
+    _check_payload_rows(run, start + mean_update, range(4))
+    assert run.curve[2]["server"]["assignment"] == [0, 0, 0, 0]
+
+
+def _cosines(v: np.ndarray) -> np.ndarray:
+    norms = np.linalg.norm(v, axis=1)
+    return (v @ v.T) / np.outer(norms, norms)
+
+
+def _check_fedamp(run: ContractRun) -> None:
+    latest = _latest_uploads(run)
+    w = _rows(run, {p: r.arrays for p, r in latest.items()})
+    init = _rows(run, {0: run.inputs.initial_arrays})[0]
+    cos = _cosines(w - init)
+    xi = np.zeros((4, 4))
+    for i in range(4):   # ξ_ii = 0.3, the rest 0.7 softmax(10 cos) over the others
+        others = [j for j in range(4) if j != i]
+        e = np.exp(10.0 * cos[i, others])
+        xi[i, others] = 0.7 * e / e.sum()
+        xi[i, i] = 0.3
+    _check_payload_rows(run, xi @ w, list(latest))
+
+
+def _simplex(v: np.ndarray) -> np.ndarray:
+    lo, hi = v.min() - 1.0, v.max()   # bisection on τ: Σ max(v − τ, 0) = 1
+    for _ in range(200):
+        tau = 0.5 * (lo + hi)
+        lo, hi = (tau, hi) if np.maximum(v - tau, 0).sum() > 1 else (lo, tau)
+    return np.maximum(v - 0.5 * (lo + hi), 0)
+
+
+def _check_pfedgraph(run: ContractRun) -> None:
+    from graphfl.strategies.pfedgraph import CLUSTER_PREFIX
+
+    latest = _latest_uploads(run)
+    w = _rows(run, {p: r.arrays for p, r in latest.items()})
+    init = _rows(run, {0: run.inputs.initial_arrays})[0]
+    cos = _cosines(w - init)
+    cos[cos > 0.9] = 1.0
+    sizes = np.array([r.num_examples for r in latest.values()], dtype=float)
+    a = np.stack([_simplex(sizes / sizes.sum() + cos[i] / (2 * 0.8)) for i in range(4)])
+    assert np.allclose(a.sum(axis=1), 1) and (a >= 0).all()
+    _check_payload_rows(run, a @ w, list(latest))
+    _check_payload_rows(run, a @ (w / np.linalg.norm(w, axis=1, keepdims=True)), list(latest), prefix=CLUSTER_PREFIX)
+    np.testing.assert_allclose(np.asarray(run.curve[2]["server"]["graph"]), a, atol=1e-5)
+
+
 EXPECTED: dict[str, Callable[[ContractRun], None]] = {
     "apfl": _check_gate, "fedgate": _check_gate, "apflgate": _check_gate,
     "fedavg": _check_fedavg, "fedprox": _check_fedavg, "local": _check_local,
-    "fesem": _check_fesem, "bigfl": _check_bigfl,
+    "fesem": _check_fesem, "bigfl": _check_bigfl, "jgesr": _check_jgesr, "cfl": _check_cfl,
+    "fedamp": _check_fedamp, "pfedgraph": _check_pfedgraph,
 }
 
 
