@@ -137,6 +137,8 @@ class Assembler:
         for spec in frame.header.tensors:
             if spec.dtype not in SUPPORTED_DTYPES:
                 raise WireError(f"tensor {spec.name!r}: dtype {spec.dtype!r} not supported")
+            if not spec.name:
+                raise WireError("a tensor without a name")
             if spec.name in names:
                 raise WireError(f"tensor {spec.name!r} appears twice")
             names.add(spec.name)

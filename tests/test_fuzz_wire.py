@@ -50,6 +50,13 @@ def _decode_or_wire_error(frames: list[pb.Frame]) -> codec.Message | None:
     return msg
 
 
+def test_a_tensor_without_a_name_is_refused() -> None:
+    """Found by the fuzz test below: an empty tensor name decoded into a message."""
+    frame = pb.Frame(sender=1, round=0, channel="params",
+                     header=pb.Header(tensors=[pb.TensorSpec(name="", dtype="float32", shape=[0], nbytes=0)]))
+    assert _decode_or_wire_error([frame]) is None
+
+
 @FUZZ
 @given(st.lists(st.one_of(headers, datas), max_size=6))
 def test_random_frames_decode_or_raise_wire_error(frames: list[pb.Frame]) -> None:
