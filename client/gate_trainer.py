@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from graphfl.client.trainers import state_model, store_model
-from graphfl.client.training import _batches, evaluate_model, get_arrays, set_arrays, sgd_update
+from graphfl.client.training import _batches, evaluate_client, get_arrays, model_input, set_arrays, sgd_update
 from graphfl.common.core import ClientContext, ClientTrainer
 from graphfl.common.registry import ClientSpec, register_client
 from graphfl.common.types import Arrays, ClientData, ClientState, FitResult, Payload
@@ -59,12 +59,18 @@ class OutputMixture(nn.Module):
 
 
 def minibatches(data: ClientData, steps: int, batch_size: int, rng: np.random.Generator,
-                device: str) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """``steps`` training minibatches, drawn exactly as :func:`graphfl.client.training.sgd_steps` does."""
-    x_all, y_all = torch.as_tensor(data.x_train), torch.as_tensor(data.y_train)
-    for idx in _batches(len(x_all), batch_size, steps, rng):
+                device: str) -> Iterator[tuple[Any, torch.Tensor]]:
+    """``steps`` training minibatches, drawn exactly as :func:`graphfl.client.training.sgd_steps` does.
+
+    The input goes through the task's ``collate`` when it has one (graph tasks: a PyG batch).
+    """
+    collate = data.collate
+    x_all = torch.as_tensor(data.x_train) if collate is None else None
+    y_all = torch.as_tensor(data.y_train)
+    for idx in _batches(len(data.x_train), batch_size, steps, rng):
         idx_t = torch.as_tensor(idx)
-        yield x_all[idx_t].to(device), y_all[idx_t].to(device)
+        x = x_all[idx_t].to(device) if x_all is not None else model_input(data.x_train[idx], collate, device)
+        yield x, y_all[idx_t].to(device)
 
 
 def personal_step(
@@ -213,17 +219,15 @@ class GateTrainer(ClientTrainer[Any]):
         state[UP_STEPS_KEY] = np.asarray(self.ctx.config.train.local_steps, dtype=np.int64)
 
     def evaluate(self, payload: Payload, state: ClientState) -> dict[str, float]:
-        d = self.ctx.data
-        classification = self.ctx.task.kind == "classification"
-        model_w = self.ctx.task.build_model()
+        task, d, dev = self.ctx.task, self.ctx.data, self.ctx.device
+        model_w = task.build_model()
         set_arrays(model_w, self.model_arrays(payload))
         if not self.personal:
-            return evaluate_model(model_w, d.x_test, d.y_test, self.loss_fn, classification, device=self.ctx.device)
-        model_v = self.ctx.task.build_model()
+            return evaluate_client(model_w, task, d, self.loss_fn, device=dev)
+        model_v = task.build_model()
         set_arrays(model_v, state_model(state) or self.model_arrays(payload))
-        out = evaluate_model(OutputMixture(model_v, model_w, self.alpha(state)), d.x_test, d.y_test,
-                             self.loss_fn, classification, device=self.ctx.device)
-        glob = evaluate_model(model_w, d.x_test, d.y_test, self.loss_fn, classification, device=self.ctx.device)
+        out = evaluate_client(OutputMixture(model_v, model_w, self.alpha(state)), task, d, self.loss_fn, device=dev)
+        glob = evaluate_client(model_w, task, d, self.loss_fn, device=dev)
         out.update({f"global_{k}": v for k, v in glob.items() if k != "num_test"})
         out["alpha"] = self.alpha(state)
         return out

@@ -292,18 +292,20 @@ class TestOneTlsFederation:
         assert_matches_inprocess(out, values, strategy)
 
     def test_gnn_task_state_dict_and_graph_batches_in_a_real_deployment(self, tls_federation, tmp_path, real_data):
-        """Issue 12: a PyG model's state dict crosses the Flower wire, ClientApp processes batch
-        molecule graphs, and ROC-AUC reaches the server; the run equals the in-process driver's."""
+        """Issue 12: APFLGate on BBBP — a PyG model's state dict crosses the Flower wire, ClientApp
+        processes batch molecule graphs (personal and global model, client state kept), and ROC-AUC
+        reaches the server; the run equals the in-process driver's."""
         root = real_data("bbbp/BBBP.csv")
         values = {"task": "bbbp", "nodes": SHARED_NODES, "rounds": 2, "train.local-steps": 5, "train.lr": 0.1,
                   "data.max-samples": 300, "data-dir": str(root), "connect-timeout": 90, "round-timeout": 180,
-                  "engine": "local-deployment", "strategy": "fedavg", "out-dir": str(tmp_path / "bbbp")}
+                  "engine": "local-deployment", "strategy": "apflgate", "out-dir": str(tmp_path / "bbbp")}
         out = submit(tls_federation, values)
-        rows = curve(out, "fedavg")
+        rows = curve(out, "apflgate")
         assert rows[2]["clients_ok"] == SHARED_NODES and "failed" not in rows[2]
-        assert_matches_inprocess(out, values)
+        assert rows[2].get("test_auc") is not None
+        assert_matches_inprocess(out, values, "apflgate")
         ref, _ = run_federated_inprocess(parse_run_config({**values, "engine": "inprocess"}))
-        want = ref["methods"]["fedavg"]["curve"]
+        want = ref["methods"]["apflgate"]["curve"]
         for g, w in zip(rows, want):
             assert (g.get("test_auc") is None) == (w.get("test_auc") is None)
             if w.get("test_auc") is not None:
