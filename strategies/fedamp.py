@@ -25,7 +25,7 @@ from graphfl.common.core import ServerContext, ServerCore
 from graphfl.common.registry import AlgorithmSpec, register
 from graphfl.common.types import ClientUpdate, MetricValue, Payload
 from graphfl.strategies import graph_baselines_math as gb
-from graphfl.strategies.model_table import ModelTable
+from graphfl.strategies.model_table import ModelTable, PersonalPayloads
 
 ATTENTIONS = ("heuristic", "exp")
 
@@ -61,15 +61,14 @@ class FedAMPCore(ServerCore[FedAMPConfig]):
         super().__init__(ctx)
         self.table = ModelTable(ctx.initial_arrays, ctx.param_keys, ctx.num_clients)
         self.init = self.table.flatten(ctx.initial_arrays).astype(np.float64)
-        self._payloads: dict[int, Payload] = {}
-        self._fallback = Payload(dict(ctx.initial_arrays))
+        self.payloads = PersonalPayloads(self.table, ctx.initial_arrays)
         self.xi: np.ndarray | None = None
 
     def configure_train(self, server_round: int, partition_id: int) -> Payload:
-        return self._payloads.get(partition_id, self._fallback)
+        return self.payloads.get(partition_id)
 
     def evaluation_payload(self, partition_id: int) -> Payload:
-        return self._payloads.get(partition_id, self._fallback)
+        return self.payloads.get(partition_id)
 
     def attention(self, models: np.ndarray) -> np.ndarray:
         """``ξ`` over the rows of ``models`` (float32 uploads)."""
@@ -87,8 +86,7 @@ class FedAMPCore(ServerCore[FedAMPConfig]):
         models = self.table.rows[idx]
         self.xi = self.attention(models)
         cloud = gb.fedamp_aggregate(models, self.xi)
-        self._payloads = {int(pid): Payload(self.table.unflatten(cloud[j])) for j, pid in enumerate(idx)}
-        self._fallback = Payload(self.table.unflatten(self.table.mean_row(cloud, idx)))
+        self.payloads.update(cloud, idx)
         metrics["self_weight"] = np.diag(self.xi).round(6).tolist()
         return metrics
 

@@ -41,7 +41,7 @@ from graphfl.common.core import ServerContext, ServerCore
 from graphfl.common.registry import AlgorithmSpec, register
 from graphfl.common.types import ClientUpdate, MetricValue, Payload
 from graphfl.strategies import jgesr_math as jm
-from graphfl.strategies.model_table import ModelTable
+from graphfl.strategies.model_table import ModelTable, PersonalPayloads
 
 logger = logging.getLogger(__name__)
 
@@ -109,9 +109,7 @@ class JGESRCore(ServerCore[JGESRConfig]):
         self.psi: np.ndarray | None = None        # restored rows of the clients in `solved`
         self.graph: np.ndarray | None = None      # their learned W
         self.solved = np.zeros(0, dtype=np.int64)  # ids in the last solve
-        self._initial = Payload(dict(ctx.initial_arrays))
-        self._payloads: dict[int, Payload] = {}
-        self._fallback = self._initial
+        self.payloads = PersonalPayloads(self.table, ctx.initial_arrays)
 
     # -- protocol --------------------------------------------------------------------
 
@@ -164,14 +162,11 @@ class JGESRCore(ServerCore[JGESRConfig]):
         return out
 
     def _payload(self, partition_id: int) -> Payload:
-        if not 0 <= partition_id < self.table.n:
-            raise ValueError(f"partition id {partition_id} outside 0..{self.table.n - 1}")
-        return self._payloads.get(partition_id, self._fallback)
+        return self.payloads.get(partition_id)
 
     def _rebuild(self, idx: np.ndarray) -> None:
         assert self.psi is not None
-        self._payloads = {int(pid): Payload(self.table.unflatten(self.psi[j])) for j, pid in enumerate(idx)}
-        self._fallback = Payload(self.table.unflatten(self.table.mean_row(self.psi, idx)))
+        self.payloads.update(self.psi, idx)
 
 
 register(AlgorithmSpec(

@@ -17,12 +17,12 @@ A client that does not reply keeps its previous row (stale upload), as FeSEM doe
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
 from graphfl.common.arrays import weighted_average
-from graphfl.common.types import Arrays, ClientUpdate
+from graphfl.common.types import Arrays, ClientUpdate, Payload
 
 logger = logging.getLogger(__name__)
 
@@ -101,3 +101,30 @@ class ModelTable:
         w = self.weights[idx] / self.weights[idx].sum()
         out: np.ndarray = (w @ np.asarray(rows, dtype=np.float64)).astype(np.float32)
         return out
+
+
+class PersonalPayloads:
+    """What each client receives from a core that aggregates one model per client.
+
+    A client in the last aggregation gets its own row (plus any extra arrays); a client that was
+    not in it (never uploaded, or joined late) gets the sample-weighted mean of those rows
+    (:meth:`ModelTable.mean_row`); before any aggregation every client gets the initial model.
+    Shared by the JGESR, FedAMP and pFedGraph cores.
+    """
+
+    def __init__(self, table: ModelTable, initial: Arrays) -> None:
+        self.table = table
+        self._by_client: dict[int, Payload] = {}
+        self._fallback = Payload(dict(initial))
+
+    def get(self, partition_id: int) -> Payload:
+        """The payload of ``partition_id`` (a ``ValueError`` naming the range if it is outside)."""
+        if not 0 <= partition_id < self.table.n:
+            raise ValueError(f"partition id {partition_id} outside 0..{self.table.n - 1}")
+        return self._by_client.get(partition_id, self._fallback)
+
+    def update(self, rows: np.ndarray, idx: np.ndarray, extra: Callable[[int], Arrays] | None = None) -> None:
+        """Client ``idx[j]`` gets ``rows[j]`` (and ``extra(j)``); the others the weighted mean of ``rows``."""
+        self._by_client = {int(pid): Payload({**self.table.unflatten(rows[j]), **(extra(j) if extra else {})})
+                           for j, pid in enumerate(idx)}
+        self._fallback = Payload(self.table.unflatten(self.table.mean_row(rows, idx)))

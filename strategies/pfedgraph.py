@@ -28,7 +28,7 @@ from graphfl.common.core import ServerContext, ServerCore
 from graphfl.common.registry import AlgorithmSpec, register
 from graphfl.common.types import Arrays, ClientUpdate, MetricValue, Payload
 from graphfl.strategies import graph_baselines_math as gb
-from graphfl.strategies.model_table import ModelTable
+from graphfl.strategies.model_table import ModelTable, PersonalPayloads
 
 CLUSTER_PREFIX = "pfedgraph/c/"
 """Payload arrays ``CLUSTER_PREFIX + key``: the cluster model ``c_i`` of the regulariser."""
@@ -60,15 +60,14 @@ class PFedGraphCore(ServerCore[PFedGraphConfig]):
         super().__init__(ctx)
         self.table = ModelTable(ctx.initial_arrays, ctx.param_keys, ctx.num_clients)
         self.init = self.table.flatten(ctx.initial_arrays).astype(np.float64)
-        self._payloads: dict[int, Payload] = {}
-        self._fallback = Payload(dict(ctx.initial_arrays))
+        self.payloads = PersonalPayloads(self.table, ctx.initial_arrays)
         self.graph: np.ndarray | None = None
 
     def configure_train(self, server_round: int, partition_id: int) -> Payload:
-        return self._payloads.get(partition_id, self._fallback)
+        return self.payloads.get(partition_id)
 
     def evaluation_payload(self, partition_id: int) -> Payload:
-        return self._payloads.get(partition_id, self._fallback)
+        return self.payloads.get(partition_id)
 
     def _cluster_arrays(self, c: np.ndarray) -> Arrays:
         model = self.table.unflatten(c)
@@ -85,9 +84,7 @@ class PFedGraphCore(ServerCore[PFedGraphConfig]):
         clip = None if p.clip_above >= 1.0 else p.clip_above
         self.graph = gb.pfedgraph_graph(models.astype(np.float64) - self.init, self.table.weights[idx], p.alpha, clip)
         personal, cluster = gb.pfedgraph_aggregate(models, self.graph)
-        self._payloads = {int(pid): Payload({**self.table.unflatten(personal[j]), **self._cluster_arrays(cluster[j])})
-                          for j, pid in enumerate(idx)}
-        self._fallback = Payload(self.table.unflatten(self.table.mean_row(personal, idx)))
+        self.payloads.update(personal, idx, lambda j: self._cluster_arrays(cluster[j]))
         full = np.zeros((self.table.n, self.table.n))
         full[np.ix_(idx, idx)] = self.graph
         metrics["graph"] = full.round(6).tolist()
