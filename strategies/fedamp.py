@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from graphfl.common.core import ServerContext, ServerCore
+from graphfl.common.core import ServerContext
 from graphfl.common.registry import AlgorithmSpec, register
-from graphfl.common.types import ClientUpdate, MetricValue, Payload
+from graphfl.common.types import ClientUpdate, MetricValue
 from graphfl.strategies import graph_baselines_math as gb
-from graphfl.strategies.model_table import ModelTable, PersonalPayloads
+from graphfl.strategies.model_table import PersonalModelsCore
 
 ATTENTIONS = ("heuristic", "exp")
 
@@ -54,21 +54,12 @@ class FedAMPConfig:
     prox_mu: float = field(default=0.1, metadata={"min": 0.0})
 
 
-class FedAMPCore(ServerCore[FedAMPConfig]):
+class FedAMPCore(PersonalModelsCore[FedAMPConfig]):
     """Server half of FedAMP (module docstring): one cloud model per client."""
 
     def __init__(self, ctx: ServerContext[FedAMPConfig]) -> None:
         super().__init__(ctx)
-        self.table = ModelTable(ctx.initial_arrays, ctx.param_keys, ctx.num_clients)
-        self.init = self.table.flatten(ctx.initial_arrays).astype(np.float64)
-        self.payloads = PersonalPayloads(self.table, ctx.initial_arrays)
         self.xi: np.ndarray | None = None
-
-    def configure_train(self, server_round: int, partition_id: int) -> Payload:
-        return self.payloads.get(partition_id)
-
-    def evaluation_payload(self, partition_id: int) -> Payload:
-        return self.payloads.get(partition_id)
 
     def attention(self, models: np.ndarray) -> np.ndarray:
         """``ξ`` over the rows of ``models`` (float32 uploads)."""

@@ -37,11 +37,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from graphfl.common.core import ServerContext, ServerCore
+from graphfl.common.core import ServerContext
 from graphfl.common.registry import AlgorithmSpec, register
-from graphfl.common.types import ClientUpdate, MetricValue, Payload
+from graphfl.common.types import ClientUpdate, MetricValue
 from graphfl.strategies import jgesr_math as jm
-from graphfl.strategies.model_table import ModelTable, PersonalPayloads
+from graphfl.strategies.model_table import PersonalModelsCore
 
 logger = logging.getLogger(__name__)
 
@@ -95,12 +95,11 @@ class JGESRConfig:
                               impute_tol=self.impute_tol, work_dtype=self.work_dtype)  # type: ignore[arg-type]
 
 
-class JGESRCore(ServerCore[JGESRConfig]):
+class JGESRCore(PersonalModelsCore[JGESRConfig]):
     """Server half of JGESR: restores every client's model on a learned graph (module docstring)."""
 
     def __init__(self, ctx: ServerContext[JGESRConfig]) -> None:
         super().__init__(ctx)
-        self.table = ModelTable(ctx.initial_arrays, ctx.param_keys, ctx.num_clients)
         for pid, count in ctx.num_examples.items():
             if 0 <= int(pid) < self.table.n:
                 self.table.weights[int(pid)] = max(float(count), 1.0)
@@ -109,15 +108,8 @@ class JGESRCore(ServerCore[JGESRConfig]):
         self.psi: np.ndarray | None = None        # restored rows of the clients in `solved`
         self.graph: np.ndarray | None = None      # their learned W
         self.solved = np.zeros(0, dtype=np.int64)  # ids in the last solve
-        self.payloads = PersonalPayloads(self.table, ctx.initial_arrays)
 
     # -- protocol --------------------------------------------------------------------
-
-    def configure_train(self, server_round: int, partition_id: int) -> Payload:
-        return self._payload(partition_id)
-
-    def evaluation_payload(self, partition_id: int) -> Payload:
-        return self._payload(partition_id)
 
     def aggregate_train(self, server_round: int, updates: Mapping[int, ClientUpdate]) -> dict[str, MetricValue]:
         accepted = self.table.ingest(updates)
@@ -160,9 +152,6 @@ class JGESRCore(ServerCore[JGESRConfig]):
         if self.graph is not None:
             out[np.ix_(self.solved, self.solved)] = self.graph
         return out
-
-    def _payload(self, partition_id: int) -> Payload:
-        return self.payloads.get(partition_id)
 
     def _rebuild(self, idx: np.ndarray) -> None:
         assert self.psi is not None

@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from graphfl.common.arrays import weighted_average
+from graphfl.common.core import P, ServerContext, ServerCore
 from graphfl.common.types import Arrays, ClientUpdate, Payload
 
 logger = logging.getLogger(__name__)
@@ -128,3 +129,25 @@ class PersonalPayloads:
         self._by_client = {int(pid): Payload({**self.table.unflatten(rows[j]), **(extra(j) if extra else {})})
                            for j, pid in enumerate(idx)}
         self._fallback = Payload(self.table.unflatten(self.table.mean_row(rows, idx)))
+
+
+class PersonalModelsCore(ServerCore[P]):
+    """Base of the cores that keep every client's latest upload and send each client its own model.
+
+    Holds the :class:`ModelTable` (``table``), the flattened initial model (``init``, float64: the
+    reference the similarity-based cores measure updates from) and the :class:`PersonalPayloads`
+    every training and evaluation message carries. Subclasses implement ``aggregate_train`` and
+    call ``self.payloads.update(...)``.
+    """
+
+    def __init__(self, ctx: ServerContext[P]) -> None:
+        super().__init__(ctx)
+        self.table = ModelTable(ctx.initial_arrays, ctx.param_keys, ctx.num_clients)
+        self.init = self.table.flatten(ctx.initial_arrays).astype(np.float64)
+        self.payloads = PersonalPayloads(self.table, ctx.initial_arrays)
+
+    def configure_train(self, server_round: int, partition_id: int) -> Payload:
+        return self.payloads.get(partition_id)
+
+    def evaluation_payload(self, partition_id: int) -> Payload:
+        return self.payloads.get(partition_id)

@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from graphfl.common.core import ServerContext, ServerCore
+from graphfl.common.core import ServerContext
 from graphfl.common.registry import AlgorithmSpec, register
-from graphfl.common.types import Arrays, ClientUpdate, MetricValue, Payload
+from graphfl.common.types import Arrays, ClientUpdate, MetricValue
 from graphfl.strategies import graph_baselines_math as gb
-from graphfl.strategies.model_table import ModelTable, PersonalPayloads
+from graphfl.strategies.model_table import PersonalModelsCore
 
 CLUSTER_PREFIX = "pfedgraph/c/"
 """Payload arrays ``CLUSTER_PREFIX + key``: the cluster model ``c_i`` of the regulariser."""
@@ -53,21 +53,12 @@ class PFedGraphConfig:
     lam: float = field(default=0.01, metadata={"min": 0.0})
 
 
-class PFedGraphCore(ServerCore[PFedGraphConfig]):
+class PFedGraphCore(PersonalModelsCore[PFedGraphConfig]):
     """Server half of pFedGraph (module docstring)."""
 
     def __init__(self, ctx: ServerContext[PFedGraphConfig]) -> None:
         super().__init__(ctx)
-        self.table = ModelTable(ctx.initial_arrays, ctx.param_keys, ctx.num_clients)
-        self.init = self.table.flatten(ctx.initial_arrays).astype(np.float64)
-        self.payloads = PersonalPayloads(self.table, ctx.initial_arrays)
         self.graph: np.ndarray | None = None
-
-    def configure_train(self, server_round: int, partition_id: int) -> Payload:
-        return self.payloads.get(partition_id)
-
-    def evaluation_payload(self, partition_id: int) -> Payload:
-        return self.payloads.get(partition_id)
 
     def _cluster_arrays(self, c: np.ndarray) -> Arrays:
         model = self.table.unflatten(c)
