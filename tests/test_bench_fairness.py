@@ -131,8 +131,8 @@ def test_test_graph_is_homologous_but_new() -> None:
 
 
 def test_b1_tuning_picks_by_validation_never_test(monkeypatch: pytest.MonkeyPatch) -> None:
-    val = {0.1: 0.5, 0.3: 0.2, 1.0: None}  # None = diverged
-    test = {0.1: 0.1, 0.3: 0.9, 1.0: 0.0}  # would pick 1.0 or 0.1
+    val = {0.1: 0.5, 0.3: 0.2, 0.6: 0.25, 1.0: None}  # None = diverged; 0.6 = the step tried between 0.3 and 1
+    test = {0.1: 0.1, 0.3: 0.9, 0.6: 0.0, 1.0: 0.0}  # would pick 0.6, 1.0 or 0.1
     splits: list[str] = []
 
     def fake(method: str, tau: int, alpha0: float, iterations: int, seed: int, n: int, split: str = "test",
@@ -147,7 +147,8 @@ def test_b1_tuning_picks_by_validation_never_test(monkeypatch: pytest.MonkeyPatc
     form = b1.Form(iterations=10, seeds=1, grid=(0.1, 0.3, 1.0), eval_points=2)
     t = b1.tune("dfl-gt", 1, 5, form, seed=0)
     assert t["alpha0"] == 0.3
-    assert t["grid_val_loss"] == {"0.1": 0.5, "0.3": 0.2, "1": None}
+    assert t["grid_val_loss"] == {"0.1": 0.5, "0.3": 0.2, "0.6": 0.25, "1": None}
+    assert t["extended"] == [0.6] and not t["at_grid_edge"]
     assert set(splits) == {"val"}
 
 
@@ -166,7 +167,10 @@ def test_b2_tuning_picks_by_validation_never_test(monkeypatch: pytest.MonkeyPatc
     assert t["lr"] == 1.0 and t["grid"]["3"] is None
     assert tasks and all(x.endswith("+val") for x in tasks)
     # classification: maximise validation accuracy
-    acc = {0.1: 0.7, 0.3: 0.9}
+    # a winning upper edge (0.3) is extended: 0.9 is tried and wins, 2.7 brackets it
+    acc = {0.1: 0.7, 0.3: 0.9, 0.9: 0.95, 2.7: 0.5}
     monkeypatch.setattr(b2, "run_any", lambda m, task, n, r, s, st, *a, **k: {
         "curve": [{"round": r, "test_acc": acc[st["lr"]]}]})
-    assert b2.tune_lr("local", name, 12, 2, 0, (0.1, 0.3), b2.TRAIN, {}, classification=True)["lr"] == 0.3
+    t = b2.tune_lr("local", name, 12, 2, 0, (0.1, 0.3), b2.TRAIN, {}, classification=True)
+    assert t["lr"] == 0.9 and t["extended"] == [0.9, 2.7] and not t["at_grid_edge"]
+    assert t["grid"] == {"0.1": 0.7, "0.3": 0.9, "0.9": 0.95, "2.7": 0.5}

@@ -1,0 +1,71 @@
+"""search_grid: grid search on validation that extends past a winning edge (bench/tuning.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from graphfl.bench.tuning import search_grid
+
+
+def recorder(f):
+    calls: list[float] = []
+
+    def score(s: float) -> float | None:
+        calls.append(s)
+        return f(s)
+
+    return score, calls
+
+
+def test_interior_optimum_needs_no_extension() -> None:
+    score, calls = recorder(lambda s: (s - 1.0) ** 2)
+    out = search_grid(score, [0.3, 1.0, 3.0], factor=3.0)
+    assert out.chosen == 1.0 and not out.at_edge and out.extended == []
+    assert calls == [0.3, 1.0, 3.0]
+
+
+def test_upper_edge_winner_is_extended_until_bracketed() -> None:
+    score, calls = recorder(lambda s: (s - 9.0) ** 2)  # optimum at 9 = 1 * 3 * 3
+    out = search_grid(score, [0.3, 1.0], factor=3.0, max_extensions=3)
+    assert out.extended == pytest.approx([3.0, 9.0, 27.0])
+    assert out.chosen == pytest.approx(9.0) and not out.at_edge
+    assert calls[:2] == [0.3, 1.0]
+
+
+def test_lower_edge_is_extended_downwards() -> None:
+    score, _ = recorder(lambda s: s)  # smaller is always better
+    out = search_grid(score, [0.1, 0.2], factor=2.0, max_extensions=2)
+    assert out.extended == pytest.approx([0.05, 0.025])
+    assert out.chosen == pytest.approx(0.025) and out.at_edge  # budget ran out, still at the edge
+
+
+def test_far_failed_neighbour_leaves_room_between() -> None:
+    # 15 diverges; 0.4 is best of the grid, but 0.8 (between 0.4 and 15) must be tried.
+    score, calls = recorder(lambda s: None if s > 5 else (s - 0.8) ** 2)
+    out = search_grid(score, [0.1, 0.2, 0.4, 15.0], factor=2.0, max_extensions=2)
+    assert 0.8 in calls and out.chosen == pytest.approx(0.8)
+    assert out.extended == pytest.approx([0.8, 1.6])
+    assert not out.at_edge  # 1.6 scored worse: bracketed
+
+
+def test_near_failed_neighbour_brackets() -> None:
+    score, calls = recorder(lambda s: None if s > 0.5 else -s)
+    out = search_grid(score, [0.2, 0.4, 0.6], factor=2.0)
+    assert out.chosen == 0.4 and not out.at_edge and out.extended == []
+
+
+def test_ties_go_to_the_smaller_step_and_failures_never_win() -> None:
+    out = search_grid(lambda s: None if s == 1.0 else 0.5, [0.5, 1.0, 2.0], max_extensions=0)
+    assert out.chosen == 0.5 and out.scores[1.0] is None
+    assert out.grid_scores() == {"0.5": 0.5, "1": None, "2": 0.5}
+
+
+def test_every_step_failing_and_bad_grids_are_errors() -> None:
+    with pytest.raises(RuntimeError, match="every step"):
+        search_grid(lambda s: None, [0.1, 1.0], max_extensions=1)
+    with pytest.raises(ValueError, match="positive"):
+        search_grid(lambda s: 0.0, [])
+    with pytest.raises(ValueError, match="positive"):
+        search_grid(lambda s: 0.0, [0.0, 1.0])
+    with pytest.raises(ValueError, match="factor"):
+        search_grid(lambda s: 0.0, [1.0], factor=1.0)
