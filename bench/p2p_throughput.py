@@ -25,10 +25,14 @@ framing not counted) vs payload. *Memory per peer*: each peer's maximum resident
 (``getrusage``), and *start-up*: process spawn -> the peer's gRPC server is up (imports, data,
 TLS material), the same for the floor's processes.
 
-Not measured here: a Flower deployment round for the same bytes (a 1M-parameter echo App on
-real SuperLink/SuperNodes is not built into this bench; ``graphfl bench deploy`` measures
-graphfl's Flower rounds on its own model) and p2pfl (not a dependency; reported as skipped when
-it is not installed). No figure is copied from notes.
+**Flower, same bytes, same run**: for each case, graphfl's own Flower deployment (real
+``flower-superlink`` + ``n`` ``flower-supernode`` processes on 127.0.0.1, warm ClientApp workers,
+TLS as the p2p case) runs FedAvg on ``synthetic-vector`` with ``data.dim = d``: a bare
+``d``-parameter float32 model, so one round moves ``n`` messages of ``4d`` bytes down and ``n``
+up — the same ``2n`` messages as the ring — plus one SGD step per client. Its round time
+(median of rounds 2..) is reported beside the p2p round. p2pfl is measured only when installed
+(it is not a dependency; reported as skipped with the reason otherwise). No figure is copied
+from notes.
 
 The in-process engine (``graphfl p2p --engine inprocess``) is measured in the same run: ms per
 round of DFL-GT on ``linreg`` with 1000 nodes on a ring, vectorised vs the per-node driver.
@@ -74,6 +78,8 @@ SCALE_PEERS = 128
 SCALE_PARAMS = 100_000
 """The full form's large ring: 128 peers, 100k parameters, plaintext, run when memory allows."""
 INPROCESS_NODES = 1000
+FLOWER_MAX_NODES = 16
+"""Largest ring for which the same bytes are also sent through a Flower deployment (one SuperNode per node)."""
 
 
 def raw_floor(d: int, n: int, repeats: int = 3) -> float:
@@ -211,6 +217,41 @@ def measure_ring(out: Path, d: int, n: int, rounds: int, insecure: bool, timeout
     return result
 
 
+def measure_flower(out: Path, d: int, n: int, rounds: int, insecure: bool, timeout: float) -> dict[str, Any]:
+    """The Flower round of graphfl's deployment for the same bytes: FedAvg on ``synthetic-vector`` (``d`` params).
+
+    Returns the per-round seconds from the run's ``run.json`` (rounds 1..), the median of rounds
+    2.., bytes per round and the run's status; a failed deployment is reported, not raised.
+    """
+    from graphfl.common.config import parse_run_config
+    from graphfl.deploy.run import run_experiment
+
+    cfg = parse_run_config({"strategy": "fedavg", "task": "synthetic-vector", "data": {"dim": d}, "nodes": n,
+                            "rounds": rounds, "seed": 0, "out-dir": str(out),
+                            "train": {"local-steps": 1, "batch-size": 2}})
+    res: dict[str, Any] = {"params": d, "nodes": n, "tls": not insecure, "clientapp_mode": "warm",
+                           "strategy": "fedavg", "task": "synthetic-vector"}
+    try:
+        run_experiment(cfg, insecure=insecure, run_timeout=timeout, clientapp_mode="warm")
+    except Exception as exc:  # noqa: BLE001 - a failed deployment is a result of the bench, not its end
+        logger.warning("Flower round for %d params, %d nodes failed: %s", d, n, exc)
+        res.update(ok=False, error=f"{type(exc).__name__}: {exc}")
+    run_json = out / "run.json"
+    if not run_json.is_file():
+        res.setdefault("ok", False)
+        return res
+    doc = json.loads(run_json.read_text())
+    curve = [c for c in doc["methods"]["fedavg"]["curve"] if c.get("round", 0) >= 1 and "seconds" in c]
+    per_round = [float(c["seconds"]) for c in curve]
+    steady = per_round[1:] or per_round
+    res.update({"status": doc.get("status"), "round_s": per_round,
+                "median_round_s": float(statistics.median(steady)) if steady else None,
+                "bytes_per_round": float(np.mean([c.get("bytes_up", 0) + c.get("bytes_down", 0) for c in curve]))
+                if curve else None})
+    res.setdefault("ok", doc.get("status") == "completed" and len(per_round) == rounds)
+    return res
+
+
 def _median(values: list[Any]) -> float | None:
     v = [float(x) for x in values if x is not None]
     return float(statistics.median(v)) if v else None
@@ -311,6 +352,11 @@ def run(quick: bool, seed: int, out: Path) -> dict[str, Any]:
         med = res.get("median_round_s")
         res["ratio_to_floor"] = med / floor if med else None
         res["ratio_to_parallel_floor"] = med / pfloor["median_round_s"] if med else None
+        if n <= FLOWER_MAX_NODES:
+            fl = measure_flower(out / "flower" / f"{d}-{n}-{label}", d, n, rounds, insecure, timeout=600 + 10 * n)
+            res["flower"] = fl
+            fmed = fl.get("median_round_s")
+            res["flower_over_p2p"] = fmed / med if (fmed and med) else None
         rows.append(res)
         m = methods.setdefault(label, {"final": {}, "curve": []})
         m["curve"].append({"round": len(m["curve"]) + 1, "params": d, "seconds": med, "floor_s": floor,
@@ -319,6 +365,12 @@ def run(quick: bool, seed: int, out: Path) -> dict[str, Any]:
                            "bytes_up": res.get("wire_bytes_per_round"), "payload": res.get("payload_bytes_per_round")})
         m["final"][str(d)] = {"round_s": med, "ratio_to_floor": res["ratio_to_floor"],
                               "ratio_to_parallel_floor": res["ratio_to_parallel_floor"]}
+        fmed = (res.get("flower") or {}).get("median_round_s")
+        if fmed:
+            fm = methods.setdefault(f"flower-{'plain' if insecure else 'tls'}-{n}nodes", {"final": {}, "curve": []})
+            fm["curve"].append({"round": len(fm["curve"]) + 1, "params": d, "seconds": fmed,
+                                "ratio_parallel": fmed / pfloor["median_round_s"]})
+            fm["final"][str(d)] = {"round_s": fmed, "ratio_to_parallel_floor": fmed / pfloor["median_round_s"]}
     inproc = measure_inprocess(out / "inprocess", INPROCESS_NODES, 10 if quick else 30)
     mixing = measure_mixing()
     p2pfl = ("measured" if importlib.util.find_spec("p2pfl") is not None else
@@ -334,8 +386,8 @@ def run(quick: bool, seed: int, out: Path) -> dict[str, Any]:
         "inprocess": inproc,
         "mixing": mixing,
         "skipped": skipped,
-        "flower": "not measured: no Flower echo App for the same bytes in this bench (graphfl bench deploy "
-                  "measures graphfl's Flower rounds on its own model); no figure copied from notes",
+        "flower": ("measured in this run: graphfl's Flower deployment (warm ClientApp workers), FedAvg on "
+                   "synthetic-vector with the same parameter count, one SGD step per client; rounds 2.. median"),
         "p2pfl": p2pfl,
         "env": env_info(),
     }
@@ -343,12 +395,13 @@ def run(quick: bool, seed: int, out: Path) -> dict[str, Any]:
     table = markdown_table(
         columns=["params", "peers", "TLS", "round s (median)", "serial floor s", "parallel floor s", "/ serial",
                  "/ parallel", "wire/payload", "MB/round (wire)", "peer RSS MB (median)", "peer start-up s",
-                 "floor proc RSS MB", "floor start-up s", "ok"],
+                 "floor proc RSS MB", "floor start-up s", "Flower round s", "Flower / p2p", "ok"],
         rows=[[r["params"], r["peers"], r["tls"], r.get("median_round_s"), r["floor_s"], r["parallel_floor_s"],
                r.get("ratio_to_floor"), r.get("ratio_to_parallel_floor"),
                None if r.get("wire_over_payload") is None else f"{r['wire_over_payload']:.5f}",
                (r.get("wire_bytes_per_round") or 0) / 2**20, r.get("rss_mb_median"), r.get("startup_s_median"),
-               r["parallel_floor"]["rss_mb"], r["parallel_floor"]["startup_s"], r["ok"]] for r in rows],
+               r["parallel_floor"]["rss_mb"], r["parallel_floor"]["startup_s"],
+               (r.get("flower") or {}).get("median_round_s"), r.get("flower_over_p2p"), r["ok"]] for r in rows],
     )
     ip = inproc
     (out / f"{NAME}.md").write_text(

@@ -175,6 +175,9 @@ class DataConfig:
     split: str = field(default="auto", metadata={"choices": DATA_SPLITS})
     """Train/test split where a task offers a choice: ``auto`` (the task's default), ``random``
     or ``scaffold`` (bbbp: Bemis–Murcko scaffolds, unseen in training; its default)."""
+    dim: int = field(default=0, metadata={"min": 0})
+    """Model size of tasks that take one: ``synthetic-vector``'s number of parameters (0 = the
+    task's default, 100 000). Other tasks ignore it."""
 
 
 COMPRESS_KINDS = ("none", "quant", "topk")

@@ -1,4 +1,4 @@
-"""Models used by the tasks: MLP, the seed's 8-16-16-8 net, the 2-conv + 2-FC CNN."""
+"""Models used by the tasks: MLP, the seed's 8-16-16-8 net, the 2-conv + 2-FC CNN, a bare vector."""
 
 from __future__ import annotations
 
@@ -63,3 +63,27 @@ def seeded(seed: int, factory, *args, **kwargs) -> nn.Module:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(int(seed))
         return factory(*args, **kwargs)
+
+
+class VectorModel(nn.Module):
+    """A bare parameter vector ``θ ∈ R^d`` (zeros): ``forward(x)`` returns ``θ`` for every row of ``x``.
+
+    The model of ``synthetic-vector`` (a transport workload: all of its size is payload).
+    """
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.theta = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.theta.expand(x.shape[0], -1)
+
+
+class HalfSquaredError(nn.Module):
+    """``½ ‖output − target‖²`` per row (summed over coordinates), averaged over rows.
+
+    Its gradient in ``θ`` for :class:`VectorModel` is ``θ − mean(target)``, independent of ``d``.
+    """
+
+    def forward(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return 0.5 * ((output - target) ** 2).sum(dim=1).mean()

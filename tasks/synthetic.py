@@ -1,4 +1,6 @@
-"""Synthetic tasks of seed 000: the 5-node DFL regression and the 50-node multi-center task."""
+"""Synthetic tasks: seed 000's 5-node DFL regression and 50-node multi-center task, and a bare
+vector (a transport workload of any size).
+"""
 
 from __future__ import annotations
 
@@ -177,6 +179,51 @@ class SyntheticMulticenterSmoothTestGraph(SyntheticMulticenterSmooth):
     spec = TaskSpec("synthetic-multicenter-smooth-testgraph", "regression", default_nodes=50,
                     summary="test graph of synthetic-multicenter-smooth (same mixture, new nodes)")
     graph_role = "test"
+
+
+class SyntheticVector(Task):
+    """Quadratic consensus over a bare vector ``θ ∈ R^d``: a transport workload of any size.
+
+    Client i holds targets ``y = μ_i + 0.1 ε`` with ``μ_i ~ N(0, I_d)`` (2 train rows, 1 test row)
+    and minimises ``½ ‖θ − y‖²`` (:class:`~graphfl.tasks.models.HalfSquaredError`), so one SGD
+    step with step η moves ``θ`` by ``η (mean(y) − θ)``; FedAvg's fixed point is the mean of the
+    clients' targets. The model (:class:`~graphfl.tasks.models.VectorModel`) is all payload:
+    ``d`` float32 values and nothing else, the Flower counterpart of the p2p ``vector``
+    problem (``graphfl bench p2p-throughput`` sends the same bytes both ways). ``d`` is
+    ``data.dim`` (default 100 000).
+    """
+
+    spec = TaskSpec("synthetic-vector", "regression", default_nodes=4,
+                    summary="bare d-parameter vector, quadratic loss (data.dim; a transport workload)")
+    default_dim = 100_000
+    n_train = 2
+    n_test = 1
+
+    @property
+    def dim(self) -> int:
+        return int(self.data.dim) or self.default_dim
+
+    def client_data(self, partition_id: int, num_partitions: int) -> ClientData:
+        self.check_num_partitions(num_partitions)
+        rng = np.random.default_rng([self.seed, 21, partition_id])
+        mu = rng.standard_normal(self.dim, dtype=np.float32)
+
+        def rows(m: int) -> np.ndarray:
+            return mu + np.float32(0.1) * rng.standard_normal((m, self.dim), dtype=np.float32)
+
+        y_tr, y_te = rows(self.n_train), rows(self.n_test)
+        f32 = np.float32
+        return ClientData(np.zeros((self.n_train, 1), f32), y_tr, np.zeros((self.n_test, 1), f32), y_te)
+
+    def build_model(self):
+        from graphfl.tasks.models import VectorModel
+
+        return VectorModel(self.dim)
+
+    def loss_fn(self):
+        from graphfl.tasks.models import HalfSquaredError
+
+        return HalfSquaredError()
 
 
 MULTICENTER_TASKS = (SyntheticMulticenter, SyntheticMulticenterTestGraph, SyntheticMulticenterSmooth,
