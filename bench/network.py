@@ -22,7 +22,7 @@ the netns path is not implemented — and the results say why (``emulation``).
 Measured per (profile, runtime / strategy): seconds per round (median), time to target loss
 (the first round whose mean test loss is within :data:`TARGET_SLACK` of the **lan** run's final
 loss of the same runtime and strategy; seconds summed over rounds 1..r, join excluded), payload
-bytes (graphfl's count) and wire bytes (what crossed the proxies: TLS, HTTP/2, polls), failures
+bytes (graphfl's count) and wire bytes (what crossed the proxies: TLS, HTTP or gRPC framing, polls), failures
 (Flower: rounds with fewer replies than nodes; p2p: rounds in which a peer skipped a missing
 neighbour; connection resets and stalls of the links), and the final test loss / accuracy.
 
@@ -380,6 +380,7 @@ def run(quick: bool = False, seed: int = 0, out: Path | None = None, plan: Plan 
     plan = plan or plan_for(quick, seed)
     say = progress or (lambda text: logger.info("%s", text))
     t0 = time.perf_counter()
+    load_before = os.getloadavg()
     emulation = emulation_method(detect_netem())
     say(f"emulation: {emulation['why']}")
     runs: list[dict[str, Any]] = []
@@ -408,6 +409,7 @@ def run(quick: bool = False, seed: int = 0, out: Path | None = None, plan: Plan 
         "summary": summarize(runs),
         "runs": runs,
         "seconds": time.perf_counter() - t0,
+        "load_average": {"start": list(load_before), "end": list(os.getloadavg()), "cpus": os.cpu_count()},
         "env": env_info(),
     }
     write_json(out / f"{NAME}.json", doc)
@@ -433,16 +435,19 @@ def render(doc: dict[str, Any]) -> str:
              f"{cfg['flower_rounds']} rounds ({cfg['flower']}); p2p: DFL-GT, {cfg['p2p_rounds']} rounds "
              f"({cfg['p2p']}); seeds {cfg['seeds']}.", "",
              "## Link profiles (each direction of each connection)", ""]
-    prow = [{"profile": n, "delay ms": p["delay_ms"], "jitter ms": f"±{p['jitter_ms']:g}",
-             "rate Mbit/s": p["rate_mbit"], "stalls": f"{p['stall_per_s']:g}/s × {p['stall_ms']:g} ms",
-             "resets": f"{p['reset_per_s']:g}/s"} for n, p in cfg["profiles"].items()]
+    prow = [{"profile": n, "delay ms": f"{p['delay_ms']:g}", "jitter ms": f"±{p['jitter_ms']:g}",
+             "rate Mbit/s": "unlimited" if p["rate_mbit"] is None else f"{p['rate_mbit']:g}",
+             "stalls": f"{p['stall_per_s']:g}/s × {p['stall_ms']:g} ms" if p["stall_per_s"] else "none",
+             "resets": f"{p['reset_per_s']:g}/s" if p["reset_per_s"] else "none"} for n, p in cfg["profiles"].items()]
     lines += [markdown_table(prow, list(prow[0])), "",
               "## Results", "",
               f"s/round: median over rounds (median over seeds). Time to target: seconds of rounds 1..r until the "
               f"mean test loss is within {100 * cfg['target_slack']:.0f} % of the lan run's final loss (same runtime "
               "and strategy; join excluded). payload: graphfl's model bytes; wire: bytes through the proxies (TLS, "
-              "HTTP/2, polls). Failed rounds: Flower rounds with fewer replies than nodes / p2p rounds in which a "
-              "peer went on without a neighbour.", ""]
+              "HTTP, gRPC, polls). Failed rounds: Flower rounds with fewer replies than nodes / p2p rounds in which a "
+              "peer went on without a neighbour; missing: replies (Flower) / peer-rounds (p2p) missed; resets and "
+              "stalls: link events (a stall is counted once per outage window that held data, per direction and "
+              "connection).", ""]
     rows = [{"runtime": r["runtime"], "strategy": r["strategy"], "profile": r["profile"],
              "s/round": _f(r["s_per_round"], 3), "time to target s": _f(r["time_to_target_s"]),
              "reached": r["target_reached"], "final loss": _f(r["final_loss"], 4), "final acc": _f(r["final_acc"], 4),
@@ -453,9 +458,16 @@ def render(doc: dict[str, Any]) -> str:
     if rows:
         lines += [markdown_table(rows, list(rows[0])), ""]
     env = doc.get("env", {})
+    load = doc.get("load_average") or {}
     lines += ["## Environment", "", markdown_table([env], list(env)), "",
-              f"Benchmark wall time: {doc['seconds']:.0f} s.", ""]
+              f"Benchmark wall time: {doc['seconds']:.0f} s."
+              + (f" Load average (1/5/15 min) at start {_loads(load['start'])}, at end {_loads(load['end'])} on "
+                 f"{load['cpus']} CPUs." if load else ""), ""]
     return "\n".join(lines)
+
+
+def _loads(values: Sequence[float]) -> str:
+    return "/".join(f"{v:.1f}" for v in values)
 
 
 def plot(path: Path, doc: dict[str, Any]) -> None:
