@@ -210,7 +210,8 @@ def flower_runs(profile: LinkProfile, out: Path, seed: int, rounds: int, strateg
 
     results = []
     t0 = time.perf_counter()
-    with ProxiedFederation(out, nodes, tls=True, clientapp_mode="warm", profile=profile, seed=seed) as fed:
+    fed = ProxiedFederation(out, nodes, tls=True, clientapp_mode="warm", profile=profile, seed=seed)
+    with fed:
         startup = time.perf_counter() - t0
         for strategy in strategies:
             cfg, run_out = prepare(parse_run_config({"strategy": strategy, "task": TASK, "nodes": nodes, "rounds": rounds,
@@ -295,8 +296,8 @@ def p2p_run(profile: LinkProfile, out: Path, seed: int, rounds: int, nodes: int 
         wall = time.monotonic() - t0
         link = proxy_totals(proxies)
     finally:
-        for p in proxies:
-            p.close()
+        for proxy in proxies:
+            proxy.close()
     doc = collect(out, network_file, codes, wall)
     write_report(out, doc)
     if not doc["ok"] and error is None:
