@@ -1,0 +1,499 @@
+"""Benchmark ``network``: both runtimes over emulated links (issue 9, section 3).
+
+Several hosts are emulated on one machine, and each runtime is run across links with latency,
+jitter, a bandwidth limit and loss:
+
+* **Flower**: one ``flower-superlink`` and ``nodes`` SuperNodes (warm ClientApp workers, TLS on);
+  every SuperNode reaches the SuperLink through its own :class:`~graphfl.bench.linkemu.LinkProxy`
+  (``--superlink 127.0.0.1:<proxy port>``; the proxy relays TCP unchanged, so TLS still checks the
+  SuperLink's certificate for ``127.0.0.1``). The operator's ``flwr`` CLI and the ServerApp talk to
+  the SuperLink directly (they sit beside it). Strategies: FedAvg and pFedGraph (graph-aware), one
+  after the other on the same federation, on ``digits``.
+* **p2p**: ``nodes`` peer processes on a ring, DFL-GT on ``digits``, mutual TLS. Each peer binds its
+  real port (``graphfl peer --listen``) and the network file every peer reads lists, for each
+  peer, the port of a proxy in front of it, so every connection ``i -> j`` crosses an emulated
+  link (one TCP connection per neighbour pair and direction, each with its own link state).
+
+Emulation method: ``netem`` through network namespaces where the kernel has it would be the
+natural choice; :func:`detect_netem` tries it in a throwaway namespace (root only) and the result
+is recorded. This version always uses the user-space emulator (:mod:`graphfl.bench.linkemu`) —
+the netns path is not implemented — and the results say why (``emulation``).
+
+Measured per (profile, runtime / strategy): seconds per round (median), time to target loss
+(the first round whose mean test loss is within :data:`TARGET_SLACK` of the **lan** run's final
+loss of the same runtime and strategy; seconds summed over rounds 1..r, join excluded), payload
+bytes (graphfl's count) and wire bytes (what crossed the proxies: TLS, HTTP or gRPC framing, polls), failures
+(Flower: rounds with fewer replies than nodes; p2p: rounds in which a peer skipped a missing
+neighbour; connection resets and stalls of the links), and the final test loss / accuracy.
+
+``run(quick, seed, out)`` writes ``<out>/network.{json,md,png}`` (and each run's own files under
+``<out>/runs``). ``--quick``: 3 profiles, 4 nodes, 3 Flower rounds, 20 p2p rounds, one seed. The
+full form: 4 profiles (adds ``wan-resets``), 8 Flower rounds, 50 p2p rounds, 2 seeds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import statistics
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from graphfl.bench.linkemu import LinkProfile, LinkProxy
+from graphfl.common.config import parse_run_config
+from graphfl.common.envinfo import env_info
+from graphfl.common.ports import free_port
+from graphfl.common.results import markdown_table, plot_panels, write_json
+from graphfl.deploy.federation import FederationError, LocalFederation, supernode_argv
+from graphfl.deploy.processes import Managed
+
+logger = logging.getLogger(__name__)
+
+NAME = "network"
+NODES = 4
+TASK = "digits"
+STRATEGIES = ("fedavg", "pfedgraph")
+TARGET_SLACK = 0.05
+"""Target loss = (1 + slack) x the lan run's final test loss (same runtime and strategy)."""
+
+PROFILES: dict[str, LinkProfile] = {
+    "lan": LinkProfile("lan", delay_ms=0.5, rate_mbit=1000.0),
+    "wan": LinkProfile("wan", delay_ms=40.0, jitter_ms=10.0, rate_mbit=20.0),
+    "edge-lossy": LinkProfile("edge-lossy", delay_ms=100.0, jitter_ms=30.0, rate_mbit=5.0,
+                              stall_per_s=0.5, stall_ms=300.0),
+    "wan-resets": LinkProfile("wan-resets", delay_ms=40.0, jitter_ms=10.0, rate_mbit=20.0, reset_per_s=0.05),
+}
+FLOWER_ROUND_TIMEOUT_S = 120.0
+"""A Flower round waits this long for replies before it goes on without the missing ones."""
+QUICK_PROFILES = ("lan", "wan", "edge-lossy")
+FULL_PROFILES = ("lan", "wan", "edge-lossy", "wan-resets")
+
+P2P_SETTINGS: dict[str, Any] = {"algorithm": "dfl-gt", "problem": TASK, "tau": 5, "alpha0": 0.5,
+                                "standardize": False, "round-timeout": 15.0, "send-timeout": 15.0,
+                                "connect-timeout": 60.0}
+"""DFL-GT on digits: 5 local steps per round, alpha0/sqrt(t+1) with alpha0 = 0.5, raw inputs (per-node
+standardisation divides by near-zero pixel deviations of some nodes); 15 s per round before a
+neighbour counts as missing."""
+
+
+@dataclass
+class Plan:
+    """What one form of the benchmark runs."""
+
+    profiles: tuple[str, ...]
+    flower_rounds: int
+    p2p_rounds: int
+    seeds: tuple[int, ...]
+    strategies: tuple[str, ...] = STRATEGIES
+    nodes: int = NODES
+
+
+def plan_for(quick: bool, seed: int = 0) -> Plan:
+    """``--quick``: 3 profiles, 3 Flower / 20 p2p rounds, one seed; full: 4 profiles, 8 / 50 rounds, 2 seeds."""
+    if quick:
+        return Plan(QUICK_PROFILES, 3, 20, (seed,))
+    return Plan(FULL_PROFILES, 8, 50, (seed, seed + 1))
+
+
+# ------------------------------------------------------------------------------------------
+# emulation method
+# ------------------------------------------------------------------------------------------
+def detect_netem() -> dict[str, Any]:
+    """Whether ``tc ... netem`` works here: tried on ``lo`` of a throwaway network namespace (deleted again).
+
+    Returns ``{"root", "netns", "netem", "detail"}``. Needs root, ``ip`` and ``tc``; touches no
+    interface outside the namespace.
+    """
+    res: dict[str, Any] = {"root": os.geteuid() == 0, "netns": False, "netem": False, "detail": ""}
+    if not res["root"]:
+        res["detail"] = "not root: network namespaces and qdiscs need root"
+        return res
+    if shutil.which("ip") is None or shutil.which("tc") is None:
+        res["detail"] = "`ip` or `tc` not installed (iproute2)"
+        return res
+    ns = f"graphfl-netem-probe-{os.getpid()}"
+
+    def sh(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(list(argv), capture_output=True, text=True, timeout=10)
+
+    try:
+        made = sh("ip", "netns", "add", ns)
+        if made.returncode != 0:
+            res["detail"] = f"`ip netns add` failed: {made.stderr.strip()}"
+            return res
+        res["netns"] = True
+        sh("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
+        probe = sh("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms")
+        res["netem"] = probe.returncode == 0
+        res["detail"] = ("netem qdisc accepted" if res["netem"]
+                         else f"`tc qdisc add ... netem` failed: {probe.stderr.strip() or probe.stdout.strip()}")
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        res["detail"] = f"probe failed: {exc}"
+    finally:
+        if res["netns"]:
+            sh("ip", "netns", "del", ns)
+    return res
+
+
+def emulation_method(probe: dict[str, Any]) -> dict[str, Any]:
+    """The method this run uses, and why (the netns + netem path is not implemented in this version)."""
+    if probe["netem"]:
+        why = ("netem is available on this kernel, but graphfl's netns + veth + netem path is not implemented yet; "
+               "user-space emulator used")
+    else:
+        why = f"netem not available on this kernel ({probe['detail']}); user-space emulator used"
+    return {"method": "user-space", "why": why, "probe": probe}
+
+
+# ------------------------------------------------------------------------------------------
+# proxies
+# ------------------------------------------------------------------------------------------
+def proxy_totals(proxies: Sequence[LinkProxy]) -> dict[str, float]:
+    """Counters summed over ``proxies`` (bytes each way, connections, resets, stalls, ...)."""
+    total: dict[str, float] = {}
+    for p in proxies:
+        for k, v in p.stats().items():
+            total[k] = total.get(k, 0.0) + v
+    return total
+
+
+def _delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
+    return {k: v - before.get(k, 0.0) for k, v in after.items()}
+
+
+@dataclass
+class ProxiedFederation(LocalFederation):
+    """A :class:`LocalFederation` whose SuperNodes reach the SuperLink through one :class:`LinkProxy` each."""
+
+    profile: LinkProfile = field(default_factory=lambda: PROFILES["lan"])
+    seed: int = 0
+    proxies: list[LinkProxy] = field(init=False, default_factory=list)
+
+    def start_supernode(self, partition_id: int, name: str | None = None, auth_key: Path | None = None,
+                        clientapp_mode: str | None = None) -> Managed:
+        name = name or f"supernode-{partition_id}"
+        mode = clientapp_mode or self.clientapp_mode
+        proxy = LinkProxy("127.0.0.1", self.superlink_port, self.profile, seed=self.seed * 1000 + partition_id)
+        self.proxies.append(proxy)
+        ca = self.tls_files.ca_cert if self.tls_files else None
+        trace = self.run_dir / "logs" / f"warm-{partition_id}.jsonl" if mode == "warm" else None
+        proc = self.group.start(name, supernode_argv(
+            proxy.address, free_port(), partition_id, self.nodes, ca, device=self.device, auth_key=auth_key,
+            max_wait_time=self.start_timeout, clientapp_mode=mode, polls=self.polls, trace=trace))
+        if mode == "warm":
+            self._warm.add(name)
+        return proc
+
+    def stop(self) -> list[int]:
+        try:
+            return super().stop()
+        finally:
+            for p in self.proxies:
+                p.close()
+
+
+# ------------------------------------------------------------------------------------------
+# Flower
+# ------------------------------------------------------------------------------------------
+def flower_runs(profile: LinkProfile, out: Path, seed: int, rounds: int, strategies: Sequence[str],
+                nodes: int = NODES) -> list[dict[str, Any]]:
+    """One federation over ``profile``; each strategy run on it in turn; one result dict per strategy."""
+    from graphfl.deploy.run import prepare, write_overrides
+    from graphfl.server.flower_app import write_app_dir
+
+    results = []
+    t0 = time.perf_counter()
+    fed = ProxiedFederation(out, nodes, tls=True, clientapp_mode="warm", profile=profile, seed=seed)
+    with fed:
+        startup = time.perf_counter() - t0
+        for strategy in strategies:
+            cfg, run_out = prepare(parse_run_config({"strategy": strategy, "task": TASK, "nodes": nodes, "rounds": rounds,
+                                                     "seed": seed, "engine": "local-deployment",
+                                                     "round-timeout": FLOWER_ROUND_TIMEOUT_S,
+                                                     "out-dir": str(out / strategy)}))
+            before = proxy_totals(fed.proxies)
+            sub = fed.submitter()
+            handle = sub.submit(write_app_dir(run_out / "app"), write_overrides(run_out / "run-config.toml", cfg), run_out)
+            t_run = time.perf_counter()
+            error = None
+            try:
+                sub.wait(handle, timeout=cfg.connect_timeout + (rounds + 2) * cfg.round_timeout, health=fed.health,
+                         status_every=2.0)
+            except (FederationError, TimeoutError) as exc:  # recorded, the bench goes on with the next run
+                logger.warning("flower %s over %s failed: %s", strategy, profile.name, exc)
+                error = str(exc)
+            wall = time.perf_counter() - t_run
+            res = flower_result(run_out, strategy, nodes)
+            res.update({"runtime": "flower", "strategy": strategy, "profile": profile.name, "seed": seed,
+                        "federation_start": startup, "wall": wall, "error": error,
+                        "link": _delta(proxy_totals(fed.proxies), before)})
+            results.append(res)
+    return results
+
+
+def flower_result(run_out: Path, strategy: str, nodes: int) -> dict[str, Any]:
+    """Per-round seconds, losses, bytes and replies of one graphfl run (its ``run.json``)."""
+    try:
+        doc = json.loads((run_out / "run.json").read_text())
+        curve = doc["methods"][strategy]["curve"]
+    except (OSError, ValueError, KeyError) as exc:
+        return {"rounds": [], "losses": [], "status": f"no run.json ({exc})", "rounds_completed": 0}
+    rows = [r for r in curve if r["round"] >= 1]
+    join = curve[0] if curve and curve[0]["round"] == 0 else {}
+    return {
+        "status": doc.get("status"),
+        "join": join.get("seconds"),
+        "initial_loss": join.get("test_loss"),
+        "rounds": [r["seconds"] for r in rows],
+        "losses": [r.get("test_loss") for r in rows],
+        "accs": [r.get("test_acc") for r in rows],
+        "rounds_completed": len(rows),
+        "payload_bytes": int(sum((r.get("bytes_up") or 0) + (r.get("bytes_down") or 0) for r in curve)),
+        "failed_rounds": sum(1 for r in rows if (r.get("clients_ok") or 0) < nodes),
+        "missing_replies": int(sum(max(0, nodes - (r.get("clients_ok") or 0)) for r in rows)),
+        "final_loss": rows[-1].get("test_loss") if rows else None,
+        "final_acc": rows[-1].get("test_acc") if rows else None,
+    }
+
+
+# ------------------------------------------------------------------------------------------
+# p2p
+# ------------------------------------------------------------------------------------------
+def p2p_run(profile: LinkProfile, out: Path, seed: int, rounds: int, nodes: int = NODES) -> dict[str, Any]:
+    """DFL-GT on a ring of ``nodes`` peer processes, every connection through a proxy with ``profile``."""
+    from graphfl.p2p.config import load_network_file, write_network_file
+    from graphfl.p2p.launcher import PeerProcesses, collect, prepare_network, write_report
+
+    settings = {**P2P_SETTINGS, "rounds": rounds, "seed": seed}
+    real_file = prepare_network(out, "ring", nodes, settings, seed=seed)
+    net = load_network_file(real_file)
+    listen = {p.id: p.address for p in net.topology.peers}
+    proxies = []
+    try:
+        for p in net.topology.peers:
+            host, _, port = p.address.rpartition(":")
+            proxies.append(LinkProxy(host, int(port), profile, seed=seed * 1000 + 100 + p.id))
+        topo = dataclasses.replace(net.topology, peers=tuple(
+            dataclasses.replace(p, address=proxies[p.id].address) for p in net.topology.peers))
+        network_file = write_network_file(out / "network.toml", topo, net.run, net.tls)
+        bound = net.run.connect_timeout + rounds * net.run.round_timeout + 60.0
+        t0 = time.monotonic()
+        error = None
+        with PeerProcesses(network_file, out, ()) as procs:
+            for i in range(nodes):
+                procs.start(i, ["--listen", listen[i]])
+            if not procs.wait_all(t0 + bound):
+                error = f"peers did not finish within {bound:.0f} s"
+                procs.stop_all()
+            codes = procs.exit_codes()
+        wall = time.monotonic() - t0
+        link = proxy_totals(proxies)
+    finally:
+        for proxy in proxies:
+            proxy.close()
+    doc = collect(out, network_file, codes, wall)
+    write_report(out, doc)
+    if not doc["ok"] and error is None:
+        error = "; ".join(f"peer {i}: {p['outcome']} (exit {p['exit_code']})"
+                          for i, p in doc["peers"].items() if p["outcome"] != "done")
+    m = doc["methods"][net.run.algorithm]
+    curve = m["curve"]
+    cumulative = [c["seconds"] for c in curve]  # a peer's record holds seconds since its first round began
+    per_round = [b - a for a, b in zip([0.0, *cumulative[:-1]], cumulative)]
+    return {
+        "runtime": "p2p", "strategy": net.run.algorithm, "profile": profile.name, "seed": seed,
+        "status": "done" if doc["ok"] else "incomplete", "error": error, "wall": wall,
+        "rounds": per_round, "losses": [c["test_loss"] for c in curve], "accs": [None] * len(curve),
+        "rounds_completed": len(curve),
+        "payload_bytes": int(m["final"]["payload_sent"]),
+        "failed_rounds": sum(1 for c in curve if c["missing"]),
+        "missing_replies": int(sum(p.get("skipped_rounds", 0) for p in doc["peers"].values())),
+        "final_loss": m["final"]["test_loss"], "final_acc": None,
+        "peers_done": m["final"]["peers_done"], "link": link,
+    }
+
+
+# ------------------------------------------------------------------------------------------
+# summary
+# ------------------------------------------------------------------------------------------
+def _median(values: Sequence[float | None]) -> float | None:
+    vals = [v for v in values if v is not None]
+    return float(statistics.median(vals)) if vals else None
+
+
+def time_to_target(rounds: Sequence[float], losses: Sequence[float | None], target: float | None) -> float | None:
+    """Seconds of rounds 1..r for the first round r whose loss is <= ``target``; ``None`` if never reached."""
+    if target is None:
+        return None
+    elapsed = 0.0
+    for sec, loss in zip(rounds, losses):
+        elapsed += sec
+        if loss is not None and loss <= target:
+            return elapsed
+    return None
+
+
+def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (runtime, strategy, profile): medians over seeds of each run's figures."""
+    keys = sorted({(r["runtime"], r["strategy"], r["profile"]) for r in runs}, key=lambda k: (k[0], k[1]))
+    targets: dict[tuple[str, str, int], float | None] = {}
+    for r in runs:
+        if r["profile"] == "lan":
+            targets[(r["runtime"], r["strategy"], r["seed"])] = (
+                None if r.get("final_loss") is None else r["final_loss"] * (1 + TARGET_SLACK))
+    rows = []
+    order = {name: i for i, name in enumerate(PROFILES)}
+    for runtime, strategy, profile in sorted(keys, key=lambda k: (k[0], k[1], order.get(k[2], 99))):
+        group = [r for r in runs if (r["runtime"], r["strategy"], r["profile"]) == (runtime, strategy, profile)]
+        ttt = [time_to_target(r["rounds"], r["losses"], targets.get((runtime, strategy, r["seed"]))) for r in group]
+        per_round = [_median(r["rounds"]) for r in group]
+        rows.append({
+            "runtime": runtime, "strategy": strategy, "profile": profile, "seeds": len(group),
+            "s_per_round": _median(per_round),
+            "time_to_target_s": _median(ttt) if all(t is not None for t in ttt) else None,
+            "target_reached": f"{sum(t is not None for t in ttt)}/{len(ttt)}",
+            "rounds_completed": f"{sum(r['rounds_completed'] for r in group)}",
+            "final_loss": _median([r.get("final_loss") for r in group]),
+            "final_acc": _median([r.get("final_acc") for r in group]),
+            "payload_MB": _median([r["payload_bytes"] / 1e6 for r in group]),
+            "wire_MB": _median([(r["link"].get("bytes_up", 0) + r["link"].get("bytes_down", 0)) / 1e6 for r in group]),
+            "failed_rounds": int(sum(r["failed_rounds"] for r in group)),
+            "missing_replies": int(sum(r["missing_replies"] for r in group)),
+            "link_resets": int(sum(r["link"].get("resets", 0) for r in group)),
+            "link_stalls": int(sum(r["link"].get("stalls", 0) for r in group)),
+            "errors": "; ".join(sorted({str(r["error"]) for r in group if r.get("error")})) or "",
+        })
+    return rows
+
+
+def run(quick: bool = False, seed: int = 0, out: Path | None = None, plan: Plan | None = None,
+        progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run the benchmark; write ``<out>/network.{json,md,png}``; return the document."""
+    out = Path(out or "runs/bench-network").resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    plan = plan or plan_for(quick, seed)
+    say = progress or (lambda text: logger.info("%s", text))
+    t0 = time.perf_counter()
+    load_before = os.getloadavg()
+    emulation = emulation_method(detect_netem())
+    say(f"emulation: {emulation['why']}")
+    runs: list[dict[str, Any]] = []
+    for s in plan.seeds:
+        for name in plan.profiles:
+            profile = PROFILES[name]
+            say(f"seed {s}, {name}: Flower ({', '.join(plan.strategies)}), {plan.flower_rounds} rounds")
+            for res in flower_runs(profile, out / "runs" / f"flower-{name}-s{s}", s, plan.flower_rounds,
+                                   plan.strategies, plan.nodes):
+                runs.append(res)
+                say(f"  {res['strategy']}: rounds " + ", ".join(f"{x:.2f}" for x in res["rounds"]) + " s")
+            say(f"seed {s}, {name}: p2p DFL-GT, {plan.p2p_rounds} rounds")
+            res = p2p_run(profile, out / "runs" / f"p2p-{name}-s{s}", s, plan.p2p_rounds, plan.nodes)
+            runs.append(res)
+            say(f"  p2p: median round {_median(res['rounds']) or float('nan'):.3f} s, "
+                f"{res['rounds_completed']} rounds, {res['failed_rounds']} with a missing neighbour")
+    doc: dict[str, Any] = {
+        "name": NAME,
+        "config": {"quick": quick, "seeds": list(plan.seeds), "nodes": plan.nodes, "task": TASK,
+                   "strategies": list(plan.strategies), "flower_rounds": plan.flower_rounds,
+                   "p2p_rounds": plan.p2p_rounds, "p2p_settings": P2P_SETTINGS, "target_slack": TARGET_SLACK,
+                   "profiles": {n: PROFILES[n].to_dict() for n in plan.profiles},
+                   "flower": "warm ClientApp workers, TLS, one proxy per SuperNode -> SuperLink",
+                   "p2p": "ring, mutual TLS, one proxy in front of each peer (each connection its own link)"},
+        "emulation": emulation,
+        "summary": summarize(runs),
+        "runs": runs,
+        "seconds": time.perf_counter() - t0,
+        "load_average": {"start": list(load_before), "end": list(os.getloadavg()), "cpus": os.cpu_count()},
+        "env": env_info(),
+    }
+    write_json(out / f"{NAME}.json", doc)
+    (out / f"{NAME}.md").write_text(render(doc))
+    plot(out / f"{NAME}.png", doc)
+    return doc
+
+
+def _f(value: Any, digits: int = 2) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def render(doc: dict[str, Any]) -> str:
+    """The Markdown report."""
+    cfg = doc["config"]
+    lines = [f"# bench network ({'quick' if cfg['quick'] else 'full'})", "",
+             f"Emulation: **{doc['emulation']['method']}** — {doc['emulation']['why']}.", "",
+             f"{cfg['nodes']} nodes on `{cfg['task']}`; Flower: {', '.join(cfg['strategies'])}, "
+             f"{cfg['flower_rounds']} rounds ({cfg['flower']}); p2p: DFL-GT, {cfg['p2p_rounds']} rounds "
+             f"({cfg['p2p']}); seeds {cfg['seeds']}.", "",
+             "## Link profiles (each direction of each connection)", ""]
+    prow = [{"profile": n, "delay ms": f"{p['delay_ms']:g}", "jitter ms": f"±{p['jitter_ms']:g}",
+             "rate Mbit/s": "unlimited" if p["rate_mbit"] is None else f"{p['rate_mbit']:g}",
+             "stalls": f"{p['stall_per_s']:g}/s × {p['stall_ms']:g} ms" if p["stall_per_s"] else "none",
+             "resets": f"{p['reset_per_s']:g}/s" if p["reset_per_s"] else "none"} for n, p in cfg["profiles"].items()]
+    lines += [markdown_table(prow, list(prow[0])), "",
+              "## Results", "",
+              f"s/round: median over rounds (median over seeds). Time to target: seconds of rounds 1..r until the "
+              f"mean test loss is within {100 * cfg['target_slack']:.0f} % of the lan run's final loss (same runtime "
+              "and strategy; join excluded). payload: graphfl's model bytes; wire: bytes through the proxies (TLS, "
+              "HTTP, gRPC, polls). Failed rounds: Flower rounds with fewer replies than nodes / p2p rounds in which a "
+              "peer went on without a neighbour; missing: replies (Flower) / peer-rounds (p2p) missed; resets and "
+              "stalls: link events (a stall is counted once per outage window that held data, per direction and "
+              "connection).", ""]
+    rows = [{"runtime": r["runtime"], "strategy": r["strategy"], "profile": r["profile"],
+             "s/round": _f(r["s_per_round"], 3), "time to target s": _f(r["time_to_target_s"]),
+             "reached": r["target_reached"], "final loss": _f(r["final_loss"], 4), "final acc": _f(r["final_acc"], 4),
+             "payload MB": _f(r["payload_MB"], 3), "wire MB": _f(r["wire_MB"], 3),
+             "failed rounds": r["failed_rounds"], "missing": r["missing_replies"],
+             "resets": r["link_resets"], "stalls": r["link_stalls"], "errors": r["errors"] or "–"}
+            for r in doc["summary"]]
+    if rows:
+        lines += [markdown_table(rows, list(rows[0])), ""]
+    env = doc.get("env", {})
+    load = doc.get("load_average") or {}
+    lines += ["## Environment", "", markdown_table([env], list(env)), "",
+              f"Benchmark wall time: {doc['seconds']:.0f} s."
+              + (f" Load average (1/5/15 min) at start {_loads(load['start'])}, at end {_loads(load['end'])} on "
+                 f"{load['cpus']} CPUs." if load else ""), ""]
+    return "\n".join(lines)
+
+
+def _loads(values: Sequence[float]) -> str:
+    return "/".join(f"{v:.1f}" for v in values)
+
+
+def plot(path: Path, doc: dict[str, Any]) -> None:
+    """Loss against elapsed seconds per run (seed 0 of each), and seconds per round per profile."""
+    loss_series: dict[str, list[dict[str, Any]]] = {}
+    first_seed = doc["config"]["seeds"][0]
+    for r in doc["runs"]:
+        if r["seed"] != first_seed:
+            continue
+        elapsed, pts = 0.0, []
+        for sec, loss in zip(r["rounds"], r["losses"]):
+            elapsed += sec
+            pts.append({"t": elapsed, "loss": loss})
+        loss_series[f"{r['runtime']}/{r['strategy']}/{r['profile']}"] = pts
+    prof_index = {n: i for i, n in enumerate(doc["config"]["profiles"])}
+    bars: dict[str, list[dict[str, Any]]] = {}
+    for row in doc["summary"]:
+        bars.setdefault(f"{row['runtime']}/{row['strategy']}", []).append(
+            {"profile": prof_index.get(row["profile"], -1), "s": row["s_per_round"]})
+    panels = [{"x": "t", "y": "loss", "series": loss_series, "title": "mean test loss vs elapsed seconds (join excluded)",
+               "xlabel": "seconds", "ylabel": "test loss", "logx": True},
+              {"x": "profile", "y": "s", "series": bars, "logy": True,
+               "title": "seconds per round; profile " + ", ".join(f"{i}={n}" for n, i in prof_index.items()),
+               "xlabel": "profile", "ylabel": "seconds"}]
+    try:
+        plot_panels(path, panels, "graphfl bench network")
+    except Exception:
+        logger.exception("could not draw %s", path)
