@@ -3,8 +3,9 @@
 In deployment every message starts a fresh ``flwr-clientapp`` process, so module-level
 imports stay light (torch and the task are imported inside the handlers). The client's
 partition comes from ``context.node_config`` (``partition-id``, ``num-partitions``,
-optional ``device``); its persistent state lives in ``context.state`` (kept by the SuperNode
-across rounds).
+optional ``device``, optional ``state-dir``); its persistent state lives in ``context.state`` (kept
+by the SuperNode across rounds) and, with a ``state-dir``, is mirrored to disk so that it survives a
+``--resume`` and a SuperNode restart (:mod:`graphfl.client.state_store`).
 """
 
 from __future__ import annotations
@@ -101,6 +102,7 @@ def _serve(msg: Message, context: Context, default_kind: str) -> Message:
     import torch
 
     from graphfl.client.handler import build_runtime, handle
+    from graphfl.client.state_store import state_for_request, store_for
     from graphfl.common.config import parse_run_config
     from graphfl.common.records import arrays_to_record, record_to_arrays
     from graphfl.common.types import Payload
@@ -120,9 +122,17 @@ def _serve(msg: Message, context: Context, default_kind: str) -> Message:
 
     state_rec = context.state.array_records.get(wire.STATE)
     state = record_to_arrays(state_rec) if state_rec is not None else {}
+    store = store_for(str(node[wire.NODE_STATE_DIR]) if wire.NODE_STATE_DIR in node else None, cfg.run_key,
+                      runtime.ctx.partition_id)
+    live = wire.STATE_META in context.state.config_records
+    state = state_for_request(store, request.kind, request.server_round, state, live)
     arrays, metrics = handle(runtime, request.kind, request.server_round, payload, state, request.eval_first,
                              request.phase)
     context.state[wire.STATE] = arrays_to_record(state)
+    if request.kind != wire.JOIN:
+        context.state[wire.STATE_META] = ConfigRecord({"round": request.server_round})
+        if store is not None:
+            store.save(request.server_round, state)
 
     if cfg.engine != "simulation":  # Ray actors are long-lived: their age says nothing
         metrics[wire.CLIENT_BOOT_SECONDS] = boot

@@ -15,6 +15,9 @@ METRICS = "metrics"
 """MetricRecord of a reply."""
 STATE = "graphfl-state"
 """ArrayRecord in the ClientApp's ``context.state`` holding the client's persistent state."""
+STATE_META = "graphfl-state-meta"
+"""ConfigRecord in ``context.state``: ``round`` of the last non-join message that produced the state
+(absent: no state of this Flower run yet, so a persisted one may be loaded)."""
 COMPRESSED_PREFIX = "graphfl.z/"
 """Upload array keys under this prefix are compressed parts (:mod:`graphfl.common.compress`)."""
 
@@ -44,6 +47,8 @@ describe its training."""
 NODE_PARTITION_ID = "partition-id"
 NODE_NUM_PARTITIONS = "num-partitions"
 NODE_DEVICE = "device"
+NODE_STATE_DIR = "state-dir"
+"""Folder where the client mirrors its persistent state (:mod:`graphfl.client.state_store`)."""
 
 # Noisy uplink channel (seed 002; graphfl.client.noisy_channel)
 MASK_PREFIX = "graphfl-mask/"
