@@ -125,9 +125,11 @@ def _serve(msg: Message, context: Context, default_kind: str) -> Message:
     store = store_for(str(node[wire.NODE_STATE_DIR]) if wire.NODE_STATE_DIR in node else None, cfg.run_key,
                       runtime.ctx.partition_id)
     live = wire.STATE_META in context.state.config_records
-    state = state_for_request(store, request.kind, request.server_round, state, live)
+    state, restored = state_for_request(store, request.kind, request.server_round, state, live)
     arrays, metrics = handle(runtime, request.kind, request.server_round, payload, state, request.eval_first,
                              request.phase)
+    if restored is not None:
+        metrics[wire.STATE_RESTORED] = float(restored)
     context.state[wire.STATE] = arrays_to_record(state)
     if request.kind != wire.JOIN:
         context.state[wire.STATE_META] = ConfigRecord({"round": request.server_round})

@@ -27,6 +27,7 @@ import os
 import re
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -37,6 +38,9 @@ logger = logging.getLogger(__name__)
 
 KEEP = 2
 """Saved rounds kept per client (the newest and the one before, for a crash mid-round)."""
+
+savez: Any = np.savez
+"""``numpy.savez`` (its stub's ``allow_pickle`` keyword clashes with ``**arrays``; npz never pickles numeric arrays)."""
 
 _NAME = re.compile(r"^client-(\d+)-r(\d+)\.npz$")
 
@@ -72,7 +76,7 @@ class StateStore:
         fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=f".{target.name}.", suffix=".tmp")
         try:
             with os.fdopen(fd, "wb") as fh:
-                np.savez(fh, **{k: np.asarray(v) for k, v in state.items()})
+                savez(fh, **{k: np.asarray(v) for k, v in state.items()})
                 fh.flush()
                 os.fsync(fh.fileno())
             os.replace(tmp, target)
@@ -105,19 +109,21 @@ class StateStore:
 
 
 def state_for_request(store: StateStore | None, kind: str, server_round: int, state: Arrays,
-                      live: bool) -> Arrays:
-    """The state to serve a request with: ``state`` (this Flower run's, in memory) when ``live``
-    (a non-join message of this run produced it), else the newest saved one of a round
-    ``< server_round``; join requests always use ``state`` as it is.
+                      live: bool) -> tuple[Arrays, int | None]:
+    """The state to serve a request with, and the round of the saved state it came from (``None``
+    when none was loaded): ``state`` (this Flower run's, in memory) when ``live`` (a non-join
+    message of this run produced it), else the newest saved one of a round ``< server_round``;
+    join requests always use ``state`` as it is. The caller reports a loaded round to the server
+    as ``wire.STATE_RESTORED``.
     """
     if store is None or live or kind == wire.JOIN:
-        return state
+        return state, None
     loaded = store.load_before(server_round)
     if loaded is None:
-        return state
+        return state, None
     logger.info("client %d: restored its state of round %d from %s (serving round %d)",
                 store.partition_id, loaded[0], store.dir, server_round)
-    return loaded[1]
+    return loaded[1], loaded[0]
 
 
 def store_for(state_dir: str | None, run_key: str, partition_id: int) -> StateStore | None:

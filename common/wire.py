@@ -39,6 +39,9 @@ CLIENT_SECONDS = "client-seconds"
 CLIENT_BOOT_SECONDS = "client-boot-seconds"
 CLIENT_ON_GPU = "client-on-gpu"
 """1.0 when the client trained on a GPU (its resolved torch device is ``cuda``/``cuda:N``), else 0.0."""
+STATE_RESTORED = "state-restored"
+"""The round of the saved client state a client loaded from its state folder for this request
+(present only when it did: after a SuperNode restart or a ``--resume``)."""
 EVAL_PREFIX = "eval."
 """Reply metrics under this prefix are a client's evaluation (``eval.test_loss``); the others
 describe its training."""

@@ -64,9 +64,11 @@ class InProcessExchange:
         try:
             runtime = self.runtime(pid)
             store = store_for(self.state_dir, self.cfg.run_key, pid)
-            state = state_for_request(store, request.kind, r, self.states[pid], pid in self._live)
+            state, restored = state_for_request(store, request.kind, r, self.states[pid], pid in self._live)
             self.states[pid] = state
             arrays, metrics = handle(runtime, request.kind, r, payload, state, request.eval_first, request.phase)
+            if restored is not None:
+                metrics[wire.STATE_RESTORED] = float(restored)
             if request.kind != wire.JOIN:
                 self._live.add(pid)
                 if store is not None:
