@@ -13,7 +13,9 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
@@ -21,6 +23,9 @@ from flwr.clientapp import ClientApp
 from graphfl.client.noisy_channel import noisy_channel_mod
 from graphfl.common import wire
 from graphfl.common.types import ConfigValue
+
+if TYPE_CHECKING:
+    from graphfl.common.config import RunConfig
 
 MetricRecordValue = int | float | list[int] | list[float]
 
@@ -97,6 +102,19 @@ def boot_seconds() -> float:
     return process_age()
 
 
+def state_dir(node_config: Mapping[str, Any], cfg: RunConfig) -> str | None:
+    """Where this client mirrors its state: the node config's ``state-dir``; in a simulation (whose
+    node config Flower builds, on the machine that holds the run's folder) ``<out-dir>/client-state``.
+    """
+    if wire.NODE_STATE_DIR in node_config:
+        return str(node_config[wire.NODE_STATE_DIR])
+    if cfg.engine == "simulation" and cfg.out_dir:
+        from graphfl.client.state_store import CLIENT_STATE_DIR
+
+        return os.path.join(cfg.out_dir, CLIENT_STATE_DIR)
+    return None
+
+
 def _serve(msg: Message, context: Context, default_kind: str) -> Message:
     boot = boot_seconds()  # ClientApp start -> handler: Python, flwr, message fetch
     import torch
@@ -122,8 +140,7 @@ def _serve(msg: Message, context: Context, default_kind: str) -> Message:
 
     state_rec = context.state.array_records.get(wire.STATE)
     state = record_to_arrays(state_rec) if state_rec is not None else {}
-    store = store_for(str(node[wire.NODE_STATE_DIR]) if wire.NODE_STATE_DIR in node else None, cfg.run_key,
-                      runtime.ctx.partition_id)
+    store = store_for(state_dir(node, cfg), cfg.run_key, runtime.ctx.partition_id)
     live = wire.STATE_META in context.state.config_records
     state, restored = state_for_request(store, request.kind, request.server_round, state, live)
     arrays, metrics = handle(runtime, request.kind, request.server_round, payload, state, request.eval_first,

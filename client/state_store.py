@@ -36,6 +36,10 @@ from graphfl.common.types import Arrays
 
 logger = logging.getLogger(__name__)
 
+CLIENT_STATE_DIR = "client-state"
+"""Where a run's clients mirror their state, under its output folder (``graphfl run``'s SuperNodes,
+the in-process engine and simulations)."""
+
 KEEP = 2
 """Saved rounds kept per client (the newest and the one before, for a crash mid-round)."""
 

@@ -259,8 +259,8 @@ def _launch(
         run_federated_inprocess(cfg, out, progress=on_event)
         return
 
+    from graphfl.client.state_store import CLIENT_STATE_DIR
     from graphfl.server.flower_app import write_app_dir
-    from graphfl.server.inprocess import CLIENT_STATE_DIR
 
     app_dir = write_app_dir(out / "app")
     overrides = write_overrides(out / "run-config.toml", cfg)

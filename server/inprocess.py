@@ -13,7 +13,7 @@ from typing import Any
 
 from graphfl.client.handler import ClientRuntime, build_runtime, handle
 from graphfl.client.noisy_channel import transmit_upload
-from graphfl.client.state_store import state_for_request, store_for
+from graphfl.client.state_store import CLIENT_STATE_DIR, state_for_request, store_for
 from graphfl.common import wire
 from graphfl.common.config import RunConfig
 from graphfl.common.core import EVALUATE_PHASE, ServerCore
@@ -23,9 +23,6 @@ from graphfl.server.recorder import RunRecorder
 from graphfl.server.rounds import ServerInputs, run_federated
 
 logger = logging.getLogger(__name__)
-
-CLIENT_STATE_DIR = "client-state"
-"""Where a run's clients mirror their state, under its output folder (in-process and local deployments)."""
 
 FailKey = tuple[int, int] | tuple[int, int, str]
 """``(round, partition id)`` or ``(round, partition id, phase)``."""
