@@ -114,6 +114,9 @@ class RoundPrinter:
             self.progress.update(self.task, completed=r, description="training" if kind == "round" else "done")
         elif kind == "status":
             self.progress.update(self.task, description=f"run {ev['run_id']}: {ev['status']}")
+        elif kind == "resumed":
+            self.progress.console.print(f"resumed from the checkpoint of round {ev.get('round')}")
+            self.progress.update(self.task, completed=int(ev.get("round", 0)), description="training")
 
 
 @app.command()
@@ -136,8 +139,10 @@ def run(
     device: str | None = typer.Option(None, help="auto | cpu | cuda | cuda:N (goes into each SuperNode's node config)."),
     clientapp_mode: str = typer.Option("cold", help="Local deployment: warm (one long-lived ClientApp worker per "
                                        "SuperNode) or cold (stock Flower: a flwr-clientapp process per message)."),
+    resume: Path | None = typer.Option(None, "--resume", help="Continue the run in this folder from its checkpoint "
+                                       "(its config.json; --rounds may grow it; other changes are refused)."),
 ) -> None:
-    """Run one experiment and write run.json / run.md / run.png."""
+    """Run one experiment and write run.json / run.md / run.png (or continue one with --resume DIR)."""
     from graphfl.deploy.federation import FederationError
     from graphfl.deploy.run import run_experiment
     from graphfl.server.rounds import RunError
@@ -149,12 +154,15 @@ def run(
     if clientapp_mode not in ("warm", "cold"):
         fail(f"--clientapp-mode must be warm or cold, got {clientapp_mode!r}")
     try:
-        cfg = build_config(config, set_, flags)
+        if resume is not None:
+            cfg = _resume_config(resume, out, config, set_, flags)
+        else:
+            cfg = build_config(config, set_, flags)
     except ConfigError as exc:
         fail(str(exc))
     where = f"SuperLink {superlink}" if superlink else cfg.engine
     console.print(f"[bold]graphfl run[/]: {cfg.strategy} on {cfg.task}, {cfg.nodes} nodes, "
-                  f"{cfg.rounds} rounds, {where}")
+                  f"{cfg.rounds} rounds, {where}{f', resuming {cfg.out_dir}' if cfg.resume else ''}")
     try:
         with RoundPrinter(cfg.rounds) as printer:
             out_dir = run_experiment(cfg, printer, superlink=superlink,
@@ -171,6 +179,19 @@ def run(
         console.print(f"run finished on {superlink}; results are on the SuperLink host under {cfg.out_dir or 'its out-dir'}")
         return
     _print_final(out_dir)
+
+
+def _resume_config(folder: Path, out: Path | None, config: Path | None, sets: list[str], flags: dict[str, Any]):
+    """The config of ``graphfl run --resume FOLDER`` (FOLDER's config.json plus the given flags)."""
+    from graphfl.common.config import flatten, load_toml, parse_assignment
+    from graphfl.deploy.run import prepare_resume
+
+    if out is not None and out.resolve() != folder.resolve():
+        raise ConfigError(f"--resume {folder} continues the run in that folder; --out {out} must be left out")
+    overrides: dict[str, Any] = flatten(load_toml(config)) if config else {}
+    overrides.update({k: v for k, v in flags.items() if v is not None and k != "out-dir"})
+    overrides.update(dict(parse_assignment(a) for a in sets))
+    return prepare_resume(folder, overrides)
 
 
 def _print_final(out_dir: Path) -> None:
@@ -294,6 +315,8 @@ def supernode(
     max_wait_time: float | None = typer.Option(None, help="Give up after S seconds without the SuperLink."),
     clientapp_mode: str = typer.Option("cold", help="warm: ClientApps run in one long-lived worker (torch, data and "
                                        "CUDA context kept); cold: stock Flower, a flwr-clientapp process per message."),
+    state_dir: Path | None = typer.Option(None, help="Mirror the client's state to this folder (keyed by the run's "
+                                          "run-key and the partition id): it survives a restart and `graphfl run --resume`."),
 ) -> None:
     """Start a Flower SuperNode serving one graphfl partition."""
     from graphfl.deploy.federation import supernode_argv
@@ -310,7 +333,7 @@ def supernode(
         fail("--clientapp-mode must be warm or cold")
     _exec(supernode_argv(superlink_addr, port, partition_id, num_partitions, root_certificates,
                          device=device, auth_key=auth_key, max_wait_time=max_wait_time,
-                         clientapp_mode=clientapp_mode))
+                         clientapp_mode=clientapp_mode, state_dir=state_dir))
 
 
 def _exec(argv: list[str]) -> None:

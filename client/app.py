@@ -3,8 +3,9 @@
 In deployment every message starts a fresh ``flwr-clientapp`` process, so module-level
 imports stay light (torch and the task are imported inside the handlers). The client's
 partition comes from ``context.node_config`` (``partition-id``, ``num-partitions``,
-optional ``device``); its persistent state lives in ``context.state`` (kept by the SuperNode
-across rounds).
+optional ``device``, optional ``state-dir``); its persistent state lives in ``context.state`` (kept
+by the SuperNode across rounds) and, with a ``state-dir``, is mirrored to disk so that it survives a
+``--resume`` and a SuperNode restart (:mod:`graphfl.client.state_store`).
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
@@ -20,6 +23,9 @@ from flwr.clientapp import ClientApp
 from graphfl.client.noisy_channel import noisy_channel_mod
 from graphfl.common import wire
 from graphfl.common.types import ConfigValue
+
+if TYPE_CHECKING:
+    from graphfl.common.config import RunConfig
 
 MetricRecordValue = int | float | list[int] | list[float]
 
@@ -96,11 +102,25 @@ def boot_seconds() -> float:
     return process_age()
 
 
+def state_dir(node_config: Mapping[str, Any], cfg: RunConfig) -> str | None:
+    """Where this client mirrors its state: the node config's ``state-dir``; in a simulation (whose
+    node config Flower builds, on the machine that holds the run's folder) ``<out-dir>/client-state``.
+    """
+    if wire.NODE_STATE_DIR in node_config:
+        return str(node_config[wire.NODE_STATE_DIR])
+    if cfg.engine == "simulation" and cfg.out_dir:
+        from graphfl.client.state_store import CLIENT_STATE_DIR
+
+        return os.path.join(cfg.out_dir, CLIENT_STATE_DIR)
+    return None
+
+
 def _serve(msg: Message, context: Context, default_kind: str) -> Message:
     boot = boot_seconds()  # ClientApp start -> handler: Python, flwr, message fetch
     import torch
 
     from graphfl.client.handler import build_runtime, handle
+    from graphfl.client.state_store import state_for_request, store_for
     from graphfl.common.config import parse_run_config
     from graphfl.common.records import arrays_to_record, record_to_arrays
     from graphfl.common.types import Payload
@@ -120,9 +140,18 @@ def _serve(msg: Message, context: Context, default_kind: str) -> Message:
 
     state_rec = context.state.array_records.get(wire.STATE)
     state = record_to_arrays(state_rec) if state_rec is not None else {}
+    store = store_for(state_dir(node, cfg), cfg.run_key, runtime.ctx.partition_id)
+    live = wire.STATE_META in context.state.config_records
+    state, restored = state_for_request(store, request.kind, request.server_round, state, live)
     arrays, metrics = handle(runtime, request.kind, request.server_round, payload, state, request.eval_first,
                              request.phase)
+    if restored is not None:
+        metrics[wire.STATE_RESTORED] = float(restored)
     context.state[wire.STATE] = arrays_to_record(state)
+    if request.kind != wire.JOIN:
+        context.state[wire.STATE_META] = ConfigRecord({"round": request.server_round})
+        if store is not None:
+            store.save(request.server_round, state)
 
     if cfg.engine != "simulation":  # Ray actors are long-lived: their age says nothing
         metrics[wire.CLIENT_BOOT_SECONDS] = boot

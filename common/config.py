@@ -230,6 +230,13 @@ def device_problem(device: str) -> str | None:
     return f"choose one of {list(DEVICES)} or cuda:N (N = a GPU index, e.g. cuda:0)"
 
 
+def run_key_problem(key: str) -> str | None:
+    """Why ``key`` cannot name a run's client-state folder (it becomes a path component), else ``None``."""
+    if key == "" or (len(key) <= 64 and all(c.isalnum() or c in "-_" for c in key) and key[0].isalnum()):
+        return None
+    return "use at most 64 letters, digits, '-' and '_', starting with a letter or digit"
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """The whole description of one federated run; written next to every result."""
@@ -249,6 +256,11 @@ class RunConfig:
     min_replies: int = field(default=1, metadata={"min": 0})
     """A phase with fewer valid replies than this fails the run (0: carry on with none)."""
     graph_file: str = ""
+    resume: bool = False
+    """Continue the run whose checkpoint is in ``<out-dir>/checkpoint`` (set by ``graphfl run --resume``)."""
+    run_key: str = field(default="", metadata={"check": run_key_problem})
+    """Stable name of a run across ``--resume`` (new Flower run ids): client state on disk is kept
+    under it (``graphfl run`` sets a fresh one; empty = no persistent client state)."""
     train: TrainConfig = field(default_factory=TrainConfig)
     data: DataConfig = field(default_factory=DataConfig)
     compress: CompressConfig = field(default_factory=CompressConfig)
@@ -336,6 +348,26 @@ def parse_run_config(flat: Mapping[str, Any], *, ignore_other_strategies: bool =
     )
     registry.check_task(cfg.task)  # raises ConfigError listing valid task names
     return cfg
+
+
+def config_from_json(doc: Mapping[str, Any]) -> RunConfig:
+    """Inverse of :meth:`RunConfig.to_json` (a run folder's ``config.json``), validated like any config.
+
+    Raises
+    ------
+    ConfigError
+        When ``doc`` is not a run config (names the bad key or value).
+    """
+    if not isinstance(doc, Mapping):
+        raise ConfigError(f"a run config must be a JSON object, got {type(doc).__name__}")
+    values = dict(doc)
+    params = values.pop("params", None) or {}
+    if not isinstance(params, Mapping):
+        raise ConfigError(f"config 'params' must be an object, got {params!r}")
+    flat = flatten(values)
+    strategy = str(values.get("strategy", RunConfig.strategy))
+    flat.update(flatten(params, prefix=f"{strategy}."))
+    return parse_run_config(flat, ignore_other_strategies=False)
 
 
 def load_toml(path: str | Path) -> dict[str, Any]:

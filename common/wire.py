@@ -15,6 +15,9 @@ METRICS = "metrics"
 """MetricRecord of a reply."""
 STATE = "graphfl-state"
 """ArrayRecord in the ClientApp's ``context.state`` holding the client's persistent state."""
+STATE_META = "graphfl-state-meta"
+"""ConfigRecord in ``context.state``: ``round`` of the last non-join message that produced the state
+(absent: no state of this Flower run yet, so a persisted one may be loaded)."""
 COMPRESSED_PREFIX = "graphfl.z/"
 """Upload array keys under this prefix are compressed parts (:mod:`graphfl.common.compress`)."""
 
@@ -36,6 +39,9 @@ CLIENT_SECONDS = "client-seconds"
 CLIENT_BOOT_SECONDS = "client-boot-seconds"
 CLIENT_ON_GPU = "client-on-gpu"
 """1.0 when the client trained on a GPU (its resolved torch device is ``cuda``/``cuda:N``), else 0.0."""
+STATE_RESTORED = "state-restored"
+"""The round of the saved client state a client loaded from its state folder for this request
+(present only when it did: after a SuperNode restart or a ``--resume``)."""
 EVAL_PREFIX = "eval."
 """Reply metrics under this prefix are a client's evaluation (``eval.test_loss``); the others
 describe its training."""
@@ -44,6 +50,8 @@ describe its training."""
 NODE_PARTITION_ID = "partition-id"
 NODE_NUM_PARTITIONS = "num-partitions"
 NODE_DEVICE = "device"
+NODE_STATE_DIR = "state-dir"
+"""Folder where the client mirrors its persistent state (:mod:`graphfl.client.state_store`)."""
 
 # Noisy uplink channel (seed 002; graphfl.client.noisy_channel)
 MASK_PREFIX = "graphfl-mask/"

@@ -62,13 +62,15 @@ def supernode_argv(superlink: str, port: int, partition_id: int, num_partitions:
                    ca_cert: Path | None, device: str | None = None, auth_key: Path | None = None,
                    max_wait_time: float | None = None, host: str = "127.0.0.1",
                    clientapp_mode: str = "cold", polls: str | None = None,
-                   trace: Path | None = None) -> list[str]:
+                   trace: Path | None = None, state_dir: Path | None = None) -> list[str]:
     """Command line of a SuperNode serving partition ``partition_id`` of ``num_partitions``.
 
     ``clientapp_mode="cold"`` with stock polls (the defaults) is the stock ``flower-supernode``;
     anything else runs Flower's SuperNode through :mod:`graphfl.deploy.supernode` (``warm``:
     graphfl's warm ClientApp executor; ``polls="fast"``, the default with ``warm``: no 3 s idle
-    sleep). ``trace`` (warm) collects per-task timings as JSON lines.
+    sleep). ``trace`` (warm) collects per-task timings as JSON lines. ``state_dir`` goes into the
+    node config as ``state-dir``: the ClientApp mirrors its state there (absolute path, keyed by
+    the run's ``run-key`` and the partition id) so it survives a restart and a ``--resume``.
     """
     if clientapp_mode not in CLIENTAPP_MODES:
         raise ValueError(f"clientapp mode must be one of {CLIENTAPP_MODES}, got {clientapp_mode!r}")
@@ -78,6 +80,11 @@ def supernode_argv(superlink: str, port: int, partition_id: int, num_partitions:
     node_config = f"partition-id={partition_id} num-partitions={num_partitions}"
     if device:
         node_config += f" device='{device}'"
+    if state_dir is not None:
+        folder = str(Path(state_dir).resolve())
+        if "'" in folder or any(c.isspace() for c in folder):
+            raise ValueError(f"state dir {folder!r}: a node-config path cannot hold quotes or spaces")
+        node_config += f" state-dir='{folder}'"
     argv = ["--superlink", superlink, "--host", host, "--port", str(port), "--node-config", node_config]
     argv += ["--insecure"] if ca_cert is None else ["--root-certificates", str(ca_cert)]
     if auth_key is not None:
@@ -253,7 +260,8 @@ class LocalFederation:
     SuperNodes run ClientApps (``warm``, the default, or ``cold``, see :data:`CLIENTAPP_MODES`);
     ``device`` goes into every SuperNode's node config (and, warm, creates each worker's CUDA
     context at start-up); ``polls`` overrides the SuperNode poll mode (``fast``/``stock``,
-    for measurements). Warm SuperNodes write per-task timings to ``logs/warm-<i>.jsonl``;
+    for measurements); ``state_dir`` (every SuperNode's ``state-dir``) persists client state.
+    Warm SuperNodes write per-task timings to ``logs/warm-<i>.jsonl``;
     :meth:`start` returns once their workers hold torch (bounded by ``warm_timeout``, apart
     from ``start_timeout`` for registering with the SuperLink).
     """
@@ -270,6 +278,7 @@ class LocalFederation:
     device: str | None = None
     polls: str | None = None
     warm_timeout: float = 300.0
+    state_dir: Path | None = None
     group: ProcessGroup = field(init=False)
     tls_files: ServerTlsFiles | None = field(init=False, default=None)
     _warm: set[str] = field(init=False, default_factory=set)
@@ -327,7 +336,8 @@ class LocalFederation:
         trace = self.run_dir / "logs" / f"warm-{partition_id}.jsonl" if mode == "warm" else None
         proc = self.group.start(name, supernode_argv(
             self.address, free_port(), partition_id, self.nodes, ca, device=self.device, auth_key=auth_key,
-            max_wait_time=self.start_timeout, clientapp_mode=mode, polls=self.polls, trace=trace))
+            max_wait_time=self.start_timeout, clientapp_mode=mode, polls=self.polls, trace=trace,
+            state_dir=self.state_dir))
         if mode == "warm":
             self._warm.add(name)
         return proc

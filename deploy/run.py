@@ -45,7 +45,7 @@ def write_overrides(path: Path, cfg: RunConfig) -> Path:
 
 
 RUN_FILES = ("config.json", "run.json", "run.md", "run.png", "progress.jsonl", "run-config.toml",
-             "logs", "certs", "app", ".flwr")
+             "logs", "certs", "app", ".flwr", "checkpoint", "client-state")
 """What a run writes into its output folder (``--overwrite`` removes exactly these)."""
 
 
@@ -124,9 +124,65 @@ def prepare(cfg: RunConfig, overwrite: bool = False) -> tuple[RunConfig, Path]:
     data_dir = cfg.data_dir or os.environ.get("GRAPHFL_DATA", "")
     if data_dir:
         data_dir = str(Path(data_dir).resolve())
-    cfg = dataclasses.replace(cfg, out_dir=str(out), data_dir=data_dir)
+    cfg = dataclasses.replace(cfg, out_dir=str(out), data_dir=data_dir, run_key=cfg.run_key or new_run_key())
     (out / "config.json").write_text(json.dumps(cfg.to_json(), indent=2) + "\n")
     return cfg, out
+
+
+def new_run_key() -> str:
+    """A fresh run key (names the run's client-state folder; kept across ``--resume``)."""
+    import uuid
+
+    return uuid.uuid4().hex[:16]
+
+
+def prepare_resume(out: Path, overrides: dict[str, Any] | None = None) -> RunConfig:
+    """The config to continue the run in ``out`` with (its ``config.json`` plus ``overrides``).
+
+    Refused (one line each) when ``out`` is not a graphfl run folder, holds no checkpoint, the
+    overrides change a key a resume may not change, or the run already completed all its
+    rounds (``rounds`` must then grow). Writes the new ``config.json`` (with ``resume = true``,
+    the same ``run-key``).
+
+    Raises
+    ------
+    ConfigError
+        With the folder and the reason.
+    """
+    from graphfl.common.config import config_from_json, parse_run_config
+    from graphfl.server import checkpoint
+
+    out = out.resolve()
+    if not out.is_dir():
+        raise ConfigError(f"--resume {out}: not a folder")
+    path = out / "config.json"
+    try:
+        saved = config_from_json(json.loads(path.read_text()))
+    except FileNotFoundError:
+        raise ConfigError(f"--resume {out}: no config.json there (not a graphfl run folder)") from None
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"--resume {out}: {path.name} is unusable: {exc}") from None
+    if not saved.run_key:
+        raise ConfigError(f"--resume {out}: its config has no run-key (written by an older graphfl); start it again")
+    meta = checkpoint.read_meta(checkpoint.checkpoint_dir(out))
+    flat = {**saved.to_flat(), **(overrides or {}), "out-dir": str(out), "resume": True, "run-key": saved.run_key}
+    cfg = parse_run_config(flat, ignore_other_strategies=False)
+    checkpoint.check_config(meta, cfg, checkpoint.checkpoint_dir(out) / checkpoint.META)
+    status = _status(out)
+    if status == "completed" and cfg.rounds <= int(meta["round"]):
+        raise ConfigError(f"--resume {out}: the run already completed its {meta['round']} rounds; "
+                          f"give --rounds N (N > {meta['round']}) to continue it")
+    path.write_text(json.dumps(cfg.to_json(), indent=2) + "\n")
+    logger.info("resuming %s after round %s (it ended %s)", out, meta["round"], status or "without a status")
+    return cfg
+
+
+def _status(out: Path) -> str | None:
+    try:
+        status = json.loads((out / "run.json").read_text()).get("status")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return str(status) if status is not None else None
 
 
 def preflight(cfg: RunConfig) -> None:
@@ -165,7 +221,9 @@ def run_experiment(
 ) -> Path:
     """Run ``cfg``; return the output folder (holding ``run.json``, ``run.md``, ``run.png``).
 
-    The output folder must be new or empty (``overwrite`` replaces a previous run's files).
+    The output folder must be new or empty (``overwrite`` replaces a previous run's files), except
+    for a resume (``cfg.resume``, a config from :func:`prepare_resume`), which continues the run
+    in ``cfg.out_dir`` from its checkpoint on a fresh deployment.
     ``clientapp_mode`` (local deployments): ``warm`` runs each SuperNode's ClientApps in a
     long-lived worker, ``cold`` starts a stock ``flwr-clientapp`` process per message.
     When the run is interrupted (Ctrl-C) or its federation fails, ``run.json`` says so
@@ -173,7 +231,10 @@ def run_experiment(
     """
     if superlink is None:
         preflight(cfg)
-    cfg, out = prepare(cfg, overwrite)
+    if cfg.resume:
+        out = Path(cfg.out_dir)
+    else:
+        cfg, out = prepare(cfg, overwrite)
     timeout = run_timeout or (cfg.connect_timeout + (cfg.rounds + 2) * cfg.round_timeout)
     try:
         _launch(cfg, out, timeout, on_event, superlink, root_certificates, insecure, node_auth, clientapp_mode)
@@ -198,6 +259,7 @@ def _launch(
         run_federated_inprocess(cfg, out, progress=on_event)
         return
 
+    from graphfl.client.state_store import CLIENT_STATE_DIR
     from graphfl.server.flower_app import write_app_dir
 
     app_dir = write_app_dir(out / "app")
@@ -225,7 +287,7 @@ def _launch(
     simulation = cfg.engine == "simulation"
     with LocalFederation(out, cfg.nodes, tls=True, simulation=simulation, node_auth=node_auth and not simulation,
                          start_timeout=cfg.connect_timeout, clientapp_mode=clientapp_mode,
-                         device=cfg.device) as fed:
+                         device=cfg.device, state_dir=out / CLIENT_STATE_DIR) as fed:
         sub = fed.submitter()
         fed_cfg = f"num-supernodes={cfg.nodes} client-resources-num-cpus=1" if simulation else None
         handle = sub.submit(app_dir, overrides, out, federation_config=fed_cfg)

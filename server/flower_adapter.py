@@ -142,7 +142,9 @@ class GridExchange:
     def _join_nodes(self, node_ids: list[int], initial: Payload, rejoin: bool = False) -> dict[int, Reply]:
         """Ask ``node_ids`` for their partition ids. Two nodes claiming one partition is a
         configuration error at the start; later (``rejoin``) the newer node replaces the old
-        one, which the SuperLink may still list after a crash.
+        one, which the SuperLink may still list after a crash, and a node whose reply is an
+        error (e.g. Flower's "Node Unavailable") is skipped and asked again next round instead
+        of failing the run.
         """
         request = Request(wire.JOIN, 0, EVALUATE_PHASE)
         msgs = {nid: self.message(nid, request, initial) for nid in node_ids}
@@ -153,6 +155,9 @@ class GridExchange:
                 logger.warning("node %d did not answer the join request", nid)
                 continue
             rep = reply_from_message(replies[nid])
+            if rep.error is not None and rejoin:  # e.g. a node the SuperLink still lists after it died:
+                logger.warning("node %d failed to re-join (asked again next round): %s", nid, rep.error)
+                continue
             if rep.error is not None:
                 raise RunError(f"node {nid} failed to join: {rep.error}")
             nparts = int(rep.metrics.get(wire.NUM_PARTITIONS, -1))

@@ -13,6 +13,7 @@ from typing import Any
 
 from graphfl.client.handler import ClientRuntime, build_runtime, handle
 from graphfl.client.noisy_channel import transmit_upload
+from graphfl.client.state_store import CLIENT_STATE_DIR, state_for_request, store_for
 from graphfl.common import wire
 from graphfl.common.config import RunConfig
 from graphfl.common.core import EVALUATE_PHASE, ServerCore
@@ -28,18 +29,22 @@ FailKey = tuple[int, int] | tuple[int, int, str]
 
 
 class InProcessExchange:
-    """Runs each client's handler directly; client state lives in a dict per client.
+    """Runs each client's handler directly; client state lives in a dict per client (mirrored
+    under ``state_dir`` like a SuperNode's ``state-dir``, :mod:`graphfl.client.state_store`).
 
     ``fail`` maps ``(round, partition id)`` -- or ``(round, partition id, phase)`` for one
     phase only -- to a behaviour (``"error"`` or ``"nan"``), to inject failures in tests of
     the loop's error handling.
     """
 
-    def __init__(self, cfg: RunConfig, fail: Mapping[FailKey, str] | None = None) -> None:
+    def __init__(self, cfg: RunConfig, fail: Mapping[FailKey, str] | None = None,
+                 state_dir: str | Path | None = None) -> None:
         self.cfg = cfg
         self.runtimes: dict[int, ClientRuntime] = {}
         self.states: dict[int, ClientState] = {}
         self.fail: dict[FailKey, str] = dict(fail or {})
+        self.state_dir = str(state_dir) if state_dir else None
+        self._live: set[int] = set()   # clients whose state this run produced (else it may be loaded)
 
     def runtime(self, pid: int) -> ClientRuntime:
         """The client's runtime, built on first use (its data stays loaded)."""
@@ -54,8 +59,17 @@ class InProcessExchange:
         if mode == "error":
             return Reply(pid, error="injected failure")
         try:
-            arrays, metrics = handle(self.runtime(pid), request.kind, r, payload, self.states[pid],
-                                     request.eval_first, request.phase)
+            runtime = self.runtime(pid)
+            store = store_for(self.state_dir, self.cfg.run_key, pid)
+            state, restored = state_for_request(store, request.kind, r, self.states[pid], pid in self._live)
+            self.states[pid] = state
+            arrays, metrics = handle(runtime, request.kind, r, payload, state, request.eval_first, request.phase)
+            if restored is not None:
+                metrics[wire.STATE_RESTORED] = float(restored)
+            if request.kind != wire.JOIN:
+                self._live.add(pid)
+                if store is not None:
+                    store.save(r, state)
         except Exception as exc:  # a failing client is a failed reply, as in deployment
             logger.exception("client %d failed in round %d (phase %s)", pid, r, request.phase)
             return Reply(pid, error=f"{type(exc).__name__}: {exc}")
@@ -103,7 +117,11 @@ def run_federated_inprocess(
     progress: Callable[[dict[str, Any]], None] | None = None,
     fail: Mapping[FailKey, str] | None = None,
 ) -> tuple[dict[str, Any], ServerCore[Any]]:
-    """Run ``cfg`` in this process; return (result document, final server core)."""
+    """Run ``cfg`` in this process; return (result document, final server core).
+
+    With ``out_dir`` the run checkpoints there and its clients mirror their state to
+    ``<out_dir>/client-state`` (when ``cfg.run_key`` is set), so ``cfg.resume`` can continue it.
+    """
     import torch
 
     from graphfl.common import registry
@@ -112,7 +130,8 @@ def run_federated_inprocess(
     torch.set_num_threads(1)
     spec = registry.get(cfg.strategy)
     inputs = server_inputs(cfg)
-    exchange = InProcessExchange(cfg, fail)
+    state_dir = Path(out_dir) / CLIENT_STATE_DIR if out_dir else None
+    exchange = InProcessExchange(cfg, fail, state_dir=state_dir)
     try:  # the device the clients really train on (``auto`` depends on the model's size)
         device: str | None = str(exchange.runtime(0).ctx.device)
     except Exception:  # noqa: BLE001 - a broken client 0 fails inside the run, with its own report

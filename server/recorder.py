@@ -141,7 +141,9 @@ class RunRecorder:
         Rules: ``bytes_up``/``bytes_down`` are sums over the phases; ``train_loss`` is the mean
         over the clients of the *first* phase (the round's main local work); ``client_seconds``
         and ``client_boot_seconds`` are per-client sums over phases, averaged; ``clients_ok``
-        counts the clients that took part and failed no phase; ``failed`` gives each failed
+        counts the clients that took part and failed no phase; ``state_restored`` maps each client
+        that loaded its saved state from disk (after a restart or a resume) to that state's round;
+        ``failed`` gives each failed
         client's first failure (prefixed with the phase's name when the round has several);
         ``server`` merges the phases' server metrics (a later phase wins a shared key) and
         ``phases`` keeps each phase's own numbers.
@@ -169,6 +171,10 @@ class RunRecorder:
             row["clients_on_gpu"] = sum(1 for v in on_gpu if v == 1.0)
         if failed:
             row["failed"] = failed
+        restored = {str(pid): int(rep.metrics[wire.STATE_RESTORED]) for ph in phases for pid, rep in ph.ok().items()
+                    if wire.STATE_RESTORED in rep.metrics}
+        if restored:
+            row["state_restored"] = dict(sorted(restored.items()))
         server: dict[str, MetricValue] = {}
         for ph in phases:
             server.update(ph.server_metrics)

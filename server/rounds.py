@@ -20,6 +20,11 @@ Round protocol
   round r-1, so no separate evaluation exchange is needed; a final evaluation exchange after
   round R completes the curve. Otherwise every active client evaluates
   ``core.evaluation_payload`` after each round.
+* checkpoint: with an output folder, the core, the sampling RNG, the active clients and the rows
+  so far are saved after the join round and after every round (:mod:`graphfl.server.checkpoint`).
+  With ``resume = true`` the loop loads that checkpoint instead of building a core, still sends
+  the join request (clients report their partition ids; nothing of it is recorded) and
+  continues at the round after the checkpoint's.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import random
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -40,6 +46,7 @@ from graphfl.common.config import RunConfig
 from graphfl.common.core import EVALUATE_PHASE, Phase, ServerContext, ServerCore
 from graphfl.common.registry import AlgorithmSpec
 from graphfl.common.types import Arrays, ClientUpdate, Payload
+from graphfl.server import checkpoint
 from graphfl.server.exchange import ClientExchange, Reply, Request
 from graphfl.server.recorder import PhaseOutcome, RunRecorder
 
@@ -216,6 +223,12 @@ def _run(
         raise RunError(f"{spec.name} needs at least {spec.min_clients} clients, got nodes = {n}")
     if spec.preflight is not None:
         spec.preflight(cfg, initial, inputs.param_keys)
+    ck_dir = checkpoint.checkpoint_dir(recorder.out_dir) if recorder.out_dir is not None else None
+    resumed = None
+    if cfg.resume:
+        if ck_dir is None:
+            raise RunError("resume = true needs the out-dir that holds the run's checkpoint (out-dir is empty)")
+        resumed = checkpoint.load(ck_dir, cfg)  # before any client is contacted: a refusal costs nothing
     t0 = time.perf_counter()
     joined = exchange.join(Payload(initial), n)
     ok = {pid: rep for pid, rep in joined.items() if rep.error is None}
@@ -225,22 +238,28 @@ def _run(
     missing = sorted(set(range(n)) - set(ok))
     if missing:
         logger.warning("clients %s did not join; continuing with %d of %d", missing, len(ok), n)
-    recorder.record_eval(0, {pid: rep.eval_metrics() for pid, rep in ok.items()})
-    row0 = recorder.row(0)
-    row0["seconds"] = time.perf_counter() - t0
-    row0["bytes_down"] = Payload(initial).nbytes * len(joined)
-    row0["bytes_up"] = 0
-    recorder.flush()
-    recorder.emit(_event("round", 0, cfg.rounds, row0, row0, 0))
-
-    num_examples = {pid: rep.num_examples for pid, rep in ok.items()}
-    ctx = build_server_context(cfg, inputs, num_examples)
-    core = spec.server_core(ctx)
-    rng = random.Random(cfg.seed)
-    active = sorted(ok)
+    if resumed is None:
+        recorder.record_eval(0, {pid: rep.eval_metrics() for pid, rep in ok.items()})
+        row0 = recorder.row(0)
+        row0["seconds"] = time.perf_counter() - t0
+        row0["bytes_down"] = Payload(initial).nbytes * len(joined)
+        row0["bytes_up"] = 0
+        recorder.flush()
+        recorder.emit(_event("round", 0, cfg.rounds, row0, row0, 0))
+        num_examples = {pid: rep.num_examples for pid, rep in ok.items()}
+        ctx = build_server_context(cfg, inputs, num_examples)
+        core = spec.server_core(ctx)
+        rng = random.Random(cfg.seed)
+        active = sorted(ok)
+        first = 1
+    else:
+        core, rng, active, first = resumed.core, resumed.rng, resumed.active, resumed.round + 1
+        _restore_recorder(recorder, resumed, join_seconds=time.perf_counter() - t0, joined=sorted(ok))
     piggyback = core.piggyback_eval and cfg.fraction_train >= 1.0
+    if ck_dir is not None and resumed is None:
+        _checkpoint(ck_dir, 0, cfg, core, rng, active, recorder)
 
-    for r in range(1, cfg.rounds + 1):
+    for r in range(first, cfg.rounds + 1):
         t_round = time.perf_counter()
         selected = sample_clients(active, cfg.fraction_train, rng)
         phases: list[PhaseOutcome] = []
@@ -260,6 +279,8 @@ def _run(
             recorder.record_eval(r, _evaluations(_evaluate(core, exchange, r, active)))
         recorder.record_round(r, seconds=time.perf_counter() - t_round, phases=phases)
         recorder.flush()
+        if ck_dir is not None:
+            _checkpoint(ck_dir, r, cfg, core, rng, active, recorder)
         eval_round = r - 1 if piggyback else r
         recorder.emit(_event("round", r, cfg.rounds, recorder.rounds[r], recorder.rounds[eval_round], eval_round))
 
@@ -270,6 +291,40 @@ def _run(
     last = recorder.rounds[cfg.rounds]
     recorder.emit(_event("done", cfg.rounds, cfg.rounds, last, last, cfg.rounds))
     return core
+
+
+def _checkpoint(directory: Path, r: int, cfg: RunConfig, core: ServerCore[Any], rng: random.Random,
+                active: list[int], recorder: RunRecorder) -> None:
+    """Write the checkpoint of the completed round ``r`` (:mod:`graphfl.server.checkpoint`)."""
+    t = time.perf_counter()
+    checkpoint.save(directory, server_round=r, cfg=cfg, core=core, rng=rng, active=active,
+                    rows=recorder.rounds, extra=recorder.extra)
+    logger.debug("round %d: checkpoint written in %.3f s", r, time.perf_counter() - t)
+
+
+def _restore_recorder(recorder: RunRecorder, resumed: checkpoint.ServerCheckpoint, join_seconds: float,
+                      joined: list[int]) -> None:
+    """Put the rows of the rounds before the interruption back and record the resume.
+
+    ``run.json`` then says ``resumed_from_round`` (the latest) and ``resumes``: one entry per
+    resume with the round it continued after, when, how the interrupted run had ended (its
+    ``run.json`` status and error), the clients that re-joined and the join's seconds.
+    """
+    previous = checkpoint.previous_outcome(recorder.out_dir)
+    recorder.rounds = resumed.rows
+    for key, value in resumed.extra.items():
+        recorder.extra.setdefault(key, value)
+    missing = sorted(set(resumed.active) - set(joined))
+    if missing:
+        logger.warning("resume: clients %s did not re-join; their requests will fail until they do", missing)
+    entry = {"resumed_from_round": resumed.round, "time": time.time(), "join_seconds": join_seconds,
+             "previous_status": previous.get("status"), "previous_error": previous.get("error"),
+             "clients_joined": joined}
+    recorder.extra["resumes"] = [*resumed.extra.get("resumes", []), entry]
+    recorder.extra["resumed_from_round"] = resumed.round
+    logger.info("resuming after round %d (interrupted run: %s)", resumed.round, previous.get("status", "unknown"))
+    recorder.flush()
+    recorder.emit({"event": "resumed", "round": resumed.round, "rounds": recorder.cfg.rounds})
 
 
 def _require_replies(cfg: RunConfig, server_round: int, outcome: PhaseOutcome) -> None:
