@@ -36,6 +36,7 @@ BENCHMARKS = {
     "dfl": "graphfl.bench.dfl",
     "p2p-throughput": "graphfl.bench.p2p_throughput",
     "deploy": "graphfl.bench.deploy",
+    "faults": "graphfl.bench.faults",
 }
 
 
