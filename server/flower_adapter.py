@@ -31,6 +31,7 @@ from graphfl.common.core import EVALUATE_PHASE, ServerCore
 from graphfl.common.records import arrays_to_record, record_to_arrays
 from graphfl.common.registry import AlgorithmSpec
 from graphfl.common.types import Arrays, Payload
+from graphfl.server import bounded_pull
 from graphfl.server.exchange import Reply, Request
 from graphfl.server.recorder import RunRecorder
 from graphfl.server.rounds import RunError, ServerInputs, run_federated
@@ -78,7 +79,11 @@ class GridExchange:
         self.cfg = cfg
         self.poll_interval = poll_interval
         self.node_of: dict[int, int] = {}   # partition id -> node id
+        self.retired: set[int] = set()
+        """Node ids never asked again: replaced by a newer node for their partition, or failed a rejoin
+        (a killed SuperNode stays listed by the SuperLink until its heartbeat expires)."""
         self._records: dict[int, ArrayRecord] = {}
+        bounded_pull.install()
 
     # -- messages -----------------------------------------------------------------------
     def _record(self, arrays: Arrays) -> ArrayRecord:
@@ -116,7 +121,9 @@ class GridExchange:
         out: dict[int, Message] = {}
         deadline = time.monotonic() + timeout
         while pending and time.monotonic() < deadline:
-            for msg in self.grid.pull_messages(list(pending)):
+            with bounded_pull.pull_budget(deadline - time.monotonic()):  # a straggler's half-pushed reply
+                pulled = list(self.grid.pull_messages(list(pending)))
+            for msg in pulled:
                 reply_to = msg.metadata.reply_to_message_id
                 if reply_to in pending:
                     out[pending.pop(reply_to)] = msg
@@ -154,7 +161,11 @@ class GridExchange:
                 continue
             rep = reply_from_message(replies[nid])
             if rep.error is not None:
-                raise RunError(f"node {nid} failed to join: {rep.error}")
+                if not rejoin:
+                    raise RunError(f"node {nid} failed to join: {rep.error}")
+                logger.warning("node %d did not rejoin (%s); it is not asked again", nid, rep.error)
+                self.retired.add(nid)
+                continue
             nparts = int(rep.metrics.get(wire.NUM_PARTITIONS, -1))
             if nparts != self.cfg.nodes:
                 raise RunError(f"node {nid} has num-partitions={nparts} but the run has nodes={self.cfg.nodes}")
@@ -163,6 +174,7 @@ class GridExchange:
                 raise RunError(f"two SuperNodes claim partition-id {rep.partition_id}")
             if previous is not None and previous != nid:
                 logger.warning("partition %d moved from node %d to node %d", rep.partition_id, previous, nid)
+                self.retired.add(previous)
             self.node_of[rep.partition_id] = nid
             out[rep.partition_id] = rep
         return out
@@ -176,7 +188,7 @@ class GridExchange:
         """Learn the partition id of nodes that (re)connected since the last round."""
         current = {int(i) for i in self.grid.get_node_ids()}
         known = set(self.node_of.values())
-        new = sorted(current - known)
+        new = sorted(current - known - self.retired)
         gone = known - current
         if gone:
             for pid in [p for p, n in self.node_of.items() if n in gone]:
