@@ -40,6 +40,10 @@ logger = logging.getLogger(__name__)
 
 MetricRecordValue = int | float | list[int] | list[float]
 
+FINAL_PULL_S = 1.0
+"""After a round's deadline, one more pull collects replies that arrived while the pull of a
+straggler's half-pushed reply used up the deadline (found by ``graphfl bench faults``)."""
+
 
 def reply_from_message(msg: Message, partition_id: int | None = None) -> Reply:
     """Parse a ClientApp reply (or a Flower error message) into a :class:`Reply`."""
@@ -121,15 +125,23 @@ class GridExchange:
         out: dict[int, Message] = {}
         deadline = time.monotonic() + timeout
         while pending and time.monotonic() < deadline:
-            with bounded_pull.pull_budget(deadline - time.monotonic()):  # a straggler's half-pushed reply
-                pulled = list(self.grid.pull_messages(list(pending)))
-            for msg in pulled:
-                reply_to = msg.metadata.reply_to_message_id
-                if reply_to in pending:
-                    out[pending.pop(reply_to)] = msg
+            self._pull(pending, out, deadline - time.monotonic())
             if pending:
                 time.sleep(self.poll_interval)
+        if pending:  # replies that arrived while a half-pushed one used up the deadline: one last, short pull
+            self._pull(pending, out, FINAL_PULL_S)
         return out
+
+    def _pull(self, pending: dict[str, int], out: dict[int, Message], budget: float) -> None:
+        """One pull of the ``pending`` replies (message id -> key) into ``out``; a reply whose objects
+        do not arrive within ``budget`` s comes back as Flower's error reply (:mod:`graphfl.server.bounded_pull`).
+        """
+        with bounded_pull.pull_budget(budget):
+            pulled = list(self.grid.pull_messages(list(pending)))
+        for msg in pulled:
+            reply_to = msg.metadata.reply_to_message_id
+            if reply_to in pending:
+                out[pending.pop(reply_to)] = msg
 
     # -- Exchange protocol -------------------------------------------------------------
     def _wait_for_nodes(self, n: int) -> list[int]:
