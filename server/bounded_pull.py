@@ -66,7 +66,7 @@ def install() -> bool:
         _installed.append(False)
         return False
     if not getattr(current, "graphfl_bounded", False):
-        http_grid.pull_objects = _bounded(current)  # type: ignore[attr-defined]
+        http_grid.pull_objects = _bounded(current)
     _installed.append(True)
     return True
 
