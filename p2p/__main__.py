@@ -12,7 +12,7 @@ import sys
 
 
 def peer_main(argv: list[str]) -> int:
-    """``peer --topology FILE --id I [--out DIR] [--insecure] [--set K=V ...] [--resume] [--device D]``."""
+    """``peer --topology FILE --id I [--out DIR] [--insecure] [--set K=V ...] [--resume] [--device D] [--listen HOST:PORT]``."""
     from graphfl.common.config import ConfigError, parse_assignment
 
     ap = argparse.ArgumentParser(prog="python -m graphfl.p2p peer", description="Run one p2p peer process.")
@@ -23,6 +23,8 @@ def peer_main(argv: list[str]) -> int:
     ap.add_argument("--set", dest="sets", action="append", default=[], help="override a [run] key, e.g. rounds=50")
     ap.add_argument("--resume", action="store_true", help="continue from this peer's checkpoint in --out")
     ap.add_argument("--device", default=None, help="auto | cpu | cuda | cuda:N (overrides the network file's)")
+    ap.add_argument("--listen", default=None, help="HOST:PORT to bind when it differs from this peer's address in "
+                    "the network file (port forwarding, NAT, a link emulator)")
     args = ap.parse_args(argv)
     overrides = {}
     try:
@@ -34,7 +36,8 @@ def peer_main(argv: list[str]) -> int:
         return 2
     from graphfl.p2p.peer import main
 
-    return main(args.topology, args.peer_id, args.out, overrides, args.insecure, args.resume, args.device)
+    return main(args.topology, args.peer_id, args.out, overrides, args.insecure, args.resume, args.device,
+                args.listen)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,8 @@ def peer_command(
     resume: bool = typer.Option(False, "--resume", help="continue from this peer's checkpoint in --out"),
     device: str | None = typer.Option(None, "--device", help="auto | cpu | cuda | cuda:N (overrides the network "
                                       "file's; auto keeps models under 100k parameters on the CPU)"),
+    listen: str | None = typer.Option(None, "--listen", help="HOST:PORT to bind when it differs from this peer's "
+                                      "address in the network file (port forwarding, NAT, a link emulator)"),
 ) -> None:
     """Run one p2p peer process (one per device)."""
     from graphfl.p2p.peer import main
@@ -43,7 +45,7 @@ def peer_command(
     except ConfigError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
-    raise typer.Exit(main(str(topology), peer_id, str(out), overrides, insecure, resume, device))
+    raise typer.Exit(main(str(topology), peer_id, str(out), overrides, insecure, resume, device, listen))
 
 
 def p2p_command(

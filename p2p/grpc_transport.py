@@ -297,9 +297,14 @@ class GrpcTransport(Transport):
         with self._lock:
             self._open_streams[who] = max(0, self._open_streams.get(who, 0) - 1)
 
-    def serve(self) -> int:
-        """Start listening on this peer's address; returns the bound port."""
-        addr = self.topology.peer(self.peer_id).address
+    def serve(self, listen: str | None = None) -> int:
+        """Start listening on this peer's address (or on ``listen``); returns the bound port.
+
+        ``listen`` (``HOST:PORT``) separates where the peer binds from the address its neighbours
+        dial (the network file's): behind port forwarding, a NAT or a link emulator (``graphfl
+        bench network``), the two differ. The network file, and so the fingerprint, is unchanged.
+        """
+        addr = listen or self.topology.peer(self.peer_id).address
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=self.streams_per_sender * len(self.neighbours) + 8,
                                        thread_name_prefix=f"p2p-rx-{self.peer_id}"),

@@ -78,11 +78,13 @@ def problem_spec(net: NetworkFile, peer_id: int, device: str | None = None) -> P
 
 def run_peer(network_file: str | Path, peer_id: int, out_dir: str | Path, overrides: dict[str, Any] | None = None,
              insecure: bool = False, stop: threading.Event | None = None, resume: bool = False,
-             device: str | None = None) -> int:
+             device: str | None = None, listen: str | None = None) -> int:
     """Run one peer to completion; returns the exit code (see the module docstring).
 
     With ``resume`` the peer starts from its checkpoint in ``out_dir`` (same algorithm and
-    parameters required; ``rounds`` may be larger) instead of the initial model.
+    parameters required; ``rounds`` may be larger) instead of the initial model. ``listen``
+    (``HOST:PORT``) is where the peer binds when that differs from its address in the network
+    file, which its neighbours dial (port forwarding, NAT, a link emulator in between).
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -96,6 +98,10 @@ def run_peer(network_file: str | Path, peer_id: int, out_dir: str | Path, overri
     code = EXIT_OK
     t_begin = time.monotonic()
     try:
+        if listen is not None:
+            host, sep, port = listen.rpartition(":")
+            if not sep or not host or not port.isdigit():
+                raise ConfigError(f"--listen must be HOST:PORT, got {listen!r}")
         net = load_network_file(network_file, overrides)
         if insecure:
             net = NetworkFile(net.path, net.topology, net.run, type(net.tls)(insecure=True))
@@ -145,7 +151,9 @@ def run_peer(network_file: str | Path, peer_id: int, out_dir: str | Path, overri
             transport.mailbox.expect(ch, specs)
         transport.mailbox.max_round = run.iterations  # a message for a round beyond the run is refused
         transport.current_round = state.t
-        transport.serve()
+        transport.serve(listen)
+        if listen:
+            result["config"]["listen"] = listen
         result["serving_at"] = time.time()  # wall clock: the launcher's spawn time gives the start-up time
         result["outcome"] = "connecting"
         _write_json(status_file, {"peer": peer_id, "state": "connecting", "round": 0, "rounds": run.rounds})
@@ -227,7 +235,7 @@ def run_peer(network_file: str | Path, peer_id: int, out_dir: str | Path, overri
 
 
 def main(network_file: str, peer_id: int, out_dir: str, overrides: dict[str, Any] | None = None,
-         insecure: bool = False, resume: bool = False, device: str | None = None) -> int:
+         insecure: bool = False, resume: bool = False, device: str | None = None, listen: str | None = None) -> int:
     """Process entry point: logging to stderr, SIGTERM/SIGINT stop the loop (bounded), exit code."""
     logging.basicConfig(level=os.environ.get("GRAPHFL_LOG", "INFO"),
                         format=f"%(asctime)s peer-{peer_id} %(levelname)s %(name)s: %(message)s")
@@ -247,7 +255,7 @@ def main(network_file: str, peer_id: int, out_dir: str, overrides: dict[str, Any
                 return prof.runcall(run_peer, network_file, peer_id, out_dir, overrides, insecure, stop, resume)
             finally:
                 prof.dump_stats(str(Path(out_dir) / f"peer-{peer_id}.prof"))
-        return run_peer(network_file, peer_id, out_dir, overrides, insecure, stop, resume, device)
+        return run_peer(network_file, peer_id, out_dir, overrides, insecure, stop, resume, device, listen)
     finally:
         for sig, h in previous.items():
             signal.signal(sig, h)
