@@ -37,6 +37,7 @@ BENCHMARKS = {
     "p2p-throughput": "graphfl.bench.p2p_throughput",
     "deploy": "graphfl.bench.deploy",
     "network": "graphfl.bench.network",
+    "faults": "graphfl.bench.faults",
 }
 
 

@@ -218,6 +218,7 @@ def run_experiment(
     node_auth: bool = False,
     overwrite: bool = False,
     clientapp_mode: str = "cold",
+    on_federation: Callable[[LocalFederation], None] | None = None,
 ) -> Path:
     """Run ``cfg``; return the output folder (holding ``run.json``, ``run.md``, ``run.png``).
 
@@ -228,6 +229,9 @@ def run_experiment(
     long-lived worker, ``cold`` starts a stock ``flwr-clientapp`` process per message.
     When the run is interrupted (Ctrl-C) or its federation fails, ``run.json`` says so
     (``status`` ``interrupted`` / ``failed`` and the reason) before the error propagates.
+    ``on_federation`` (local deployments) is called with the started :class:`LocalFederation`
+    before the run is submitted: ``graphfl bench faults`` uses it to reach the processes it
+    kills, stops and restarts.
     """
     if superlink is None:
         preflight(cfg)
@@ -237,7 +241,8 @@ def run_experiment(
         cfg, out = prepare(cfg, overwrite)
     timeout = run_timeout or (cfg.connect_timeout + (cfg.rounds + 2) * cfg.round_timeout)
     try:
-        _launch(cfg, out, timeout, on_event, superlink, root_certificates, insecure, node_auth, clientapp_mode)
+        _launch(cfg, out, timeout, on_event, superlink, root_certificates, insecure, node_auth, clientapp_mode,
+                on_federation)
     except KeyboardInterrupt:
         finalize_status(out, "interrupted", "stopped by the user (Ctrl-C) before the run finished", cfg)
         raise
@@ -250,7 +255,7 @@ def run_experiment(
 def _launch(
     cfg: RunConfig, out: Path, timeout: float, on_event: Callable[[dict[str, Any]], None] | None,
     superlink: str | None, root_certificates: str | None, insecure: bool, node_auth: bool,
-    clientapp_mode: str = "cold",
+    clientapp_mode: str = "cold", on_federation: Callable[[LocalFederation], None] | None = None,
 ) -> None:
     """Run ``cfg`` on the chosen engine (in-process, a local federation, or a remote SuperLink)."""
     if superlink is None and cfg.engine == "inprocess":
@@ -288,6 +293,8 @@ def _launch(
     with LocalFederation(out, cfg.nodes, tls=True, simulation=simulation, node_auth=node_auth and not simulation,
                          start_timeout=cfg.connect_timeout, clientapp_mode=clientapp_mode,
                          device=cfg.device, state_dir=out / CLIENT_STATE_DIR) as fed:
+        if on_federation is not None:
+            on_federation(fed)
         sub = fed.submitter()
         fed_cfg = f"num-supernodes={cfg.nodes} client-resources-num-cpus=1" if simulation else None
         handle = sub.submit(app_dir, overrides, out, federation_config=fed_cfg)

@@ -31,6 +31,7 @@ from graphfl.common.core import EVALUATE_PHASE, ServerCore
 from graphfl.common.records import arrays_to_record, record_to_arrays
 from graphfl.common.registry import AlgorithmSpec
 from graphfl.common.types import Arrays, Payload
+from graphfl.server import bounded_pull
 from graphfl.server.exchange import Reply, Request
 from graphfl.server.recorder import RunRecorder
 from graphfl.server.rounds import RunError, ServerInputs, run_federated
@@ -38,6 +39,13 @@ from graphfl.server.rounds import RunError, ServerInputs, run_federated
 logger = logging.getLogger(__name__)
 
 MetricRecordValue = int | float | list[int] | list[float]
+
+FINAL_PULL_S = 1.0
+"""After a round's deadline, one more pull collects replies that arrived while the pull of a
+straggler's half-pushed reply used up the deadline (found by ``graphfl bench faults``)."""
+REJOIN_ATTEMPTS = 2
+"""Failed re-join requests after which a node id is retired (never asked again); a restarted SuperNode
+comes back under a new node id, so a retired id is one the SuperLink still lists after it died."""
 
 
 def reply_from_message(msg: Message, partition_id: int | None = None) -> Reply:
@@ -78,7 +86,12 @@ class GridExchange:
         self.cfg = cfg
         self.poll_interval = poll_interval
         self.node_of: dict[int, int] = {}   # partition id -> node id
+        self.retired: set[int] = set()
+        self.rejoin_failures: dict[int, int] = {}
+        """Node ids never asked again: replaced by a newer node for their partition, or failed a rejoin
+        (a killed SuperNode stays listed by the SuperLink until its heartbeat expires)."""
         self._records: dict[int, ArrayRecord] = {}
+        bounded_pull.install()
 
     # -- messages -----------------------------------------------------------------------
     def _record(self, arrays: Arrays) -> ArrayRecord:
@@ -116,13 +129,23 @@ class GridExchange:
         out: dict[int, Message] = {}
         deadline = time.monotonic() + timeout
         while pending and time.monotonic() < deadline:
-            for msg in self.grid.pull_messages(list(pending)):
-                reply_to = msg.metadata.reply_to_message_id
-                if reply_to in pending:
-                    out[pending.pop(reply_to)] = msg
+            self._pull(pending, out, deadline - time.monotonic())
             if pending:
                 time.sleep(self.poll_interval)
+        if pending:  # replies that arrived while a half-pushed one used up the deadline: one last, short pull
+            self._pull(pending, out, FINAL_PULL_S)
         return out
+
+    def _pull(self, pending: dict[str, int], out: dict[int, Message], budget: float) -> None:
+        """One pull of the ``pending`` replies (message id -> key) into ``out``; a reply whose objects
+        do not arrive within ``budget`` s comes back as Flower's error reply (:mod:`graphfl.server.bounded_pull`).
+        """
+        with bounded_pull.pull_budget(budget):
+            pulled = list(self.grid.pull_messages(list(pending)))
+        for msg in pulled:
+            reply_to = msg.metadata.reply_to_message_id
+            if reply_to in pending:
+                out[pending.pop(reply_to)] = msg
 
     # -- Exchange protocol -------------------------------------------------------------
     def _wait_for_nodes(self, n: int) -> list[int]:
@@ -144,7 +167,7 @@ class GridExchange:
         configuration error at the start; later (``rejoin``) the newer node replaces the old
         one, which the SuperLink may still list after a crash, and a node whose reply is an
         error (e.g. Flower's "Node Unavailable") is skipped and asked again next round instead
-        of failing the run.
+        of failing the run; after :data:`REJOIN_ATTEMPTS` such errors it is retired.
         """
         request = Request(wire.JOIN, 0, EVALUATE_PHASE)
         msgs = {nid: self.message(nid, request, initial) for nid in node_ids}
@@ -155,11 +178,18 @@ class GridExchange:
                 logger.warning("node %d did not answer the join request", nid)
                 continue
             rep = reply_from_message(replies[nid])
-            if rep.error is not None and rejoin:  # e.g. a node the SuperLink still lists after it died:
-                logger.warning("node %d failed to re-join (asked again next round): %s", nid, rep.error)
-                continue
             if rep.error is not None:
-                raise RunError(f"node {nid} failed to join: {rep.error}")
+                if not rejoin:
+                    raise RunError(f"node {nid} failed to join: {rep.error}")
+                # e.g. a node the SuperLink still lists after it died ("Node Unavailable"), or a
+                # restarted one not ready yet: asked again next round, retired after REJOIN_ATTEMPTS
+                self.rejoin_failures[nid] = self.rejoin_failures.get(nid, 0) + 1
+                if self.rejoin_failures[nid] >= REJOIN_ATTEMPTS:
+                    logger.warning("node %d did not rejoin (%s); it is not asked again", nid, rep.error)
+                    self.retired.add(nid)
+                else:
+                    logger.warning("node %d failed to re-join (asked again next round): %s", nid, rep.error)
+                continue
             nparts = int(rep.metrics.get(wire.NUM_PARTITIONS, -1))
             if nparts != self.cfg.nodes:
                 raise RunError(f"node {nid} has num-partitions={nparts} but the run has nodes={self.cfg.nodes}")
@@ -168,6 +198,7 @@ class GridExchange:
                 raise RunError(f"two SuperNodes claim partition-id {rep.partition_id}")
             if previous is not None and previous != nid:
                 logger.warning("partition %d moved from node %d to node %d", rep.partition_id, previous, nid)
+                self.retired.add(previous)
             self.node_of[rep.partition_id] = nid
             out[rep.partition_id] = rep
         return out
@@ -181,7 +212,7 @@ class GridExchange:
         """Learn the partition id of nodes that (re)connected since the last round."""
         current = {int(i) for i in self.grid.get_node_ids()}
         known = set(self.node_of.values())
-        new = sorted(current - known)
+        new = sorted(current - known - self.retired)
         gone = known - current
         if gone:
             for pid in [p for p, n in self.node_of.items() if n in gone]:

@@ -16,19 +16,12 @@ import grpc
 import numpy as np
 import pytest
 
-from graphfl.common.certs import PeerTlsFiles, generate_network_certs
-from graphfl.common.ports import free_ports
 from graphfl.p2p import codec
 from graphfl.p2p.codec import Message
 from graphfl.p2p.driver import skip_target
-from graphfl.p2p.grpc_transport import GrpcTransport, Identity
+from graphfl.p2p.hostile import DIM, SPECS, TargetPeer, frames, huge_header, idle_frames
 from graphfl.p2p.proto import graphfl_p2p_pb2 as pb
-from graphfl.p2p.proto import graphfl_p2p_pb2_grpc as pb_grpc
-from graphfl.p2p.topology import make_topology
 from graphfl.p2p.transport import Mailbox
-
-DIM = 8
-SPECS = {"theta": ("float32", (DIM,))}
 
 
 def _msg(sender: int, round_: int, value: float = 1.0) -> Message:
@@ -97,78 +90,47 @@ def test_header_is_parsed_without_allocating() -> None:
     assert "differ from the expected" in str(box.check_header(1, 0, "params", asm.declared))
 
 
-# -- real peers over mutual TLS ----------------------------------------------------------
+# -- real peers over mutual TLS (graphfl.p2p.hostile, shared with graphfl bench faults) ------
 
 
 @pytest.fixture()
 def ring4(tmp_path: Path):
-    topo = make_topology("ring", 4, ports=free_ports(4))  # peer 0's neighbours: 1 and 3; peer 2 is not one
-    certs = generate_network_certs(tmp_path / "certs", 4)
-    files = {i: PeerTlsFiles(certs / "ca.crt", certs / f"peer-{i}.crt", certs / f"peer-{i}.key") for i in range(4)}
-    target = GrpcTransport(Identity(0, "dfl-gt", "h", topo.fingerprint), topo, files[0], stream_timeout=1.5)
-    target.mailbox.expect("params", SPECS)
-    target.serve()
-    yield topo, files, target
-    target.close()
-
-
-def _channel(topo, files, who: int) -> grpc.Channel:
-    ca, cert, key = files[who].read()
-    creds = grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
-    return grpc.secure_channel(topo.peer(0).address, creds, options=[("grpc.ssl_target_name_override", "peer-0")])
+    with TargetPeer(tmp_path, 4) as target:  # peer 0's neighbours: 1 and 3; peer 2 is not one
+        yield target
 
 
 def _rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def _huge_header(sender: int) -> pb.Frame:
-    return pb.Frame(sender=sender, round=0, channel="params",
-                    header=pb.Header(tensors=[pb.TensorSpec(name="theta", dtype="float32",
-                                                            shape=[500_000_000], nbytes=2_000_000_000)]))
-
-
-def test_a_declared_2gb_tensor_costs_no_memory(ring4) -> None:
-    topo, files, target = ring4
+def test_a_declared_2gb_tensor_costs_no_memory(ring4: TargetPeer) -> None:
     before = _rss_mb()
-    with _channel(topo, files, 2) as ch:  # a valid certificate that is not a neighbour's
-        ack = pb_grpc.PeerStub(ch).Push(iter([_huge_header(2)]), timeout=5.0)
+    ack = ring4.push(2, [huge_header(2)])  # a valid certificate that is not a neighbour's
     assert not ack.accepted and "not a neighbour" in ack.reason
-    target.verified.add(1)  # a neighbour with a handshake declaring a tensor bigger than the model
-    with _channel(topo, files, 1) as ch:
-        ack = pb_grpc.PeerStub(ch).Push(iter([_huge_header(1)]), timeout=5.0)
+    ring4.verify(1)  # a neighbour with a handshake declaring a tensor bigger than the model
+    ack = ring4.push(1, [huge_header(1)])
     assert not ack.accepted and "differ from the expected" in ack.reason
     assert _rss_mb() - before < 200, "a crafted header made the peer allocate its declared size"
 
 
-def test_idle_streams_cannot_cut_a_peer_off_its_neighbours(ring4) -> None:
-    topo, files, target = ring4
-    target.verified.update({1, 3})
+def test_idle_streams_cannot_cut_a_peer_off_its_neighbours(ring4: TargetPeer) -> None:
+    ring4.verify(1, 3)
     stop = threading.Event()
-
-    def idle_frames():
-        stop.wait(30)
-        return
-        yield  # pragma: no cover
-
     acks: list[pb.Ack] = []
     errors: list[grpc.RpcError] = []
 
     def hold(who: int) -> None:
-        with _channel(topo, files, who) as ch:
-            try:
-                acks.append(pb_grpc.PeerStub(ch).Push(idle_frames(), timeout=30.0))
-            except grpc.RpcError as exc:
-                errors.append(exc)
+        try:
+            acks.append(ring4.push(who, idle_frames(stop), timeout=30.0))
+        except grpc.RpcError as exc:
+            errors.append(exc)
 
     holders = [threading.Thread(target=hold, args=(who,)) for who in [2] * 6 + [1] * 6]
     for th in holders:
         th.start()
     time.sleep(0.5)
     # the real neighbour 3 still gets its message through while twelve streams are held open
-    good = list(codec.encode(3, 0, "params", {"theta": np.ones(DIM, np.float32)}))
-    with _channel(topo, files, 3) as ch:
-        ack = pb_grpc.PeerStub(ch).Push(iter(good), timeout=5.0)
+    ack = ring4.push(3, frames(3, 0))
     assert ack.accepted, ack.reason
     t0 = time.monotonic()
     for th in holders:
@@ -178,7 +140,7 @@ def test_idle_streams_cannot_cut_a_peer_off_its_neighbours(ring4) -> None:
     assert any("not a neighbour" in r for r in refused)  # peer 2's streams: refused unread
     assert any("open streams" in r for r in refused)  # peer 1 beyond its two slots
     assert time.monotonic() - t0 < 8  # idle streams were cut by the 1.5 s stream deadline, not held for 30 s
-    assert 3 in target.receive(0, ["params"], [3], timeout=1.0)
+    assert 3 in ring4.transport.receive(0, ["params"], [3], timeout=1.0)
 
 
 def test_a_neighbour_sending_huge_finite_values_is_refused_before_mixing() -> None:
