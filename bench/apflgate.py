@@ -78,6 +78,13 @@ class Form:
     """Names in :data:`COMPRESSIONS` run in the compression row."""
     settings: tuple[tuple[str, Any], ...] = ()
     """Run-config keys set in every run of this form (e.g. ``data.max-samples``)."""
+    cells: tuple[tuple[float, float], ...] = ()
+    """APFLGate's (α, τ) cells; empty = every pair of ``alphas`` × ``taus``. APFL runs over
+    ``alphas``, FedGATE over ``taus``; the reference cell (0.5, 10) must be among them."""
+
+    def apflgate_cells(self) -> tuple[tuple[float, float], ...]:
+        """The (α, τ) pairs APFLGate runs."""
+        return self.cells or tuple((a, t) for a in self.alphas for t in self.taus)
 
 
 QUICK = Form(rounds=15, local_steps=10, seeds=3, lr_grid=(0.2, 0.5, 1.0), alphas=(0.1, 0.5, 0.9),
@@ -85,20 +92,23 @@ QUICK = Form(rounds=15, local_steps=10, seeds=3, lr_grid=(0.2, 0.5, 1.0), alphas
 FULL = Form(rounds=50, local_steps=20, seeds=3, lr_grid=(0.03, 0.1, 0.3, 1.0), alphas=PAPER_ALPHAS,
             taus=PAPER_TAUS, nodes=0)
 QUICK_BY_TASK: dict[str, Form] = {
-    # the paper's 16 clients; 8 rounds x 5 steps and two codecs so that the 75 runs fit in
-    # ~25 min of one shared core (measured: ~11 ms CPU per GIN step of 32 molecules, docs/apflgate.md)
-    "bbbp": Form(rounds=8, local_steps=5, seeds=3, lr_grid=(0.1, 0.3, 1.0), alphas=(0.1, 0.5, 0.9),
-                 taus=PAPER_TAUS, nodes=0, codecs=("quant-4bit", "topk-10%")),
-    # the paper's 28 clients (one per category) on a random 60,000 of the 283,319 ratings: a step
+    # Measured on the shared 2-core machine (docs/apflgate.md): a GIN step on 32 molecules costs
+    # ~11 ms CPU (digits' MLP: <1 ms) and the bench gets a quarter of a core, ~9 s per round of 16
+    # clients x 5 steps. So: the paper's 16 clients, 6 rounds x 4 steps, a 2-point step grid, the
+    # poster's τ = 10 column over α plus α = 0.1 across τ (not the full 5 x 4 product), one codec.
+    "bbbp": Form(rounds=6, local_steps=4, seeds=3, lr_grid=(0.1, 0.3), alphas=(0.1, 0.5), taus=(1.0, 10.0, 100.0),
+                 nodes=0, codecs=("quant-4bit",), cells=((0.1, 1.0), (0.1, 10.0), (0.1, 100.0), (0.5, 10.0))),
+    # the paper's 28 clients (one per category) on a random 20,000 of the 283,319 ratings: a step
     # costs a GCN pass over the client's whole graph (0.5 s CPU for all 28 clients on all ratings,
     # 0.14 s on 60,000); the reference configuration subsamples too (ego networks, ALGORITHMS.md §9.3)
-    "ciao": Form(rounds=8, local_steps=5, seeds=3, lr_grid=(0.1, 0.3, 1.0), alphas=(0.1, 0.5, 0.9),
-                 taus=PAPER_TAUS, nodes=0, batch_size=256, codecs=("quant-4bit", "topk-10%"),
-                 settings=(("data.max-samples", 60000),)),
+    "ciao": Form(rounds=6, local_steps=4, seeds=3, lr_grid=(0.1, 0.3), alphas=(0.1, 0.5), taus=(1.0, 10.0, 100.0),
+                 nodes=0, batch_size=256, codecs=("quant-4bit", "topk-10%"),
+                 cells=((0.1, 1.0), (0.1, 10.0), (0.1, 100.0), (0.5, 10.0), (0.9, 10.0)),
+                 settings=(("data.max-samples", 20000),)),
 }
 """Quick forms of the paper's GNN tasks: a GNN step costs 10-100x an MLP step on ``digits``,
-so they run fewer rounds, steps and codecs (never fewer than 3 seeds, the α × τ grid of
-:data:`QUICK`); every other task uses :data:`QUICK`."""
+so they run fewer rounds, steps, cells and codecs (never fewer than 3 seeds; the step still
+tuned per method on validation); every other task uses :data:`QUICK`."""
 
 
 def form_for(task: str, quick: bool) -> Form:
@@ -119,7 +129,8 @@ def unspecified(form: Form, task: str, nodes: int) -> list[str]:
         "APFL and APFLGate: output mixing, fixed α (adaptive α off, as in the poster's tables); the personal "
         "model v_i starts from the initial global model and shares the minibatch and step with w_i",
         "FedGATE τ and APFLGate τ: the free variance-reduction parameter of the δ update δ += (u_i − ū)/(η τ)",
-        f"grid α {list(form.alphas)} × τ {list(form.taus)}; {form.seeds} seeds (mean ± sd); final-round metric",
+        f"APFL α {list(form.alphas)}, FedGATE τ {list(form.taus)}, APFLGate (α, τ) "
+        f"{[list(c) for c in form.apflgate_cells()]}; {form.seeds} seeds (mean ± sd); final-round metric",
         f"compression {list(form.codecs)}: APFLGate at its reference cell; quant = unbiased stochastic b-bit per "
         "array of the update, topk = 10 % largest entries per array with per-client error memory",
     ]
@@ -270,7 +281,7 @@ def run(quick: bool = False, seed: int = 0, out: Path | str = Path("runs/bench")
                for t in form.taus}
     grid = {f"{a:g},{t:g}": cell("apflgate", task, nodes, form, seeds, lr["apflgate"],
                                  {"apflgate.alpha": a, "apflgate.tau": t}, metric, data_dir)
-            for a in form.alphas for t in form.taus}
+            for a, t in form.apflgate_cells()}
     ref = REFERENCE["apflgate"]
     raw = cell("apflgate", task, nodes, form, seeds, lr["apflgate"], ref, metric, data_dir)
     compression: dict[str, Any] = {"none": raw}
@@ -314,6 +325,12 @@ def best_cells(doc: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _grid_axes(doc: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """Rows (α) and columns (τ) of the APFLGate table: every α and τ of a cell that ran, sorted."""
+    pairs = [tuple(float(v) for v in k.split(",")) for k in doc["methods"]["apflgate"]]
+    return [f"{a:g}" for a in sorted({a for a, _ in pairs})], [f"{t:g}" for t in sorted({t for _, t in pairs})]
+
+
 def _pm(c: dict[str, Any] | None) -> str:
     if not c or c.get("mean") is None:
         return "failed"
@@ -329,16 +346,17 @@ def render_markdown(doc: dict[str, Any]) -> str:
              f"Metric: final-round `{m}` ({better} is better), mean ± sd over seeds {form['seeds_used']}; "
              f"{form['rounds']} rounds × {form['local_steps']} local steps"
              + (" (quick form)." if form["quick"] else "."), ""]
-    alphas = [f"{a:g}" for a in form["alphas"]]
-    taus = [f"{t:g}" for t in form["taus"]]
+    alphas, taus = _grid_axes(doc)
     lines += ["## APFLGate (rows α, columns τ)", "", "| α \\ τ | " + " | ".join(taus) + " |",
               "|---|" + "---|" * len(taus)]
     for a in alphas:
-        lines.append(f"| {a} | " + " | ".join(_pm(doc["methods"]["apflgate"].get(f"{a},{t}")) for t in taus) + " |")
+        lines.append(f"| {a} | " + " | ".join(_pm(doc["methods"]["apflgate"][f"{a},{t}"])
+                                              if f"{a},{t}" in doc["methods"]["apflgate"] else "not run"
+                                              for t in taus) + " |")
     lines += ["", "## Baselines", "", "| method | setting | " + m + " |", "|---|---|---|",
               f"| FedAvg | — | {_pm(doc['methods']['fedavg'])} |"]
-    lines += [f"| APFL | α = {a} | {_pm(doc['methods']['apfl'].get(a))} |" for a in alphas]
-    lines += [f"| FedGATE | τ = {t} | {_pm(doc['methods']['fedgate'].get(t))} |" for t in taus]
+    lines += [f"| APFL | α = {a} | {_pm(c)} |" for a, c in doc["methods"]["apfl"].items()]
+    lines += [f"| FedGATE | τ = {t} | {_pm(c)} |" for t, c in doc["methods"]["fedgate"].items()]
     lines += ["", "Best cell of each method by mean test metric (descriptive): "
               + "; ".join(f"{k} {v['cell']}: {v['mean']:.4f}" for k, v in doc["best"].items()), ""]
     lines += ["## Compression of uploads (APFLGate, α = 0.5, τ = 10)", "",
@@ -375,8 +393,10 @@ def plot(doc: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     form, m = doc["form"], doc["metric"]
-    alphas, taus = [f"{a:g}" for a in form["alphas"]], [f"{t:g}" for t in form["taus"]]
-    grid = np.array([[doc["methods"]["apflgate"][f"{a},{t}"]["mean"] or np.nan for t in taus] for a in alphas], float)
+    alphas, taus = _grid_axes(doc)
+    cells = doc["methods"]["apflgate"]
+    grid = np.array([[(cells[f"{a},{t}"]["mean"] if f"{a},{t}" in cells else None) or np.nan for t in taus]
+                     for a in alphas], float)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     ax = axes[0]
     im = ax.imshow(grid, cmap="viridis" if doc["higher_is_better"] else "viridis_r", aspect="auto")
