@@ -61,8 +61,14 @@ def _main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug log
 
 
 def build_config(config_file: Path | None, sets: list[str], flags: dict[str, Any]):
-    """Defaults < --config FILE < --set key=value < explicit flags; validated once."""
-    from graphfl.common.config import flatten, load_toml, parse_assignment, parse_run_config
+    """Defaults < --config FILE < --set key=value < explicit flags; validated once.
+
+    When no source sets ``nodes``, the run uses the task's ``default_nodes`` (``graphfl list``:
+    digits 4, bbbp 16, ciao 28, ...; DESIGN/ALGORITHMS give each task's client count), not
+    the generic default of :class:`~graphfl.common.config.RunConfig`.
+    """
+    from graphfl.common.config import RunConfig, flatten, load_toml, parse_assignment, parse_run_config
+    from graphfl.tasks import registry as tasks
 
     values: dict[str, Any] = {}
     if config_file is not None:
@@ -71,6 +77,9 @@ def build_config(config_file: Path | None, sets: list[str], flags: dict[str, Any
         key, value = parse_assignment(item)
         values[key] = value
     values.update({k: v for k, v in flags.items() if v is not None})
+    task = str(values.get("task", RunConfig.task))
+    if "nodes" not in values and task in tasks.names():  # an unknown task is reported by parse_run_config
+        values["nodes"] = tasks.get(task).spec.default_nodes
     return parse_run_config(values, ignore_other_strategies=False)
 
 
@@ -124,7 +133,8 @@ class RoundPrinter:
 def run(
     strategy: str | None = typer.Option(None, help="Algorithm name (see `graphfl list`)."),
     task: str | None = typer.Option(None, help="Task name (see `graphfl list`)."),
-    nodes: int | None = typer.Option(None, help="Number of clients / SuperNodes."),
+    nodes: int | None = typer.Option(None, help="Number of clients / SuperNodes (default: the task's own count, "
+                                     "`graphfl list`: digits 4, bbbp 16, ciao 28)."),
     rounds: int | None = typer.Option(None, help="Federated rounds."),
     engine: str | None = typer.Option(None, help="local-deployment | simulation | inprocess."),
     config: Path | None = typer.Option(None, "--config", help="TOML file with run-config keys."),

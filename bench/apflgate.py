@@ -74,12 +74,50 @@ class Form:
     taus: tuple[float, ...]
     nodes: int  # 0 = the task's default number of clients
     batch_size: int = 32
+    codecs: tuple[str, ...] = tuple(COMPRESSIONS)
+    """Names in :data:`COMPRESSIONS` run in the compression row."""
+    settings: tuple[tuple[str, Any], ...] = ()
+    """Run-config keys set in every run of this form (e.g. ``data.max-samples``)."""
+    fedavg: bool = True
+    """Also run FedAvg (tuned the same way) as a reference; the poster has no FedAvg column."""
+    cells: tuple[tuple[float, float], ...] = ()
+    """APFLGate's (α, τ) cells; empty = every pair of ``alphas`` × ``taus``. APFL runs over
+    ``alphas``, FedGATE over ``taus``; the reference cell (0.5, 10) must be among them."""
+
+    def apflgate_cells(self) -> tuple[tuple[float, float], ...]:
+        """The (α, τ) pairs APFLGate runs."""
+        return self.cells or tuple((a, t) for a in self.alphas for t in self.taus)
 
 
 QUICK = Form(rounds=15, local_steps=10, seeds=3, lr_grid=(0.2, 0.5, 1.0), alphas=(0.1, 0.5, 0.9),
              taus=PAPER_TAUS, nodes=8)
 FULL = Form(rounds=50, local_steps=20, seeds=3, lr_grid=(0.03, 0.1, 0.3, 1.0), alphas=PAPER_ALPHAS,
             taus=PAPER_TAUS, nodes=0)
+QUICK_BY_TASK: dict[str, Form] = {
+    # Measured on the shared 2-core machine (docs/apflgate.md): a GIN step on 32 molecules costs
+    # ~11 ms CPU (digits' MLP: <1 ms) and the bench got a quarter of a core, ~9 s per round of 16
+    # clients x 5 steps. So: the paper's 16 clients, 5 rounds x 4 steps, a 2-point step grid, the
+    # cells the poster reports (τ = 10 and α = 0.1 across τ, not the full 5 x 4 product), one
+    # codec, no FedAvg.
+    "bbbp": Form(rounds=5, local_steps=4, seeds=3, lr_grid=(0.1, 0.3), alphas=(0.1, 0.5), taus=(10.0, 100.0),
+                 nodes=0, codecs=("quant-4bit",), fedavg=False,
+                 cells=((0.1, 1.0), (0.1, 10.0), (0.1, 100.0), (0.5, 10.0))),
+    # the paper's 28 clients (one per category) on a random 20,000 of the 283,319 ratings: a step
+    # costs a GCN pass over the client's whole graph (0.5 s CPU for all 28 clients on all ratings,
+    # 0.14 s on 60,000); the reference configuration subsamples too (ego networks, ALGORITHMS.md §9.3)
+    "ciao": Form(rounds=6, local_steps=4, seeds=3, lr_grid=(0.1, 0.3), alphas=(0.1, 0.5), taus=(10.0, 100.0),
+                 nodes=0, batch_size=256, codecs=("quant-4bit",),
+                 cells=((0.1, 1.0), (0.1, 10.0), (0.1, 100.0), (0.5, 10.0)),
+                 settings=(("data.max-samples", 20000),)),
+}
+"""Quick forms of the paper's GNN tasks: a GNN step costs 10-100x an MLP step on ``digits``,
+so they run fewer rounds, steps, cells and codecs (never fewer than 3 seeds; the step still
+tuned per method on validation); every other task uses :data:`QUICK`."""
+
+
+def form_for(task: str, quick: bool) -> Form:
+    """The form ``run`` uses: :data:`FULL`, or the task's quick form (:data:`QUICK_BY_TASK`, else :data:`QUICK`)."""
+    return QUICK_BY_TASK.get(task, QUICK) if quick else FULL
 
 
 def unspecified(form: Form, task: str, nodes: int) -> list[str]:
@@ -88,15 +126,17 @@ def unspecified(form: Form, task: str, nodes: int) -> list[str]:
         f"task {task!r}, {nodes} clients, the task's own model, split (Dirichlet α_dir from [data]) and loss",
         f"rounds {form.rounds}, {form.local_steps} local SGD steps per round, batch {form.batch_size}, momentum 0, "
         "weight decay 0, full participation, server step γ = 1",
+        *(f"{k} = {v} in every run" for k, v in form.settings),
         f"step grid {list(form.lr_grid)}, chosen per method on validation ({VALIDATION_FRACTION:.0%} of each "
         "client's training data, first seed) at the reference setting "
         + ", ".join(f"{m}: {v or 'defaults'}" for m, v in REFERENCE.items()) + "; the same step for every cell",
         "APFL and APFLGate: output mixing, fixed α (adaptive α off, as in the poster's tables); the personal "
         "model v_i starts from the initial global model and shares the minibatch and step with w_i",
         "FedGATE τ and APFLGate τ: the free variance-reduction parameter of the δ update δ += (u_i − ū)/(η τ)",
-        f"grid α {list(form.alphas)} × τ {list(form.taus)}; {form.seeds} seeds (mean ± sd); final-round metric",
-        "compression: APFLGate at its reference cell; quant = unbiased stochastic b-bit per array of the "
-        "update, topk = 10 % largest entries per array with per-client error memory",
+        f"APFL α {list(form.alphas)}, FedGATE τ {list(form.taus)}, APFLGate (α, τ) "
+        f"{[list(c) for c in form.apflgate_cells()]}; {form.seeds} seeds (mean ± sd); final-round metric",
+        f"compression {list(form.codecs)}: APFLGate at its reference cell; quant = unbiased stochastic b-bit per "
+        "array of the update, topk = 10 % largest entries per array with per-client error memory",
     ]
 
 
@@ -115,7 +155,7 @@ def run_one(strategy: str, task: str, nodes: int, form: Form, seed: int, lr: flo
             data_dir: str) -> dict[str, Any]:
     """One in-process run (through the run cache): final metric row, total upload bytes, curve."""
     overrides = {"train.local-steps": form.local_steps, "train.batch-size": form.batch_size, "train.momentum": 0.0,
-                 "train.lr": lr, **extra}
+                 "train.lr": lr, **dict(form.settings), **extra}
     key = {"bench": NAME, "strategy": strategy, "task": task, "nodes": nodes, "rounds": form.rounds, "seed": seed,
            "overrides": overrides, "data_dir": data_dir}
 
@@ -205,8 +245,10 @@ def run(quick: bool = False, seed: int = 0, out: Path | str = Path("runs/bench")
     ----------
     quick
         15 rounds of 10 local steps, 8 clients, 3 seeds, a 3-point step grid, α ∈ {0.1, 0.5, 0.9}
-        × the poster's 4 τ values. The full form: 50 rounds of 20 steps, the task's default
-        number of clients, 3 seeds, a 4-point step grid, the poster's 5 × 4 grid.
+        × the poster's 4 τ values; ``bbbp`` and ``ciao`` use their own, cheaper quick forms
+        (:data:`QUICK_BY_TASK`: the task's clients, 8 rounds of 5 steps, two codecs). The full
+        form: 50 rounds of 20 steps, the task's default number of clients, 3 seeds, a 4-point
+        step grid, the poster's 5 × 4 grid.
     seed
         First seed (also the tuning seed); seeds are ``seed, seed+1, ...``.
     out
@@ -226,28 +268,30 @@ def run(quick: bool = False, seed: int = 0, out: Path | str = Path("runs/bench")
     out.mkdir(parents=True, exist_ok=True)
     _cache = RunCache(out / "cache")
     t_start = time.perf_counter()
-    form = QUICK if quick else FULL
+    form = form_for(task, quick)
     nodes = form.nodes or task_registry.get(task).spec.default_nodes
     seeds = [seed + i for i in range(form.seeds)]
 
-    tuning = {m: tune(m, task, nodes, form, seed, data_dir) for m in ("fedavg", "apfl", "fedgate", "apflgate")}
+    methods = ("fedavg", "apfl", "fedgate", "apflgate") if form.fedavg else ("apfl", "fedgate", "apflgate")
+    tuning = {m: tune(m, task, nodes, form, seed, data_dir) for m in methods}
     metric = tuning["apflgate"]["metric"]
     higher = dict(METRICS)[metric]
     lr = {m: t["lr"] for m, t in tuning.items()}
     logger.info("tuned steps: %s (validation %s)", lr, metric)
 
-    fedavg = cell("fedavg", task, nodes, form, seeds, lr["fedavg"], {}, metric, data_dir)
+    fedavg = cell("fedavg", task, nodes, form, seeds, lr["fedavg"], {}, metric, data_dir) if form.fedavg else None
     apfl = {f"{a:g}": cell("apfl", task, nodes, form, seeds, lr["apfl"], {"apfl.alpha": a}, metric, data_dir)
             for a in form.alphas}
     fedgate = {f"{t:g}": cell("fedgate", task, nodes, form, seeds, lr["fedgate"], {"fedgate.tau": t}, metric, data_dir)
                for t in form.taus}
     grid = {f"{a:g},{t:g}": cell("apflgate", task, nodes, form, seeds, lr["apflgate"],
                                  {"apflgate.alpha": a, "apflgate.tau": t}, metric, data_dir)
-            for a in form.alphas for t in form.taus}
+            for a, t in form.apflgate_cells()}
     ref = REFERENCE["apflgate"]
     raw = cell("apflgate", task, nodes, form, seeds, lr["apflgate"], ref, metric, data_dir)
     compression: dict[str, Any] = {"none": raw}
-    for name, keys in COMPRESSIONS.items():
+    for name in form.codecs:
+        keys = COMPRESSIONS[name]
         c = cell("apflgate", task, nodes, form, seeds, lr["apflgate"], {**ref, **keys}, metric, data_dir)
         if c["bytes_up"] and raw["bytes_up"]:
             c["bytes_saved_fraction"] = 1.0 - c["bytes_up"] / raw["bytes_up"]
@@ -286,6 +330,12 @@ def best_cells(doc: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _grid_axes(doc: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """Rows (α) and columns (τ) of the APFLGate table: every α and τ of a cell that ran, sorted."""
+    pairs = [tuple(float(v) for v in k.split(",")) for k in doc["methods"]["apflgate"]]
+    return [f"{a:g}" for a in sorted({a for a, _ in pairs})], [f"{t:g}" for t in sorted({t for _, t in pairs})]
+
+
 def _pm(c: dict[str, Any] | None) -> str:
     if not c or c.get("mean") is None:
         return "failed"
@@ -301,16 +351,17 @@ def render_markdown(doc: dict[str, Any]) -> str:
              f"Metric: final-round `{m}` ({better} is better), mean ± sd over seeds {form['seeds_used']}; "
              f"{form['rounds']} rounds × {form['local_steps']} local steps"
              + (" (quick form)." if form["quick"] else "."), ""]
-    alphas = [f"{a:g}" for a in form["alphas"]]
-    taus = [f"{t:g}" for t in form["taus"]]
+    alphas, taus = _grid_axes(doc)
     lines += ["## APFLGate (rows α, columns τ)", "", "| α \\ τ | " + " | ".join(taus) + " |",
               "|---|" + "---|" * len(taus)]
     for a in alphas:
-        lines.append(f"| {a} | " + " | ".join(_pm(doc["methods"]["apflgate"].get(f"{a},{t}")) for t in taus) + " |")
+        lines.append(f"| {a} | " + " | ".join(_pm(doc["methods"]["apflgate"][f"{a},{t}"])
+                                              if f"{a},{t}" in doc["methods"]["apflgate"] else "not run"
+                                              for t in taus) + " |")
     lines += ["", "## Baselines", "", "| method | setting | " + m + " |", "|---|---|---|",
-              f"| FedAvg | — | {_pm(doc['methods']['fedavg'])} |"]
-    lines += [f"| APFL | α = {a} | {_pm(doc['methods']['apfl'].get(a))} |" for a in alphas]
-    lines += [f"| FedGATE | τ = {t} | {_pm(doc['methods']['fedgate'].get(t))} |" for t in taus]
+              f"| FedAvg | — | {_pm(doc['methods']['fedavg']) if doc['methods']['fedavg'] else 'not run'} |"]
+    lines += [f"| APFL | α = {a} | {_pm(c)} |" for a, c in doc["methods"]["apfl"].items()]
+    lines += [f"| FedGATE | τ = {t} | {_pm(c)} |" for t, c in doc["methods"]["fedgate"].items()]
     lines += ["", "Best cell of each method by mean test metric (descriptive): "
               + "; ".join(f"{k} {v['cell']}: {v['mean']:.4f}" for k, v in doc["best"].items()), ""]
     lines += ["## Compression of uploads (APFLGate, α = 0.5, τ = 10)", "",
@@ -346,9 +397,11 @@ def plot(doc: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    form, m = doc["form"], doc["metric"]
-    alphas, taus = [f"{a:g}" for a in form["alphas"]], [f"{t:g}" for t in form["taus"]]
-    grid = np.array([[doc["methods"]["apflgate"][f"{a},{t}"]["mean"] or np.nan for t in taus] for a in alphas], float)
+    m = doc["metric"]
+    alphas, taus = _grid_axes(doc)
+    cells = doc["methods"]["apflgate"]
+    grid = np.array([[(cells[f"{a},{t}"]["mean"] if f"{a},{t}" in cells else None) or np.nan for t in taus]
+                     for a in alphas], float)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     ax = axes[0]
     im = ax.imshow(grid, cmap="viridis" if doc["higher_is_better"] else "viridis_r", aspect="auto")
@@ -366,7 +419,7 @@ def plot(doc: dict[str, Any], path: Path) -> None:
     series = {"FedAvg": doc["methods"]["fedavg"], "APFL α=0.5": doc["methods"]["apfl"].get("0.5"),
               "FedGATE τ=10": doc["methods"]["fedgate"].get("10"), "APFLGate (0.5, 10)": doc["methods"]["apflgate"].get("0.5,10")}
     for name, c in series.items():
-        if c and c.get("curve_mean"):
+        if c and c.get("curve_mean"):  # FedAvg is None when the form leaves it out
             ys = [np.nan if v is None else v for v in c["curve_mean"]]
             ax.plot(range(len(ys)), ys, label=name)
     ax.set_xlabel("round")

@@ -88,6 +88,15 @@ class Task(ABC):
         """Facts about the loaded data for the result file (e.g. rows skipped); default none."""
         return {}
 
+    def holdout_view(self, data: ClientData) -> ClientData:
+        """``data`` after its training rows were re-split (validation, :mod:`graphfl.tasks.holdout`).
+
+        A task whose batches depend on the training set as a whole (a graph built from the
+        training edges) rebuilds ``collate`` from ``data.x_train`` here, so that held-out rows do
+        not leak into it. Default: ``data`` unchanged (each sample's input is its own).
+        """
+        return data
+
     def cluster_labels(self, num_partitions: int) -> np.ndarray | None:
         """Ground-truth cluster of each client, if the task plants one."""
         return None

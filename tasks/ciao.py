@@ -7,8 +7,11 @@ dropped, and a (user, product) pair repeated within a category keeps its first r
 Clients: category ``c`` (1..28) belongs to client ``(c − 1) mod N``, so ``N = 28`` gives one
 client per category (the split of seed 004 / FederatedScope-GNN); a smaller ``N`` groups
 categories. Each client splits its ratings at random into train / test (``data.test-fraction``).
-The client's graph has every user (ids shared by all clients) and its own products as nodes and
-its *training* ratings as undirected edges; test ratings are predicted from it, never added.
+The client's graph has its own users (those in its train or test ratings; their embeddings are
+rows of one user table over all 7,375 users, shared by all clients) and its own products as
+nodes and its *training* ratings as undirected edges; test ratings are predicted from it, never
+added. Users who rated nothing in the client's categories would be isolated nodes that touch no
+prediction, so they are left out (same outputs and gradients, a fraction of the cost).
 Model: :class:`~graphfl.tasks.gnn_models.BipartiteGCN`, MSE loss, metric ``test_mae``.
 ``data.max-samples`` keeps a random subset of the ratings (quick runs).
 """
@@ -88,37 +91,57 @@ def _load(path: str, mtime_ns: int, size: int) -> Ratings:
     return read_ratings(Path(path))
 
 
-def client_graph_collate(num_users: int, num_items: int, users: np.ndarray, items: np.ndarray,
+def client_graph_collate(user_ids: np.ndarray, num_items: int, users: np.ndarray, items: np.ndarray,
                          ratings: np.ndarray) -> Any:
     """``collate(pairs)`` for one client: its training graph plus the batch's (user, item-node) pairs.
 
-    ``users`` (0-based), ``items`` (local item ids in ``0..num_items-1``, covering the client's
-    train and test items) and ``ratings`` are the client's training edges. Item features: (mean
-    training rating − 4, log(1 + degree)); items without training ratings get the client's mean
-    rating. The graph is stored normalised with self loops (``gcn_norm_edges``), once per client.
-    Returns a PyG ``Data`` (moves with ``.to``).
+    ``user_ids`` are the sorted global (0-based) ids of the client's users — every user of its
+    train and test pairs; ``users`` (global ids), ``items`` (local item ids in
+    ``0..num_items-1``, covering the client's train and test items) and ``ratings`` are the
+    client's training edges. The graph's nodes are the client's users (local ids
+    ``0..len(user_ids)-1``, in ``user_ids`` order) and items (``len(user_ids)..``): a user who
+    rated nothing in this client's categories has no edge, so leaving it out changes no
+    prediction and no gradient, only the cost (a GCN over all 7,375 users for a category with a
+    few hundred of them). Item features: (mean training rating − 4, log(1 + degree)); items
+    without training ratings get the client's mean rating. The graph is stored normalised with
+    self loops (``gcn_norm_edges``), once per client. ``pairs`` given to ``collate`` hold
+    global user ids and local item ids. Returns a PyG ``Data`` (moves with ``.to``) whose
+    ``user_ids`` select the rows of the shared user table.
     """
     import torch
     from torch_geometric.data import Data
 
+    user_ids = np.asarray(user_ids, np.int64)
+    num_users = len(user_ids)
     deg = np.bincount(items, minlength=num_items).astype(np.float32)
     sums = np.bincount(items, weights=ratings, minlength=num_items).astype(np.float32)
     fill = float(ratings.mean()) if len(ratings) else 4.0
     mean = np.where(deg > 0, sums / np.maximum(deg, 1), fill).astype(np.float32)
     item_feat = torch.as_tensor(np.stack([mean - 4.0, np.log1p(deg)], axis=1))
-    u = torch.as_tensor(users, dtype=torch.long)
+    u = torch.as_tensor(_local_users(user_ids, users), dtype=torch.long)
     v = torch.as_tensor(items, dtype=torch.long) + num_users
     from graphfl.tasks.gnn_models import gcn_norm_edges
 
     num_nodes = num_users + num_items
     edge_index, edge_weight = gcn_norm_edges(torch.stack([torch.cat([u, v]), torch.cat([v, u])]), num_nodes)
+    user_index = torch.as_tensor(user_ids)
 
     def collate(pairs: np.ndarray) -> Any:
-        p = torch.as_tensor(np.asarray(pairs, np.int64)).clone()
-        p[:, 1] += num_users
-        return Data(edge_index=edge_index, edge_weight=edge_weight, item_feat=item_feat, pairs=p, num_nodes=num_nodes)
+        p = np.asarray(pairs, np.int64)
+        local = np.stack([_local_users(user_ids, p[:, 0]), p[:, 1] + num_users], axis=1)
+        return Data(edge_index=edge_index, edge_weight=edge_weight, item_feat=item_feat, user_ids=user_index,
+                    pairs=torch.as_tensor(local), num_nodes=num_nodes)
 
     return collate
+
+
+def _local_users(user_ids: np.ndarray, users: np.ndarray) -> np.ndarray:
+    """Positions of the global ids ``users`` in the sorted ``user_ids``; an id not there is a ValueError."""
+    pos = np.searchsorted(user_ids, users)
+    ok = (pos < len(user_ids)) & (user_ids[np.minimum(pos, len(user_ids) - 1)] == users)
+    if not ok.all():
+        raise ValueError(f"user id {int(np.asarray(users)[~ok][0])} is not one of this client's users")
+    return pos
 
 
 class Ciao(Task):
@@ -171,8 +194,14 @@ class Ciao(Task):
         tr, te = train_test_split(np.arange(len(mine)), self.data.test_fraction, client_rng(self.seed, 2, partition_id))
         pairs = np.stack([r.user[mine], local_item.astype(np.int64)], axis=1)
         y = r.rating[mine]
-        collate = client_graph_collate(NUM_USERS, int(local_item.max()) + 1, pairs[tr, 0], pairs[tr, 1], y[tr])
-        return ClientData(pairs[tr], y[tr], pairs[te], y[te], collate=collate)
+        return self.holdout_view(ClientData(pairs[tr], y[tr], pairs[te], y[te]))
+
+    def holdout_view(self, data: ClientData) -> ClientData:
+        """``data`` with its graph built from ``data.x_train`` only (its users: those of train and test)."""
+        both = np.concatenate([data.x_train, data.x_test])
+        collate = client_graph_collate(np.unique(both[:, 0]), int(both[:, 1].max()) + 1, data.x_train[:, 0],
+                                       data.x_train[:, 1], data.y_train)
+        return ClientData(data.x_train, data.y_train, data.x_test, data.y_test, collate=collate)
 
     def build_model(self) -> Any:
         from graphfl.tasks.gnn_models import BipartiteGCN

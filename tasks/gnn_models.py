@@ -88,7 +88,9 @@ class BipartiteGCN(nn.Module):
 
     ``forward`` takes a ``Data`` with ``edge_index`` / ``edge_weight`` (the normalised graph with
     self loops from :func:`gcn_norm_edges`; local node ids: users ``0..U-1``, items ``U..``),
-    ``item_feat`` (items × 2) and ``pairs`` (batch × 2 of local user / item node ids).
+    ``item_feat`` (items × 2), ``pairs`` (batch × 2 of local user / item node ids) and
+    optionally ``user_ids`` (the U rows of the user table that are the graph's users; without
+    it, all ``num_users`` rows in order).
     """
 
     def __init__(self, num_users: int, hidden: int = 32, layers: int = 2, center: float = 3.0,
@@ -105,7 +107,9 @@ class BipartiteGCN(nn.Module):
         self.head = nn.Sequential(nn.Linear(3 * hidden, hidden), nn.ReLU(), nn.Linear(hidden, 1))
 
     def forward(self, batch: Any) -> torch.Tensor:
-        h = torch.cat([self.users.weight, self.items(batch.item_feat)], dim=0)
+        ids = getattr(batch, "user_ids", None)
+        users = self.users.weight if ids is None else self.users(ids)
+        h = torch.cat([users, self.items(batch.item_feat)], dim=0)
         for k, conv in enumerate(self.convs):
             h = conv(h, batch.edge_index, batch.edge_weight)
             if k < len(self.convs) - 1:

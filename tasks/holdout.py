@@ -52,7 +52,7 @@ def validation_task(name: str) -> str:
 
     def client_data(self: Task, partition_id: int, num_partitions: int) -> ClientData:
         full = base.client_data(self, partition_id, num_partitions)
-        return split_validation(full, self.seed, partition_id)
+        return self.holdout_view(split_validation(full, self.seed, partition_id))
 
     spec = TaskSpec(val_name, base.spec.kind, base.spec.default_nodes,
                     summary=f"{name} with 20% of each client's training data held out as its 'test' split "

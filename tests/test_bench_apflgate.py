@@ -26,3 +26,20 @@ def test_tiny_run_writes_results_with_grid_baselines_and_compression(tmp_path, m
     assert 0.85 < comp["quant-4bit"]["bytes_saved_fraction"] < 0.88  # half a byte per entry
     assert comp["topk-10%"]["bytes_saved_fraction"] > 0.7
     assert "| quant-4bit |" in (tmp_path / "apflgate.md").read_text()
+
+
+def test_form_with_explicit_cells_and_no_fedavg(tmp_path, monkeypatch):
+    """The GNN tasks' quick forms run chosen (α, τ) cells, a subset of codecs and no FedAvg."""
+    tiny = apflgate.Form(rounds=1, local_steps=1, seeds=2, lr_grid=(0.2,), alphas=(0.5,), taus=(10.0,), nodes=3,
+                         codecs=("quant-4bit",), fedavg=False, cells=((0.5, 10.0), (0.1, 1.0)),
+                         settings=(("data.max-samples", 300),))
+    monkeypatch.setitem(apflgate.QUICK_BY_TASK, "digits", tiny)
+    assert apflgate.form_for("digits", quick=True) is tiny and apflgate.form_for("digits", quick=False) is apflgate.FULL
+    doc = apflgate.run(quick=True, seed=0, out=tmp_path, task="digits")
+    assert set(doc["methods"]["apflgate"]) == {"0.5,10", "0.1,1"} and doc["methods"]["fedavg"] is None
+    assert set(doc["tuning"]) == {"apfl", "fedgate", "apflgate"} and set(doc["compression"]) == {"none", "quant-4bit"}
+    assert any("data.max-samples = 300" in s for s in doc["unspecified_settings"])
+    md = (tmp_path / "apflgate.md").read_text()
+    assert "| 0.5 | not run | " in md and "| FedAvg | — | not run |" in md
+    assert (tmp_path / "apflgate.png").stat().st_size > 0
+    assert apflgate.form_for("bbbp", quick=True).nodes == 0 and apflgate.form_for("ciao", quick=True).seeds >= 3

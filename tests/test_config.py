@@ -126,3 +126,22 @@ def test_auto_device_keeps_tiny_models_on_the_cpu():
     assert resolve_auto(True, 4_810) == "cpu"  # the digits MLP: slower on a GPU (measured)
     assert resolve_auto(True, AUTO_GPU_MIN_PARAMS) == "cuda" and resolve_auto(True, 1_663_370) == "cuda"
     assert resolve_auto(True, None) == "cuda"  # size unknown: a visible GPU is used
+
+
+def test_cli_nodes_default_to_the_tasks_own_count(tmp_path):
+    """`graphfl run` without --nodes (and no `nodes` in --config/--set) uses the task's default_nodes."""
+    from graphfl.cli import build_config
+
+    assert build_config(None, [], {"task": None}).nodes == 4                        # digits, the default run
+    assert build_config(None, [], {"task": "bbbp"}).nodes == 16                     # seed 004: 16 clients
+    assert build_config(None, [], {"task": "ciao"}).nodes == 28                     # one per item category
+    assert build_config(None, ["task=ciao"], {}).nodes == 28
+    assert build_config(None, [], {"task": "bbbp", "nodes": 3}).nodes == 3          # an explicit flag wins
+    assert build_config(None, ["nodes=5"], {"task": "bbbp"}).nodes == 5             # so does --set
+    cfg = tmp_path / "exp.toml"
+    cfg.write_text('task = "ciao"\n')
+    assert build_config(cfg, [], {}).nodes == 28
+    cfg.write_text('task = "ciao"\nnodes = 7\n')
+    assert build_config(cfg, [], {}).nodes == 7                                     # a config file's nodes wins
+    with pytest.raises(ConfigError, match="valid tasks"):
+        build_config(None, [], {"task": "nope"})

@@ -189,15 +189,16 @@ def test_ciao_one_client_per_category_graph_and_training(tmp_path):
     users = np.concatenate([d.x_train[:, 0], d.x_test[:, 0]])
     assert sorted(set(users.tolist())) == [0, 1, 2]      # users 1..3 of category 1, 0-based
     batch = d.collate(d.x_train)
-    assert batch.num_nodes == NUM_USERS + 3              # all users + products 10, 11, 12
-    nodes = NUM_USERS + 3
+    assert batch.num_nodes == 3 + 3                      # the client's users 1..3 + products 10, 11, 12
+    assert batch.user_ids.tolist() == [0, 1, 2]          # their rows of the shared user table
+    nodes = 3 + 3
     assert batch.edge_index.shape == (2, 2 * d.num_train + nodes)  # training ratings both ways + self loops
     a = torch.zeros(nodes, nodes)
     a[batch.edge_index[0], batch.edge_index[1]] = batch.edge_weight
     deg = (a > 0).sum(0).float()                           # degree counting the self loop
     i, j = batch.edge_index[:, 0].tolist()
     assert float(a[i, j]) == pytest.approx(1.0 / float(torch.sqrt(deg[i] * deg[j])))  # D^-1/2 (A+I) D^-1/2
-    assert int(batch.pairs[:, 1].min()) >= NUM_USERS
+    assert int(batch.pairs[:, 1].min()) >= 3
     grouped = registry.create("ciao", data=DataConfig(test_fraction=0.25), data_dir=str(tmp_path)).client_data(0, 2)
     assert grouped.num_train + grouped.num_test == 5 + 3  # categories 1 and 3 on client 0 of 2
     model = task.build_model()
@@ -258,3 +259,54 @@ def test_fedavg_on_a_small_real_bbbp_subset_learns(real_data, tmp_path):
     assert curve[-1]["test_auc"] > max(0.5, curve[0]["test_auc"])
     assert set(curve[-1]["test_auc_per_client"]) == {"0", "1"}
     assert doc["methods"]["fedavg"]["final"]["test_auc"] == curve[-1]["test_auc"]
+
+
+def test_ciao_client_subgraph_equals_the_graph_over_all_users(tmp_path):
+    """Leaving out users without a rating in the client's categories changes neither the
+    predictions nor the gradient of the shared user table (they are isolated nodes)."""
+    from torch_geometric.data import Data
+
+    write_mat(tmp_path / "ciao" / "rating.mat", CIAO_ROWS)
+    task = registry.create("ciao", data=DataConfig(test_fraction=0.25), data_dir=str(tmp_path), seed=0)
+    d = task.client_data(2, 28)                          # category 3: users 1, 6, 7 (0-based 0, 5, 6)
+    small = d.collate(d.x_test)
+    assert small.user_ids.tolist() == [0, 5, 6] and small.num_nodes == 3 + 2
+    # the same graph over all NUM_USERS users, built by hand: user u is node u, item k is node NUM_USERS + k
+    from graphfl.tasks.gnn_models import gcn_norm_edges
+
+    tr = d.collate(d.x_train)
+    to_global = torch.cat([small.user_ids, torch.arange(2) + NUM_USERS])
+    undirected = tr.edge_index[:, tr.edge_index[0] != tr.edge_index[1]]   # drop the self loops
+    ei, w = gcn_norm_edges(to_global[undirected], NUM_USERS + 2)
+    pairs = to_global[small.pairs]
+    full = Data(edge_index=ei, edge_weight=w, item_feat=small.item_feat, pairs=pairs, num_nodes=NUM_USERS + 2)
+    model = task.build_model()
+    y = torch.as_tensor(d.y_test)
+    outs, grads = [], []
+    for batch in (small, full):
+        model.zero_grad()
+        pred = model(batch)
+        ((pred - y) ** 2).mean().backward()
+        outs.append(pred.detach())
+        grads.append(model.users.weight.grad.clone())
+    assert torch.allclose(outs[0], outs[1], atol=1e-6)
+    assert torch.allclose(grads[0], grads[1], atol=1e-7) and float(grads[0].abs().sum()) > 0
+    with pytest.raises(ValueError, match="user id 1 is not one of this client"):
+        d.collate(np.array([[1, 0]]))
+
+
+def test_ciao_validation_view_builds_its_graph_without_the_held_out_ratings(tmp_path):
+    """Tuning on ``ciao+val`` must not see the validation ratings as graph edges (label leak)."""
+    from graphfl.tasks.holdout import validation_task
+
+    write_mat(tmp_path / "ciao" / "rating.mat", CIAO_ROWS)
+    val = registry.create(validation_task("ciao"), data=DataConfig(test_fraction=0.25), data_dir=str(tmp_path))
+    full = registry.create("ciao", data=DataConfig(test_fraction=0.25), data_dir=str(tmp_path)).client_data(0, 28)
+    d = val.client_data(0, 28)                           # category 1: 4 training ratings, 1 of them held out
+    assert d.num_train + d.num_test == full.num_train and d.num_test >= 1
+    b = d.collate(d.x_test)
+    undirected = b.edge_index[:, b.edge_index[0] != b.edge_index[1]]
+    assert undirected.shape[1] == 2 * d.num_train                        # only the remaining training ratings
+    edges = {tuple(e) for e in undirected.t().tolist()}
+    for u, i in b.pairs.tolist():
+        assert (u, i) not in edges                                        # no validation pair is an edge
