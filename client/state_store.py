@@ -23,15 +23,14 @@ Arrays are stored with ``numpy.savez`` and read with ``allow_pickle=False``.
 from __future__ import annotations
 
 import logging
-import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from graphfl.common import wire
+from graphfl.common.results import atomic_write_bytes
 from graphfl.common.types import Arrays
 
 logger = logging.getLogger(__name__)
@@ -77,16 +76,7 @@ class StateStore:
         """Write ``state`` as produced by round ``server_round`` (atomically); keep the newest :data:`KEEP`."""
         self.dir.mkdir(parents=True, exist_ok=True)
         target = self.path(server_round)
-        fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=f".{target.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                savez(fh, **{k: np.asarray(v) for k, v in state.items()})
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        atomic_write_bytes(target, lambda fh: savez(fh, **{k: np.asarray(v) for k, v in state.items()}))
         for r in self.rounds()[:-KEEP]:
             self.path(r).unlink(missing_ok=True)
         return target

@@ -24,8 +24,6 @@ import hashlib
 import json
 import logging
 import math
-import os
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from graphfl.common.config import ConfigError
-from graphfl.common.results import atomic_write_text
+from graphfl.common.results import atomic_write_bytes, atomic_write_text
 from graphfl.p2p.algorithms.base import Array, NodeState
 
 logger = logging.getLogger(__name__)
@@ -156,16 +154,7 @@ def save(
     d.mkdir(parents=True, exist_ok=True)
     arrays = _arrays(state)
     npz = d / _npz_name(node, round_)
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=f".{npz.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            savez(fh, **arrays)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, npz)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_bytes(npz, lambda fh: savez(fh, **arrays))
     meta = {
         "format": FORMAT,
         "node": node,

@@ -30,10 +30,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import pickle
 import random
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,7 +39,7 @@ from typing import Any
 
 from graphfl.common.config import ConfigError, RunConfig, Scalar
 from graphfl.common.core import ServerCore
-from graphfl.common.results import atomic_write_text, clean_json
+from graphfl.common.results import atomic_write_bytes, atomic_write_text, clean_json
 
 logger = logging.getLogger(__name__)
 
@@ -86,16 +84,7 @@ def save(directory: str | Path, *, server_round: int, cfg: RunConfig, core: Serv
     blob = pickle.dumps({"core": core, "rng": rng.getstate(), "rows": rows, "extra": extra},
                         protocol=pickle.HIGHEST_PROTOCOL)
     target = d / f"server-r{server_round:07d}.pkl"
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(blob)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_bytes(target, lambda fh: fh.write(blob))
     meta = {
         "format": FORMAT, "round": int(server_round), "strategy": cfg.strategy, "rounds": cfg.rounds,
         "run_key": cfg.run_key, "config": fingerprint(cfg), "active": [int(p) for p in active],
