@@ -148,7 +148,7 @@ def run(
     node_auth: bool = typer.Option(False, help="Local deployment: SuperNodes authenticate with registered keys."),
     overwrite: bool = typer.Option(False, help="Replace a previous run's files in --out (default: refuse a non-empty --out)."),
     device: str | None = typer.Option(None, help="auto | cpu | cuda | cuda:N (goes into each SuperNode's node config)."),
-    clientapp_mode: str = typer.Option("cold", help="Local deployment: warm (one long-lived ClientApp worker per "
+    clientapp_mode: str = typer.Option("warm", help="Local deployment: warm (one long-lived ClientApp worker per "
                                        "SuperNode) or cold (stock Flower: a flwr-clientapp process per message)."),
     resume: Path | None = typer.Option(None, "--resume", help="Continue the run in this folder from its checkpoint "
                                        "(its config.json; --rounds may grow it; other changes are refused)."),
@@ -324,7 +324,7 @@ def supernode(
     port: int = typer.Option(9094, help="Local ClientApp API port (distinct per SuperNode on one host)."),
     auth_key: Path | None = typer.Option(None, help="Private key for SuperNode authentication."),
     max_wait_time: float | None = typer.Option(None, help="Give up after S seconds without the SuperLink."),
-    clientapp_mode: str = typer.Option("cold", help="warm: ClientApps run in one long-lived worker (torch, data and "
+    clientapp_mode: str = typer.Option("warm", help="warm: ClientApps run in one long-lived worker (torch, data and "
                                        "CUDA context kept); cold: stock Flower, a flwr-clientapp process per message."),
     state_dir: Path | None = typer.Option(None, help="Mirror the client's state to this folder (keyed by the run's "
                                           "run-key and the partition id): it survives a restart and `graphfl run --resume`."),

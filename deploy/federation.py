@@ -274,7 +274,7 @@ class LocalFederation:
     node_auth: bool = False
     env: dict[str, str] = field(default_factory=dict)
     superlink_port: int = 0
-    clientapp_mode: str = "cold"
+    clientapp_mode: str = "warm"
     device: str | None = None
     polls: str | None = None
     warm_timeout: float = 300.0

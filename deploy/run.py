@@ -217,7 +217,7 @@ def run_experiment(
     run_timeout: float | None = None,
     node_auth: bool = False,
     overwrite: bool = False,
-    clientapp_mode: str = "cold",
+    clientapp_mode: str = "warm",
     on_federation: Callable[[LocalFederation], None] | None = None,
 ) -> Path:
     """Run ``cfg``; return the output folder (holding ``run.json``, ``run.md``, ``run.png``).
@@ -255,7 +255,7 @@ def run_experiment(
 def _launch(
     cfg: RunConfig, out: Path, timeout: float, on_event: Callable[[dict[str, Any]], None] | None,
     superlink: str | None, root_certificates: str | None, insecure: bool, node_auth: bool,
-    clientapp_mode: str = "cold", on_federation: Callable[[LocalFederation], None] | None = None,
+    clientapp_mode: str = "warm", on_federation: Callable[[LocalFederation], None] | None = None,
 ) -> None:
     """Run ``cfg`` on the chosen engine (in-process, a local federation, or a remote SuperLink)."""
     if superlink is None and cfg.engine == "inprocess":
