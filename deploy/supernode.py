@@ -92,6 +92,7 @@ def install_fast_polls(policy: PollPolicy, on_message: Callable[[], None] | None
     from flwr.supernode import start_client_internal as sci
 
     from graphfl.deploy.flwr_compat import check_supernode_internals
+    from graphfl.server.object_io import widen_object_transfers
 
     if check:
         check_supernode_internals()
@@ -113,6 +114,7 @@ def install_fast_polls(policy: PollPolicy, on_message: Callable[[], None] | None
         kwargs.setdefault("backoff_cap", policy.object_backoff[1])
         return original_pull_objects(*args, **kwargs)
 
+    widen_object_transfers()
     sci.time = clock  # type: ignore[assignment]
     sci._pull_and_store_message = pull_and_store_message
     sci.pull_objects = pull_objects

@@ -10,7 +10,7 @@ leaves a reply whose objects never come. Flower's deployment grid
 hours in the worst case.
 
 :func:`pull_budget` sets, for the pulls made inside it, ``max_time`` = the time left in the
-round and a backoff cap of 1 s. When it runs out, Flower itself turns the reply into an error
+round, a first retry after 10 ms and a backoff cap of 1 s. When it runs out, Flower itself turns the reply into an error
 reply (``MESSAGE_UNAVAILABLE``, "Reply message objects are unavailable ..."), which the round
 records as that client's failure. The wrapper is installed once, in the ServerApp process; if
 the installed Flower no longer calls ``pull_objects`` from ``http_grid`` it is not installed and
@@ -31,6 +31,10 @@ logger = logging.getLogger(__name__)
 BACKOFF_CAP_S = 1.0
 """Longest wait between two tries of a missing object inside a bounded pull."""
 
+INITIAL_BACKOFF_S = 0.01
+"""First wait before a reply's object is asked again (Flower: 1 s). The ServerApp often sees a reply
+message while its SuperNode is still pushing the objects; they are there within milliseconds."""
+
 _budget: contextvars.ContextVar[float | None] = contextvars.ContextVar("graphfl_pull_budget", default=None)
 _installed: list[bool] = []
 
@@ -42,7 +46,7 @@ def _bounded(pull_objects: Callable[..., Any]) -> Callable[..., Any]:
         if budget is not None:
             kwargs["max_time"] = min(float(kwargs.get("max_time") or budget), budget)
             kwargs["backoff_cap"] = min(float(kwargs.get("backoff_cap") or BACKOFF_CAP_S), BACKOFF_CAP_S)
-            kwargs["initial_backoff"] = min(float(kwargs.get("initial_backoff") or 0.2), 0.2)
+            kwargs["initial_backoff"] = min(float(kwargs.get("initial_backoff") or INITIAL_BACKOFF_S), INITIAL_BACKOFF_S)
         return pull_objects(*args, **kwargs)
 
     wrapper.graphfl_bounded = True  # type: ignore[attr-defined]

@@ -31,7 +31,7 @@ from graphfl.common.core import EVALUATE_PHASE, ServerCore
 from graphfl.common.records import arrays_to_record, record_to_arrays
 from graphfl.common.registry import AlgorithmSpec
 from graphfl.common.types import Arrays, Payload
-from graphfl.server import bounded_pull
+from graphfl.server import bounded_pull, object_io
 from graphfl.server.exchange import Reply, Request
 from graphfl.server.recorder import RunRecorder
 from graphfl.server.rounds import RunError, ServerInputs, run_federated
@@ -92,6 +92,7 @@ class GridExchange:
         (a killed SuperNode stays listed by the SuperLink until its heartbeat expires)."""
         self._records: dict[int, ArrayRecord] = {}
         bounded_pull.install()
+        object_io.widen_object_transfers()
 
     # -- messages -----------------------------------------------------------------------
     def _record(self, arrays: Arrays) -> ArrayRecord:
