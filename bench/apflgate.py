@@ -37,6 +37,7 @@ import numpy as np
 from graphfl.tasks.holdout import VALIDATION_FRACTION, validation_task
 
 from .runcache import RunCache
+from .tuning import search_grid
 
 logger = logging.getLogger(__name__)
 
@@ -127,7 +128,8 @@ def unspecified(form: Form, task: str, nodes: int) -> list[str]:
         f"rounds {form.rounds}, {form.local_steps} local SGD steps per round, batch {form.batch_size}, momentum 0, "
         "weight decay 0, full participation, server step γ = 1",
         *(f"{k} = {v} in every run" for k, v in form.settings),
-        f"step grid {list(form.lr_grid)}, chosen per method on validation ({VALIDATION_FRACTION:.0%} of each "
+        f"step grid {list(form.lr_grid)}, extended ×{GRID_FACTOR:g} past a winning edge (at most "
+        f"{GRID_EXTENSIONS} steps), chosen per method on validation ({VALIDATION_FRACTION:.0%} of each "
         "client's training data, first seed) at the reference setting "
         + ", ".join(f"{m}: {v or 'defaults'}" for m, v in REFERENCE.items()) + "; the same step for every cell",
         "APFL and APFLGate: output mixing, fixed α (adaptive α off, as in the poster's tables); the personal "
@@ -189,27 +191,41 @@ def _stats(values: list[float | None]) -> dict[str, Any]:
             "values": values, "failed": len(values) - len(vals)}
 
 
+GRID_FACTOR = 3.0
+"""A step tried beyond a winning grid edge is this factor past it (the quick grids step ×3)."""
+GRID_EXTENSIONS = 2
+"""Most steps tried beyond a method's grid (:func:`graphfl.bench.tuning.search_grid`)."""
+
+
 def tune(strategy: str, task: str, nodes: int, form: Form, seed: int, data_dir: str) -> dict[str, Any]:
-    """The step of ``strategy`` at its reference setting, by the validation metric."""
+    """The step of ``strategy`` at its reference setting, by the validation metric.
+
+    The grid is ``form.lr_grid``, extended past an unbracketed winner by :data:`GRID_FACTOR` (at
+    most :data:`GRID_EXTENSIONS` steps, :func:`graphfl.bench.tuning.search_grid`); every step
+    tried is in the result's ``grid``, the extra ones also in ``extended``.
+    """
     val = validation_task(task)
-    scores: dict[str, float | None] = {}
-    metric, higher = "", True
-    for lr in form.lr_grid:
+    found: dict[str, Any] = {"metric": "", "higher": True}
+
+    def score(lr: float) -> float | None:
         try:
             r = run_one(strategy, val, nodes, form, seed, lr, REFERENCE[strategy], data_dir)
         except (RuntimeError, ValueError, ArithmeticError) as exc:  # a diverging step must not stop the bench
             logger.warning("tuning %s lr=%g failed: %s", strategy, lr, exc)
-            scores[f"{lr:g}"] = None
-            continue
+            return None
         metric, higher = pick_metric(r["curve"][-1])
-        scores[f"{lr:g}"] = final_value(r, metric)
-    ok = {float(k): v for k, v in scores.items() if v is not None}
-    if not ok:
-        raise RuntimeError(f"{strategy}: every step in {form.lr_grid} failed on {val}")
-    sign = -1.0 if higher else 1.0
-    chosen = min(ok, key=lambda lr: (sign * ok[lr], lr))
-    return {"grid": scores, "metric": metric, "lr": chosen,
-            "at_grid_edge": chosen in (min(form.lr_grid), max(form.lr_grid))}
+        found.update(metric=metric, higher=higher)
+        value = final_value(r, metric)
+        return None if value is None else (-value if higher else value)
+
+    try:
+        search = search_grid(score, form.lr_grid, factor=GRID_FACTOR, max_extensions=GRID_EXTENSIONS)
+    except RuntimeError:
+        raise RuntimeError(f"{strategy}: every step in {form.lr_grid} failed on {val}") from None
+    sign = -1.0 if found["higher"] else 1.0
+    scores = {k: (None if v is None else sign * v) for k, v in search.grid_scores().items()}
+    return {"grid": scores, "metric": found["metric"], "lr": search.chosen, "extended": search.extended,
+            "at_grid_edge": search.at_edge}
 
 
 def cell(strategy: str, task: str, nodes: int, form: Form, seeds: list[int], lr: float, extra: dict[str, Any],
@@ -377,7 +393,8 @@ def render_markdown(doc: dict[str, Any]) -> str:
               "|---|---|---|"]
     for meth, t in doc["tuning"].items():
         grid = ", ".join(f"{k}: {'fail' if v is None else f'{v:.4f}'}" for k, v in t["grid"].items())
-        lines.append(f"| {meth} | {grid} | {t['lr']:g}{' (grid edge)' if t['at_grid_edge'] else ''} |")
+        lines.append(f"| {meth} | {grid} | {t['lr']:g}{' (grid edge)' if t['at_grid_edge'] else ''}"
+                     f"{' (extended: ' + ', '.join(f'{x:g}' for x in t['extended']) + ')' if t.get('extended') else ''} |")
     paper = doc.get("paper")
     lines += ["", "## Paper (seed 004)", ""]
     if paper:

@@ -17,7 +17,13 @@ def test_tiny_run_writes_results_with_grid_baselines_and_compression(tmp_path, m
     assert saved["metric"] == "test_acc" and saved["higher_is_better"] is True
     assert set(saved["methods"]["apflgate"]) == {"0.5,10"} and set(saved["methods"]["fedgate"]) == {"10"}
     for method, t in doc["tuning"].items():                      # steps come from the +val task's grid
-        assert t["lr"] in tiny.lr_grid and set(t["grid"]) == {"0.05", "0.2"}, method
+        tried = {float(k): v for k, v in t["grid"].items()}
+        assert {0.05, 0.2} <= set(tried) and len(tried) <= 2 + apflgate.GRID_EXTENSIONS, method
+        assert set(tried) - {0.05, 0.2} == set(t["extended"]), method      # extensions are listed as such
+        for x in t["extended"]:                                  # each one factor 3 past a tried step
+            assert any(abs(x / s - 3) < 1e-6 or abs(s / x - 3) < 1e-6 for s in tried if s != x), (method, x)
+        best = max(v for v in tried.values() if v is not None)   # test_acc: higher is better
+        assert tried[t["lr"]] == best, method
     cell = saved["methods"]["apflgate"]["0.5,10"]
     assert len(cell["values"]) == 2 and cell["sd"] is not None
     comp = saved["compression"]
