@@ -13,7 +13,8 @@ algorithm, listens, handshakes with its neighbours (bounded by ``connect-timeout
 * ``<out>/peer-<id>.ckpt.json`` + ``peer-<id>.ckpt-r<round>.npz`` — the checkpoint, rewritten
   every ``checkpoint-every`` rounds (:mod:`graphfl.p2p.checkpoint`); ``resume=True``
   (``graphfl peer --resume``) continues from it;
-* ``<out>/peer-<id>.status.json`` — progress, rewritten every round (the launcher reads it).
+* ``<out>/peer-<id>.status.json`` — progress, rewritten at most every :data:`STATUS_EVERY_S` s and
+  after the last round (the launcher reads it).
 
 Exit codes: 0 done, 1 internal error (traceback in the log and in ``peer-<id>.json``),
 2 configuration error, 3 refused handshake / TLS, 4 round failed (``on-missing = "fail"``),
@@ -51,6 +52,12 @@ from graphfl.tasks.base import DataError
 logger = logging.getLogger(__name__)
 
 EXIT_OK, EXIT_ERROR, EXIT_CONFIG, EXIT_REFUSED, EXIT_ROUND_FAILED, EXIT_UNREACHABLE, EXIT_STOPPED = 0, 1, 2, 3, 4, 5, 130
+
+
+STATUS_EVERY_S = 0.25
+"""Shortest interval between two rewrites of ``peer-<id>.status.json`` while running (the last
+round is always written). Rewriting it every round cost ~5 ms of a 40 ms round (100k-parameter
+ring, ``GRAPHFL_PROFILE``); every round still goes to ``peer-<id>.rounds.jsonl`` at once."""
 
 
 def _write_json(path: Path, obj: Any) -> None:
@@ -180,10 +187,16 @@ def run_peer(network_file: str | Path, peer_id: int, out_dir: str | Path, overri
         exchange = NeighbourExchange(transport, ctx.row, policy)
         result["outcome"] = "running"
 
+        last_status = [0.0]
+
         def on_round(rec: dict[str, Any]) -> None:
             result["records"].append(rec)
             with rounds_file.open("a") as fh:  # appended as it goes: a killed peer keeps every finished round
                 fh.write(json.dumps(_clean(rec), allow_nan=False) + "\n")
+            now = time.monotonic()
+            if now - last_status[0] < STATUS_EVERY_S and rec["round"] < run.rounds:
+                return   # the progress file is for eyes and the launcher: not rewritten faster than this
+            last_status[0] = now
             _write_json(status_file, {"peer": peer_id, "state": "running", "round": rec["round"], "rounds": run.rounds,
                                       "train_loss": rec["train_loss"], "test_loss": rec["test_loss"],
                                       "missing": rec["missing"]})
