@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import time
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -249,7 +250,10 @@ def cell(strategy: str, task: str, nodes: int, form: Form, seeds: list[int], lr:
     out["bytes_up"] = float(np.mean(bytes_up)) if bytes_up else None
     if curves:
         arr = np.array([[np.nan if v is None else v for v in c] for c in curves], dtype=float)
-        out["curve_mean"] = [None if np.isnan(v) else float(v) for v in np.nanmean(arr, axis=0)]
+        with warnings.catch_warnings():   # a round no seed has a value for (e.g. all failed) is None, not a warning
+            warnings.simplefilter("ignore", RuntimeWarning)
+            mean = np.nanmean(arr, axis=0)
+        out["curve_mean"] = [None if np.isnan(v) else float(v) for v in mean]
     return out
 
 
