@@ -28,6 +28,7 @@ from graphfl.deploy.federation import LocalFederation
 from graphfl.deploy.processes import pids_with_env
 from graphfl.deploy.run import run_experiment
 from graphfl.server.inprocess import run_federated_inprocess
+from graphfl.tests.cli_runner import graphfl_cli
 
 pytestmark = pytest.mark.e2e
 
@@ -126,24 +127,6 @@ def test_supernode_restart_is_mapped_back_to_its_partition(tmp_path, monkeypatch
     assert_no_processes_left(out)
 
 
-def graphfl_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    """Run the CLI with output in files, not pipes: Flower's SuperExec child watches its
-    parent's pid and would keep a pipe open while the exited parent waits to be reaped."""
-    import tempfile
-
-    exe = Path(sys.executable).with_name("graphfl")
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen([str(exe), *args], stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                                env={**os.environ, "COLUMNS": "200"})
-        try:
-            code = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-            raise
-        out.seek(0)
-        err.seek(0)
-        return subprocess.CompletedProcess(proc.args, code, out.read(), err.read())
 
 
 def test_bad_config_fails_fast_with_valid_choices(tmp_path):

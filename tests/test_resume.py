@@ -29,6 +29,7 @@ from graphfl.common.config import ConfigError, parse_run_config
 from graphfl.deploy.run import prepare, prepare_resume
 from graphfl.server import checkpoint
 from graphfl.server.inprocess import run_federated_inprocess
+from graphfl.tests.cli_runner import graphfl_cli
 
 SMALL = {"task": "synthetic-multicenter", "nodes": 4, "train.local-steps": 2, "engine": "inprocess",
          "run-key": "unit"}
@@ -161,23 +162,6 @@ def test_resume_without_the_client_state_would_differ(tmp_path):
 
 # -- the CLI -------------------------------------------------------------------------------------
 
-def graphfl_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    """The CLI with output in files (Flower's SuperExec child may hold a pipe open after its parent exits)."""
-    import tempfile
-
-    exe = Path(sys.executable).with_name("graphfl")
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen([str(exe), *args], stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                                env={**os.environ, "COLUMNS": "200"})
-        try:
-            code = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-            raise
-        out.seek(0)
-        err.seek(0)
-        return subprocess.CompletedProcess(proc.args, code, out.read(), err.read())
 
 
 def test_cli_resume_continues_a_completed_inprocess_run_and_refuses_changes(tmp_path):
@@ -187,10 +171,10 @@ def test_cli_resume_continues_a_completed_inprocess_run_and_refuses_changes(tmp_
     out = run_experiment(parse_run_config({**values, "rounds": 1, "out-dir": str(tmp_path / "run")}))
     with pytest.raises(ConfigError, match="already completed its 1 rounds"):
         prepare_resume(out)
-    changed = graphfl_cli("run", "--resume", str(out), "--rounds", "3", "--set", "train.lr=0.5")
+    changed = graphfl_cli("run", "--resume", str(out), "--rounds", "3", "--set", "train.lr=0.5", timeout=300)
     text = changed.stdout + changed.stderr
     assert changed.returncode == 2 and "train.lr" in text and "Traceback" not in text
-    more = graphfl_cli("run", "--resume", str(out), "--rounds", "3")
+    more = graphfl_cli("run", "--resume", str(out), "--rounds", "3", timeout=300)
     assert more.returncode == 0, more.stdout + more.stderr
     doc = json.loads((out / "run.json").read_text())
     assert doc["status"] == "completed" and doc["resumed_from_round"] == 1
