@@ -94,4 +94,3 @@ def check_supernode_internals() -> None:
              ("run_id = _pull_and_store_message(", "time.sleep(3)"))
     _require(sci._push_messages, "SuperNode reply wait", ("time.sleep(0.5)",))
     _require(sci._pull_and_store_message, "SuperNode message pull", ("pull_objects(",))
-
