@@ -18,6 +18,9 @@ STATE = "graphfl-state"
 STATE_META = "graphfl-state-meta"
 """ConfigRecord in ``context.state``: ``round`` of the last non-join message that produced the state
 (absent: no state of this Flower run yet, so a persisted one may be loaded)."""
+PACKED = "graphfl.packed"
+"""ArrayRecord key of the single ``Array`` holding all of a record's tensors
+(:func:`graphfl.common.records.arrays_to_record`, one object on the wire instead of one per tensor)."""
 COMPRESSED_PREFIX = "graphfl.z/"
 """Upload array keys under this prefix are compressed parts (:mod:`graphfl.common.compress`)."""
 

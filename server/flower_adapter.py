@@ -291,7 +291,7 @@ class CoreStrategy(Strategy):
         result = Result()
         final = self.core.final_arrays()
         if final is not None:
-            result.arrays = arrays_to_record(final)
+            result.arrays = arrays_to_record(final, pack=False)  # a user reads it by tensor name
         for row in self.recorder.rounds.values():
             scalars: dict[str, MetricRecordValue] = {
                 k: float(v) for k, v in row.items() if isinstance(v, (int, float)) and k != "round"}
