@@ -70,14 +70,11 @@ def pack_arrays(arrays: Arrays) -> bytes:
         offset += arr.nbytes + _pad(arr.nbytes)
     header = json.dumps(entries, separators=(",", ":")).encode()
     head = _MAGIC + struct.pack("<I", len(header)) + header
-    head += b"\0" * _pad(len(head))
-    blob = bytearray(len(head) + offset)
-    blob[: len(head)] = head
-    base = len(head)
-    for (_, _, _, off), arr in zip(entries, parts):
-        start = base + int(off)  # type: ignore[call-overload]
-        blob[start: start + arr.nbytes] = arr.reshape(-1).view(np.uint8).data
-    return bytes(blob)
+    pieces: list[bytes | memoryview] = [head, b"\0" * _pad(len(head))]
+    for arr in parts:
+        pieces.append(arr.reshape(-1).view(np.uint8).data)
+        pieces.append(b"\0" * _pad(arr.nbytes))
+    return b"".join(pieces)  # the one copy of the data
 
 
 def unpack_arrays(data: bytes | bytearray | memoryview) -> Arrays:
