@@ -77,6 +77,16 @@ def check_encodable(channel: str, arrays: Mapping[str, np.ndarray]) -> None:
                             f"supported: {list(SUPPORTED_DTYPES)}")
 
 
+def _header_frame(sender: int, round_: int, channel: str, prepared: list[tuple[str, np.ndarray]],
+                  scalars: Mapping[str, float] | None) -> pb.Frame:
+    header = pb.Header(
+        tensors=[pb.TensorSpec(name=name, dtype=a.dtype.name, shape=list(a.shape), nbytes=a.nbytes)
+                 for name, a in prepared],
+        scalars={k: float(v) for k, v in (scalars or {}).items()},
+    )
+    return pb.Frame(sender=sender, round=round_, channel=channel, header=header)
+
+
 def encode(
     sender: int,
     round_: int,
@@ -89,18 +99,57 @@ def encode(
     if chunk_bytes < 1:
         raise ValueError(f"chunk_bytes must be >= 1, got {chunk_bytes}")
     prepared = [(name, _le(a)) for name, a in arrays.items()]
-    header = pb.Header(
-        tensors=[
-            pb.TensorSpec(name=name, dtype=a.dtype.name, shape=list(a.shape), nbytes=a.nbytes)
-            for name, a in prepared
-        ],
-        scalars={k: float(v) for k, v in (scalars or {}).items()},
-    )
-    yield pb.Frame(sender=sender, round=round_, channel=channel, header=header)
+    yield _header_frame(sender, round_, channel, prepared, scalars)
     for _, a in prepared:
         view = a.reshape(-1).view(np.uint8).data
         for start in range(0, a.nbytes, chunk_bytes):
             yield pb.Frame(sender=sender, round=round_, channel=channel, data=bytes(view[start : start + chunk_bytes]))
+
+
+_DATA_TAG = bytes([(5 << 3) | 2])
+"""Protobuf key of ``Frame.data`` (field 5, length-delimited)."""
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def encode_serialized(
+    sender: int,
+    round_: int,
+    channel: str,
+    arrays: Mapping[str, np.ndarray],
+    scalars: Mapping[str, float] | None = None,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+) -> list[bytes]:
+    """The frames of :func:`encode`, serialised, with one copy of the tensor bytes.
+
+    ``pb.Frame(..., data=chunk).SerializeToString()`` copies every chunk three times (slice to
+    ``bytes``, into the message, out to the wire string). Protobuf writes fields in field-number
+    order, and ``data`` (field 5) is the last one set, so a data frame is exactly
+    ``Frame(sender, round, channel)`` serialised, then the key of field 5, the chunk's length as a
+    varint, and the chunk: built here with one ``bytes.join``. The result is byte-for-byte what
+    :func:`encode` + ``SerializeToString`` gives (tested), so the wire format is unchanged.
+    """
+    if chunk_bytes < 1:
+        raise ValueError(f"chunk_bytes must be >= 1, got {chunk_bytes}")
+    prepared = [(name, _le(a)) for name, a in arrays.items()]
+    out = [_header_frame(sender, round_, channel, prepared, scalars).SerializeToString()]
+    prefix = pb.Frame(sender=sender, round=round_, channel=channel).SerializeToString() + _DATA_TAG
+    for _, a in prepared:
+        view = a.reshape(-1).view(np.uint8).data
+        for start in range(0, a.nbytes, chunk_bytes):
+            chunk = view[start: start + chunk_bytes]
+            out.append(b"".join((prefix, _varint(len(chunk)), chunk)))
+    return out
 
 
 class Assembler:

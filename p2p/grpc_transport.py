@@ -101,7 +101,7 @@ class _EncodeCache:
             for k, _, enc in self._entries:
                 if k == key:
                     return enc
-            frames = [f.SerializeToString() for f in codec.encode(sender, round_, channel, arrays, scalars, chunk_bytes)]
+            frames = codec.encode_serialized(sender, round_, channel, arrays, scalars, chunk_bytes)
             enc = _EncodedMessage(frames, int(sum(np.asarray(a).nbytes for a in held)))
             # keep only this round's messages (a round's frames are what is in flight anyway)
             self._entries = [e for e in self._entries if e[0][0] == round_][-(self.size - 1):] if self.size > 1 else []
