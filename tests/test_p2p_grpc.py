@@ -199,18 +199,14 @@ def test_local_errors_raise_and_only_network_errors_are_unreachable(topo, monkey
         # an unencodable tensor is our bug: it raises, it is not "peer 1 unreachable"
         with pytest.raises(codec.WireError, match="complex128"):
             a.send(1, 0, "params", {"theta": np.ones(DIM, np.complex128)})
-        # an error met while gRPC streams our frames (on its own thread) is raised here too
-        real_encode = codec.encode
-
+        # a bug in the encoder is raised here too, not reported as "peer 1 unreachable"
         def broken_encode(*args, **kwargs):
-            frames = real_encode(*args, **kwargs)
-            yield next(frames)
             raise RuntimeError("encoder bug")
 
-        monkeypatch.setattr(codec, "encode", broken_encode)
+        monkeypatch.setattr(codec, "encode_serialized", broken_encode)
         with pytest.raises(RuntimeError, match="encoder bug"):
             a.send(1, 0, "params", {"theta": np.ones(DIM, np.float32)})
-        monkeypatch.setattr(codec, "encode", real_encode)
+        monkeypatch.undo()
         # a failing handler on the other side (gRPC status UNKNOWN) is a refusal, not an unreachable peer
         monkeypatch.setattr(b.mailbox, "put", lambda msg: 1 / 0)
         r = a.send(1, 0, "params", {"theta": np.ones(DIM, np.float32)})
