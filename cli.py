@@ -390,6 +390,11 @@ def bench(
 
         task_registry.get(task)  # ConfigError listing the valid tasks
     out_dir = (out or default_out_dir(f"runs/bench-{name}")).resolve()
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not getattr(module, "RESUMABLE", False):
+        present = sorted(p.name for p in out_dir.iterdir())
+        fail(f"--out {out_dir} already holds {', '.join(present[:6])}{' ...' if len(present) > 6 else ''}; "
+             f"benchmark {name!r} does not continue an earlier run, so its files would mix with this one's: "
+             "choose a new --out (benchmarks with a run cache, e.g. apflgate, continue in the same --out)")
     out_dir.mkdir(parents=True, exist_ok=True)
     module.run(quick=quick, seed=seed, out=out_dir, **extra)
     console.print(f"results in {out_dir}")

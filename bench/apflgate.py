@@ -144,6 +144,8 @@ def unspecified(form: Form, task: str, nodes: int) -> list[str]:
 
 
 _cache = RunCache(None)  # run() points it at <out>/cache
+RESUMABLE = True
+"""An interrupted run continues in the same ``--out`` (finished runs come from ``<out>/cache``)."""
 
 
 def pick_metric(row: dict[str, Any]) -> tuple[str, bool]:

@@ -105,6 +105,8 @@ class Diverged(RuntimeError):
 
 
 _cache = RunCache(None)  # run() points it at <out>/cache
+RESUMABLE = True
+"""An interrupted run continues in the same ``--out`` (finished runs come from ``<out>/cache``)."""
 
 
 def cached_run(method: str, tau: int, alpha0: float, iterations: int, seed: int, n: int,

@@ -98,6 +98,8 @@ def unspecified(form: Form, task: str) -> list[str]:
 
 
 _cache = RunCache(None)
+RESUMABLE = True
+"""An interrupted run continues in the same ``--out`` (finished runs come from ``<out>/cache``)."""
 
 
 def run_one(method: str, task: str, form: Form, seed: int, lr: float, noise: float, missing: float) -> dict[str, Any]:

@@ -234,6 +234,8 @@ def run_dfl(task: str, nodes: int, rounds: int, seed: int, lr: float) -> dict[st
 
 
 _cache = RunCache(None)  # run() points it at <out>/cache
+RESUMABLE = True
+"""An interrupted run continues in the same ``--out`` (finished runs come from ``<out>/cache``)."""
 
 
 def run_any(method: str, task: str, nodes: int, rounds: int, seed: int, settings: dict[str, Any],

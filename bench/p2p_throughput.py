@@ -49,6 +49,7 @@ import importlib.util
 import json
 import logging
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -316,6 +317,15 @@ def _mem_available_mb() -> float | None:
     return None
 
 
+def _fresh(folder: Path) -> None:
+    """Remove a case folder left by an earlier run into the same ``--out`` (this bench keeps no
+    cache): its peer files or ``run.json`` must never be read as this run's.
+    """
+    if folder.exists():
+        logger.warning("p2p throughput: removing %s from an earlier run into the same --out", folder)
+        shutil.rmtree(folder)
+
+
 def run(quick: bool, seed: int, out: Path) -> dict[str, Any]:
     """Measure and write ``<out>/p2p_throughput.{json,md,png}``; returns the result dict."""
     out = Path(out)
@@ -343,9 +353,12 @@ def run(quick: bool, seed: int, out: Path) -> dict[str, Any]:
                 logger.warning("p2p throughput: skipping %s", skipped[-1])
                 continue
         logger.info("p2p throughput: %d params, %d peers, %s", d, n, label)
+        case = f"{d}-{n}-{label}"
+        for folder in (out / "runs" / case, out / "flower" / case):
+            _fresh(folder)
         floor = raw_floor(d, n)
         pfloor = parallel_floor(d, n, rounds=rounds)
-        res = measure_ring(out / "runs" / f"{d}-{n}-{label}", d, n, rounds, insecure, timeout=900 + 10 * n)
+        res = measure_ring(out / "runs" / case, d, n, rounds, insecure, timeout=900 + 10 * n)
         res["floor_s"] = floor
         res["parallel_floor_s"] = pfloor["median_round_s"]
         res["parallel_floor"] = pfloor
@@ -353,7 +366,7 @@ def run(quick: bool, seed: int, out: Path) -> dict[str, Any]:
         res["ratio_to_floor"] = med / floor if med else None
         res["ratio_to_parallel_floor"] = med / pfloor["median_round_s"] if med else None
         if n <= FLOWER_MAX_NODES:
-            fl = measure_flower(out / "flower" / f"{d}-{n}-{label}", d, n, rounds, insecure, timeout=600 + 10 * n)
+            fl = measure_flower(out / "flower" / case, d, n, rounds, insecure, timeout=600 + 10 * n)
             res["flower"] = fl
             fmed = fl.get("median_round_s")
             res["flower_over_p2p"] = fmed / med if (fmed and med) else None

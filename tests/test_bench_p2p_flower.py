@@ -37,3 +37,29 @@ def test_flower_round_moves_the_same_bytes_as_the_ring(tmp_path: Path) -> None:
     assert res["status"] == "completed" and len(res["round_s"]) == 2
     assert res["bytes_per_round"] == 2 * n * 4 * d  # n messages of 4d bytes down, n up: the ring's 2n
     assert res["median_round_s"] > 0
+
+
+def test_case_folders_of_an_earlier_run_are_removed_not_read(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A second run into the same --out must not read the first run's peer files or run.json."""
+    from graphfl.bench.p2p_throughput import _fresh
+
+    stale = tmp_path / "runs" / "100-4-plain-4peers"
+    stale.mkdir(parents=True)
+    (stale / "peer-0.json").write_text('{"outcome": "done", "records": []}')
+    with caplog.at_level("WARNING"):
+        _fresh(stale)
+        _fresh(tmp_path / "flower" / "never-made")  # absent: nothing to do, no error
+    assert not stale.exists()
+    assert "earlier run" in caplog.text and caplog.text.count("removing") == 1
+
+
+def test_bench_refuses_an_out_folder_of_an_earlier_run(tmp_path: Path) -> None:
+    """graphfl bench into a non-empty --out: refused before any work, for benchmarks without a run cache."""
+    from graphfl.tests.cli_runner import graphfl_cli
+
+    (tmp_path / "p2p_throughput.json").write_text("{}")
+    res = graphfl_cli("bench", "p2p-throughput", "--quick", "--out", str(tmp_path), timeout=60)
+    assert res.returncode == 2, res.stdout + res.stderr
+    text = " ".join((res.stdout + res.stderr).split())
+    assert "already holds p2p_throughput.json" in text and "choose a new --out" in text
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p2p_throughput.json"]  # nothing written, nothing lost
