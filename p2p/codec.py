@@ -152,6 +152,77 @@ def encode_serialized(
     return out
 
 
+def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
+    """(value, next position) of the varint at ``pos``; ``ValueError`` past 10 bytes or the end."""
+    value = shift = 0
+    for i in range(pos, min(pos + 10, len(buf))):
+        byte = buf[i]
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, i + 1
+        shift += 7
+    raise ValueError("truncated or over-long varint")
+
+
+@dataclass(frozen=True)
+class DataFrame:
+    """A ``Frame`` carrying ``data``, parsed without copying the chunk (see :func:`parse_frame`).
+
+    Offers the part of ``pb.Frame`` the :class:`Assembler` reads: ``sender``, ``round``,
+    ``channel``, ``data`` (a ``memoryview`` into the received bytes), ``WhichOneof("body")`` and
+    ``ByteSize()``.
+    """
+
+    sender: int
+    round: int
+    channel: str
+    data: memoryview
+    size: int
+
+    def WhichOneof(self, name: str) -> str | None:
+        return "data" if name == "body" else None
+
+    def ByteSize(self) -> int:
+        return self.size
+
+
+def parse_frame(raw: bytes) -> pb.Frame | DataFrame:
+    """Deserialiser of ``Push`` frames: a data frame as a zero-copy :class:`DataFrame`, any other
+    frame through protobuf.
+
+    ``pb.Frame.FromString`` copies a chunk into its arena, reading ``.data`` copies it again into
+    a ``bytes``, and the :class:`Assembler` copies it into the message buffer: three copies of
+    every byte received. A data frame as :func:`encode_serialized` writes it (fields 1, 2, 3 each
+    at most once and in order, then field 5 running exactly to the end) is read here directly and
+    only the :class:`Assembler` copies it. Anything else — a header, fields in another order,
+    unknown fields, a repeated field, invalid UTF-8 in ``channel`` — goes to protobuf, so what is
+    accepted and what is refused is protobuf's (tested against it).
+    """
+    try:
+        pos, end = 0, len(raw)
+        sender = round_ = 0
+        channel = ""
+        if pos < end and raw[pos] == 0x08:
+            value, pos = _read_varint(raw, pos + 1)
+            sender = ((value & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000  # int32: the low 32 bits, signed
+        if pos < end and raw[pos] == 0x10:
+            value, pos = _read_varint(raw, pos + 1)
+            round_ = ((value & 0xFFFFFFFFFFFFFFFF) ^ (1 << 63)) - (1 << 63)  # int64, signed
+        if pos < end and raw[pos] == 0x1A:
+            length, pos = _read_varint(raw, pos + 1)
+            if pos + length > end:
+                raise ValueError("channel runs past the frame")
+            channel = raw[pos:pos + length].decode("utf-8")
+            pos += length
+        if pos < end and raw[pos] == _DATA_TAG[0]:
+            length, start = _read_varint(raw, pos + 1)
+            if start + length == end:
+                return DataFrame(sender, round_, channel, memoryview(raw)[start:end], end)
+    except (ValueError, UnicodeDecodeError):
+        pass
+    return pb.Frame.FromString(raw)
+
+
 class Assembler:
     """Incremental decoder: feed frames in order, then :meth:`finish`.
 
@@ -173,8 +244,8 @@ class Assembler:
         self._off = 0
         self.wire_bytes = 0
 
-    def header(self, frame: pb.Frame) -> None:
-        if frame.WhichOneof("body") != "header":
+    def header(self, frame: pb.Frame | DataFrame) -> None:
+        if isinstance(frame, DataFrame) or frame.WhichOneof("body") != "header":
             raise WireError("the first frame of a message must be a header")
         self.sender, self.round, self.channel = int(frame.sender), int(frame.round), str(frame.channel)
         if self.round < 0:
@@ -235,7 +306,7 @@ class Assembler:
             self._idx += 1
             self._off = 0
 
-    def data(self, frame: pb.Frame) -> None:
+    def data(self, frame: pb.Frame | DataFrame) -> None:
         if self.sender is None:
             self.header(frame)
             return

@@ -57,7 +57,8 @@ per channel; two leaves room for a retry)."""
 _UNREACHABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 """The only gRPC status codes that mean "the neighbour cannot be reached" (dead process, cut link,
 refused connection, TLS failure, deadline). Anything else is an error to report, not a skip."""
-PUSH_METHOD = "/graphfl.p2p.Peer/Push"
+SERVICE = "graphfl.p2p.Peer"
+PUSH_METHOD = f"/{SERVICE}/Push"
 """The streaming RPC of :class:`~graphfl.p2p.proto.graphfl_p2p_pb2_grpc.PeerStub` (``Push``)."""
 
 _CHANNEL_OPTIONS = [
@@ -166,7 +167,7 @@ class _Servicer(pb_grpc.PeerServicer):
                 return int(name[5:])
         return -1
 
-    def Push(self, request_iterator: Iterator[pb.Frame], context: grpc.ServicerContext) -> pb.Ack:
+    def Push(self, request_iterator: Iterator[pb.Frame | codec.DataFrame], context: grpc.ServicerContext) -> pb.Ack:
         t = self.t
         cert_peer = self._tls_peer(context)
         if cert_peer is not None and cert_peer not in t.neighbours:
@@ -184,7 +185,7 @@ class _Servicer(pb_grpc.PeerServicer):
             if slot is not None:
                 t.release_stream_slot(slot)
 
-    def _receive(self, request_iterator: Iterator[pb.Frame], context: grpc.ServicerContext,
+    def _receive(self, request_iterator: Iterator[pb.Frame | codec.DataFrame], context: grpc.ServicerContext,
                  cert_peer: int | None) -> pb.Ack:
         t = self.t
         asm = codec.Assembler(t.max_message_bytes)
@@ -193,7 +194,8 @@ class _Servicer(pb_grpc.PeerServicer):
             if first is None:
                 raise WireError("empty message stream")
             asm.header(first)
-            sender = int(asm.sender)  # type: ignore[arg-type]
+            assert asm.sender is not None  # header() sets it or raises
+            sender = asm.sender
             if sender not in t.verified:
                 return t.refuse(f"{UNKNOWN_PEER}: peer {sender} has no accepted handshake with peer {t.peer_id}")
             if cert_peer is not None and cert_peer != sender:
@@ -211,6 +213,21 @@ class _Servicer(pb_grpc.PeerServicer):
             return t.refuse(f"stream cancelled after {t.stream_timeout:g} s or broken by the sender")
         ok, reason = t.mailbox.put(msg)
         return pb.Ack(accepted=ok, reason=reason, bytes_received=msg.wire_bytes)
+
+
+def _add_servicer(servicer: _Servicer, server: grpc.Server) -> None:
+    """``pb_grpc.add_PeerServicer_to_server`` with :func:`codec.parse_frame` as Push's deserialiser
+    (zero-copy data frames; same service, methods and messages).
+    """
+    handlers = {
+        "Handshake": grpc.unary_unary_rpc_method_handler(
+            servicer.Handshake, request_deserializer=pb.Hello.FromString,
+            response_serializer=pb.HelloReply.SerializeToString),
+        "Push": grpc.stream_unary_rpc_method_handler(
+            servicer.Push, request_deserializer=codec.parse_frame, response_serializer=pb.Ack.SerializeToString),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    server.add_registered_method_handlers(SERVICE, handlers)
 
 
 def _mismatch(me: Identity, other: pb.Hello | pb.HelloReply) -> str:
@@ -310,7 +327,7 @@ class GrpcTransport(Transport):
                                        thread_name_prefix=f"p2p-rx-{self.peer_id}"),
             options=[("grpc.so_reuseport", 0)],
         )
-        pb_grpc.add_PeerServicer_to_server(_Servicer(self), server)
+        _add_servicer(_Servicer(self), server)
         try:
             port = server.add_secure_port(addr, self._server_creds) if self.tls else server.add_insecure_port(addr)
         except RuntimeError as exc:

@@ -163,3 +163,72 @@ def test_committed_type_stub_matches_the_messages():
         assert f"class {message.name}(_message.Message):" in stub, message.name
         for f in message.fields:
             assert f"    {f.name}: " in stub, f"{message.name}.{f.name}: stale stub, run python -m graphfl.p2p.proto.generate"
+
+
+def _view(frame):
+    """What a receiver reads of a frame, from a pb.Frame or a codec.DataFrame."""
+    body = frame.WhichOneof("body")
+    data = bytes(frame.data) if body == "data" else None
+    return body, frame.sender, frame.round, frame.channel, data, frame.ByteSize()
+
+
+def _same_as_protobuf(raw: bytes) -> None:
+    from google.protobuf.message import DecodeError
+
+    try:
+        want = pb.Frame.FromString(raw)
+    except DecodeError:
+        with pytest.raises(DecodeError):
+            codec.parse_frame(raw)
+        return
+    got = codec.parse_frame(raw)
+    assert _view(got) == _view(want)
+
+
+def test_parse_frame_reads_data_frames_without_copy_and_agrees_with_protobuf():
+    arrays = {"w": sample("float32", (50, 40)), "e": sample("int8", (0,))}
+    frames = codec.encode_serialized(-3, 2**40, "params", arrays, {"x": 1.0}, chunk_bytes=1000)
+    parsed = [codec.parse_frame(f) for f in frames]
+    assert isinstance(parsed[0], pb.Frame)  # the header goes through protobuf
+    assert all(isinstance(p, codec.DataFrame) for p in parsed[1:])
+    assert all(isinstance(p.data, memoryview) and p.data.obj is f for p, f in zip(parsed[1:], frames[1:]))
+    for f in frames:
+        _same_as_protobuf(f)
+    msg = codec.decode(parsed)
+    np.testing.assert_array_equal(msg.arrays["w"], arrays["w"])
+    assert msg.wire_bytes == sum(len(f) for f in frames)
+
+
+@pytest.mark.parametrize("raw", [
+    b"",                                        # empty frame: all defaults, no body
+    b"\x2a\x03abc",                             # data only
+    b"\x10\x05\x08\x01\x2a\x01z",               # fields out of order -> protobuf
+    b"\x08\x01\x08\x02\x2a\x01z",               # repeated field -> protobuf (last wins)
+    b"\x08\x01\x2a\x01z\x08\x07",               # a field after data -> protobuf
+    b"\x08\x01\x2a\x05ab",                      # data runs past the end
+    b"\x08\x01\x2a\x01zz",                      # trailing byte
+    b"\x1a\x02\xff\xfe\x2a\x01z",               # channel not UTF-8
+    b"\x1a\x09ab\x2a\x01z",                     # channel runs past the end
+    b"\x08" + b"\xff" * 11 + b"\x01\x2a\x01z",  # over-long varint
+    b"\x38\x01\x2a\x01z",                       # unknown field 7
+    b"\x08\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01\x10\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01\x2a\x00",  # -1, -1
+])
+def test_parse_frame_edge_cases_match_protobuf(raw):
+    _same_as_protobuf(raw)
+
+
+def test_parse_frame_fuzz_matches_protobuf():
+    rng = np.random.default_rng(7)
+    base = codec.encode_serialized(5, 9, "tracker", {"t": sample("float64", (20,))}, None, chunk_bytes=64)
+    for _ in range(3000):
+        raw = bytearray(base[1 + int(rng.integers(len(base) - 1))])
+        for _ in range(int(rng.integers(1, 4))):
+            op = rng.integers(3)
+            i = int(rng.integers(len(raw) + 1))
+            if op == 0 and raw:
+                raw[min(i, len(raw) - 1)] = int(rng.integers(256))
+            elif op == 1:
+                raw[i:i] = bytes([int(rng.integers(256))])
+            elif raw:
+                del raw[min(i, len(raw) - 1)]
+        _same_as_protobuf(bytes(raw))
