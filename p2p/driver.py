@@ -367,6 +367,7 @@ def run_node(
                 "skipped_from": jumped,
                 "skips": skips,
                 "seconds": time.monotonic() - t_start,
+                "wall": time.time(),  # end of the round on the wall clock: peers' rounds on one time line
             }
             records.append(rec)
             if on_round is not None:

@@ -63,3 +63,16 @@ def test_bench_refuses_an_out_folder_of_an_earlier_run(tmp_path: Path) -> None:
     text = " ".join((res.stdout + res.stderr).split())
     assert "already holds p2p_throughput.json" in text and "choose a new --out" in text
     assert sorted(p.name for p in tmp_path.iterdir()) == ["p2p_throughput.json"]  # nothing written, nothing lost
+
+
+def test_network_round_is_the_last_peers_completion_interval() -> None:
+    """Start-up skew is not round time: a peer that waited 40 s for a late neighbour does not make 40 s rounds."""
+    from graphfl.bench.p2p_throughput import network_round_seconds
+
+    early = [{"wall": w} for w in (1.0, 1.1, 41.2, 41.5)]   # ran ahead, then waited for the late peer
+    late = [{"wall": w} for w in (41.0, 41.05, 41.3, 41.6)]  # started 40 s later
+    got = network_round_seconds([early, late], 4)
+    assert got[0] is None
+    assert got[1:] == pytest.approx([0.05, 0.25, 0.3])  # T = 41.0, 41.05, 41.3, 41.6
+    # a round some peer never finished has no time (not a made-up one)
+    assert network_round_seconds([early, late[:2]], 4)[2:] == [None, None]
