@@ -269,7 +269,7 @@ def measure_flower(out: Path, d: int, n: int, rounds: int, insecure: bool, timeo
     curve = [c for c in doc["methods"]["fedavg"]["curve"] if c.get("round", 0) >= 1 and "seconds" in c]
     per_round = [float(c["seconds"]) for c in curve]
     steady = per_round[1:] or per_round
-    res.update({"status": doc.get("status"), "round_s": per_round,
+    res.update({"status": doc.get("status"), "run_error": doc.get("error"), "round_s": per_round,
                 "median_round_s": float(statistics.median(steady)) if steady else None,
                 "bytes_per_round": float(np.mean([c.get("bytes_up", 0) + c.get("bytes_down", 0) for c in curve]))
                 if curve else None})
@@ -348,6 +348,56 @@ def _fresh(folder: Path) -> None:
     if folder.exists():
         logger.warning("p2p throughput: removing %s from an earlier run into the same --out", folder)
         shutil.rmtree(folder)
+
+
+def _first_line(text: str, limit: int = 300) -> str:
+    lines = [ln.strip() for ln in str(text).splitlines() if ln.strip()]
+    head = lines[0] if lines else "(no error text)"
+    last = lines[-1] if len(lines) > 1 else ""
+    joined = f"{head} ... {last}" if last and last != head else head
+    return joined[:limit]
+
+
+def render(doc: dict[str, Any]) -> str:
+    """The Markdown report of a result dict (what :func:`run` writes; re-renders a stored JSON)."""
+    rows = doc["rows"]
+    cfg = doc["config"]
+    ring_rounds, rounds = cfg.get("ring_rounds", cfg["rounds"]), cfg["rounds"]
+    mixing, skipped, p2pfl, inproc = doc["mixing"], doc["skipped"], doc["p2pfl"], doc["inprocess"]
+    cpus = cfg.get("cpus")
+    table = markdown_table(
+        columns=["params", "peers", "TLS", "round s (median)", "serial floor s", "parallel floor s", "/ serial",
+                 "/ parallel", "wire/payload", "MB/round (wire)", "peer RSS MB (median)", "peer start-up s",
+                 "floor proc RSS MB", "floor start-up s", "Flower round s", "Flower / p2p", "ok"],
+        rows=[[r["params"], r["peers"], r["tls"], r.get("median_round_s"), r["floor_s"], r["parallel_floor_s"],
+               r.get("ratio_to_floor"), r.get("ratio_to_parallel_floor"),
+               None if r.get("wire_over_payload") is None else f"{r['wire_over_payload']:.5f}",
+               (r.get("wire_bytes_per_round") or 0) / 2**20, r.get("rss_mb_median"), r.get("startup_s_median"),
+               r["parallel_floor"]["rss_mb"], r["parallel_floor"]["startup_s"],
+               (r.get("flower") or {}).get("median_round_s"), r.get("flower_over_p2p"), r["ok"]] for r in rows],
+    )
+    ip = inproc
+    return (
+        f"# p2p throughput (ring, gossip, float32, {ring_rounds} ring rounds, {rounds} Flower rounds)\n\n{table}\n\n"
+        f"p2p round = {RING_MEASURE}. Flower round = median of rounds 2.. of its run.\n\n"
+        "Serial floor = tobytes + one loopback TCP socket + frombuffer + graphfl's mixing sums of the same 2n "
+        "messages, one process. Parallel floor = n processes doing the same ring exchange over raw sockets "
+        f"(same bytes, same pattern). Both measured in this run, on {cpus} CPUs.\n\n"
+        f"In-process engine, DFL-GT linreg, {ip['nodes']} nodes on a ring: {ip['vectorised']['ms_per_round']:.1f} "
+        f"ms/round vectorised, {ip['per_node']['ms_per_round']:.1f} ms/round per-node driver "
+        f"({ip['speedup']:.1f}x).\n\n"
+        f"Mixing step, one node of a ring, 1M float32 parameters: {mixing['float32_in_place']['median_ms']:.2f} ms "
+        f"(float32 in place) vs {mixing['float64_copies']['median_ms']:.2f} ms (float64 with a copy per term), "
+        f"median of interleaved repeats ({mixing['speedup_median']:.1f}x; min: {mixing['speedup_min']:.1f}x), "
+        f"largest difference {mixing['max_abs_difference']:.2g}.\n\n"
+        f"Flower: {doc['flower']}.\n\np2pfl: {p2pfl}.\n"
+        + ("".join(f"\nSkipped: {x}.\n" for x in skipped))
+        + ("".join(f"\nFlower failed for {r['params']} params, {r['peers']} nodes"
+                   f"{' (TLS)' if r['tls'] else ''}: {_first_line(r['flower'].get('error', ''))}"
+                   + (f" (the run's own error: {_first_line(r['flower']['run_error'])})"
+                      if r["flower"].get("run_error") else "") + "\n"
+                   for r in rows if r.get("flower") and r["flower"].get("ok") is False))
+    )
 
 
 def run(quick: bool, seed: int, out: Path) -> dict[str, Any]:
@@ -431,34 +481,7 @@ def run(quick: bool, seed: int, out: Path) -> dict[str, Any]:
         "env": env_info(),
     }
     write_json(out / f"{NAME}.json", doc)
-    table = markdown_table(
-        columns=["params", "peers", "TLS", "round s (median)", "serial floor s", "parallel floor s", "/ serial",
-                 "/ parallel", "wire/payload", "MB/round (wire)", "peer RSS MB (median)", "peer start-up s",
-                 "floor proc RSS MB", "floor start-up s", "Flower round s", "Flower / p2p", "ok"],
-        rows=[[r["params"], r["peers"], r["tls"], r.get("median_round_s"), r["floor_s"], r["parallel_floor_s"],
-               r.get("ratio_to_floor"), r.get("ratio_to_parallel_floor"),
-               None if r.get("wire_over_payload") is None else f"{r['wire_over_payload']:.5f}",
-               (r.get("wire_bytes_per_round") or 0) / 2**20, r.get("rss_mb_median"), r.get("startup_s_median"),
-               r["parallel_floor"]["rss_mb"], r["parallel_floor"]["startup_s"],
-               (r.get("flower") or {}).get("median_round_s"), r.get("flower_over_p2p"), r["ok"]] for r in rows],
-    )
-    ip = inproc
-    (out / f"{NAME}.md").write_text(
-        f"# p2p throughput (ring, gossip, float32, {ring_rounds} ring rounds, {rounds} Flower rounds)\n\n{table}\n\n"
-        f"p2p round = {RING_MEASURE}. Flower round = median of rounds 2.. of its run.\n\n"
-        "Serial floor = tobytes + one loopback TCP socket + frombuffer + graphfl's mixing sums of the same 2n "
-        "messages, one process. Parallel floor = n processes doing the same ring exchange over raw sockets "
-        f"(same bytes, same pattern). Both measured in this run, on {os.cpu_count()} CPUs.\n\n"
-        f"In-process engine, DFL-GT linreg, {ip['nodes']} nodes on a ring: {ip['vectorised']['ms_per_round']:.1f} "
-        f"ms/round vectorised, {ip['per_node']['ms_per_round']:.1f} ms/round per-node driver "
-        f"({ip['speedup']:.1f}x).\n\n"
-        f"Mixing step, one node of a ring, 1M float32 parameters: {mixing['float32_in_place']['median_ms']:.2f} ms "
-        f"(float32 in place) vs {mixing['float64_copies']['median_ms']:.2f} ms (float64 with a copy per term), "
-        f"median of interleaved repeats ({mixing['speedup_median']:.1f}x; min: {mixing['speedup_min']:.1f}x), "
-        f"largest difference {mixing['max_abs_difference']:.2g}.\n\n"
-        f"Flower: {doc['flower']}.\n\np2pfl: {p2pfl}.\n"
-        + ("".join(f"\nSkipped: {x}.\n" for x in skipped))
-    )
+    (out / f"{NAME}.md").write_text(render(doc))
     plot_panels(out / f"{NAME}.png", [
         {"x": "params", "y": "seconds", "ylabel": "round time (s)", "series": {k: v["curve"] for k, v in methods.items()},
          "logx": True, "logy": True},
