@@ -110,7 +110,7 @@ def unpack_arrays(data: bytes | bytearray | memoryview) -> Arrays:
             raise ValueError(f"packed arrays: entry {i} has a missing or repeated name {name!r}")
         try:
             dtype = np.dtype(dtype_str) if isinstance(dtype_str, str) else None
-        except TypeError:
+        except (TypeError, ValueError):
             dtype = None
         if dtype is None or dtype.kind not in _ALLOWED_KINDS or dtype.hasobject:
             raise ValueError(f"packed arrays: array {name!r} has an unsupported dtype {dtype_str!r}")
