@@ -28,8 +28,10 @@ report and evaluate the initial model; vanilla has none, its first round carries
 nodes), *final evaluation*, final test accuracy. The split of a graphfl round, from the graphfl
 side: *ClientApp start* (``client_boot_seconds``: process start or, warm, task claim -> handler),
 *handler* (``client_seconds``), and the rest (*transport*: message pickup + reply, polls, server);
-warm traces (``logs/warm-<i>.jsonl``) split the rest further into *pickup* (message created on
-the server -> task claimed) and *reply push* (ClientApp -> SuperNode).
+warm traces (``logs/warm-<i>.jsonl``) and the server's exchange trace (``logs/exchange.jsonl``)
+split the rest further into *server push* (ServerApp -> SuperLink), *pickup* (message created on
+the server -> task claimed), *reply push* (ClientApp -> SuperNode) and *reply to server*
+(SuperNode -> SuperLink -> ServerApp pull).
 
 ``run(quick, seed, out)`` writes ``<out>/deploy.{json,md,png}``; each run's own files stay under
 ``<out>/runs/``.
@@ -252,9 +254,19 @@ def run_graphfl(variant: str, out: Path, seed: int, rounds: int) -> dict[str, An
 
 
 def _warm_split(out: Path, nodes: int, rounds: int) -> dict[str, Any]:
-    """Per round (1..R), medians over nodes of pickup (created -> claimed) and reply push, from the traces."""
+    """Per round (1..R), medians over nodes, from the warm traces and the server's exchange trace:
+    *server push* (exchange start -> all messages at the SuperLink), *pickup* (message created ->
+    task claimed), *reply push* (handler end -> reply at the SuperNode) and *reply to server*
+    (reply at the SuperNode -> pulled by the ServerApp: SuperNode push, SuperLink, ServerApp polls).
+    """
+    from graphfl.server.flower_adapter import EXCHANGE_TRACE
+
     pickup: list[list[float]] = [[] for _ in range(rounds)]
     reply: list[list[float]] = [[] for _ in range(rounds)]
+    to_server: list[list[float]] = [[] for _ in range(rounds)]
+    trace = out / "logs" / EXCHANGE_TRACE
+    exchanges = [json.loads(line) for line in trace.read_text().splitlines() if line.strip()] if trace.is_file() else []
+    train = [e for e in exchanges if e.get("kind") == "train"]
     for i in range(nodes):
         path = out / "logs" / f"warm-{i}.jsonl"
         tasks = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
@@ -264,7 +276,16 @@ def _warm_split(out: Path, nodes: int, rounds: int) -> dict[str, Any]:
                 pickup[r].append(times["acquired"] - t["created_at"])
             if "handler" in times and "output" in times:
                 reply[r].append(times["output"] - times["handler"])
-    return {"pickup": [_median(p) for p in pickup], "reply_push": [_median(p) for p in reply]}
+            pulled = train[r]["pulled"].get(str(i)) if r < len(train) else None
+            if pulled is not None and "output" in times:
+                to_server[r].append(pulled - times["output"])
+    return {"server_push": [e["pushed"] - e["start"] for e in train[:rounds]],
+            "pickup": [_median(p) for p in pickup], "reply_push": [_median(p) for p in reply],
+            "reply_to_server": [_median(p) for p in to_server]}
+
+
+VANILLA_STATUS_EVERY = 5.0
+"""Seconds between `flwr list` status checks of a vanilla run (its rounds time themselves)."""
 
 
 def run_vanilla(out: Path, seed: int, rounds: int) -> dict[str, Any]:
@@ -286,7 +307,9 @@ def run_vanilla(out: Path, seed: int, rounds: int) -> dict[str, Any]:
         sub = fed.submitter()
         t_run = time.perf_counter()
         handle = sub.submit(app, overrides, out)
-        sub.wait_status(handle.run_id, timeout=60 + rounds * 300, interval=1.0)
+        # every `flwr list` is a CLI process (about 1 s of CPU): asked every 5 s, not every second, so
+        # the monitoring does not slow the measured rounds (which the App times itself)
+        sub.wait_status(handle.run_id, timeout=60 + rounds * 300, interval=VANILLA_STATUS_EVERY)
         wall = time.perf_counter() - t_run
     doc = json.loads(result_file.read_text())
     times = {int(k): v for k, v in doc["times"].items()}
@@ -411,7 +434,8 @@ def _per_rep(reps: list[dict[str, Any]], key: str, rounds_only: bool = True) -> 
 
 def summarize(reps: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
     """Mean ± sd over repetitions of each variant's timings (per-round values: median over rounds first)."""
-    keys = ("rounds", "join", "final_eval", "boot", "handler", "pickup", "reply_push", "train_exchange",
+    keys = ("rounds", "join", "final_eval", "boot", "handler", "server_push", "pickup", "reply_push",
+            "reply_to_server", "train_exchange",
             "eval_exchange", "first_round", "test_acc", "federation_start", "wall")
     summary: dict[str, dict[str, Any]] = {}
     for variant, runs in reps.items():
@@ -524,10 +548,14 @@ def render(doc: dict[str, Any]) -> str:
     lines += ["## Where a graphfl round goes (from the graphfl side)", "",
               "ClientApp start = process start (cold) or task claim (warm) -> handler; handler = the "
               "client's own work; transport = round - start - handler (pickup, reply, polls, server). "
-              "Warm traces split pickup (message created -> task claimed) and reply push.", ""]
+              "Warm traces split it further: server push (exchange start -> messages at the SuperLink), "
+              "pickup (message created -> task claimed; includes the server push), reply push (handler "
+              "end -> reply at the SuperNode), reply to server (-> pulled by the ServerApp).", ""]
     srows = [{"variant": v, "round": _fmt(st.get("rounds")), "ClientApp start": _fmt(st.get("boot")),
               "handler": _fmt(st.get("handler")), "transport": _fmt(st.get("transport")),
-              "pickup (warm)": _fmt(st.get("pickup")), "reply push (warm)": _fmt(st.get("reply_push"))}
+              "server push (warm)": _fmt(st.get("server_push")), "pickup (warm)": _fmt(st.get("pickup")),
+              "reply push (warm)": _fmt(st.get("reply_push")),
+              "reply to server (warm)": _fmt(st.get("reply_to_server"))}
              for v, st in s.items() if "boot" in st]
     if srows:
         lines += [markdown_table(srows, list(srows[0])), ""]

@@ -15,10 +15,12 @@ with its own push/pull polling (``poll_interval``, default 0.05 s) instead of
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from typing import Any, NoReturn
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
@@ -43,6 +45,8 @@ MetricRecordValue = int | float | list[int] | list[float]
 FINAL_PULL_S = 1.0
 """After a round's deadline, one more pull collects replies that arrived while the pull of a
 straggler's half-pushed reply used up the deadline (found by ``graphfl bench faults``)."""
+EXCHANGE_TRACE = "exchange.jsonl"
+"""Per-exchange timing trace under ``<out>/logs`` (read by ``graphfl bench deploy``)."""
 REJOIN_ATTEMPTS = 2
 """Failed re-join requests after which a node id is retired (never asked again); a restarted SuperNode
 comes back under a new node id, so a retired id is one the SuperLink still lists after it died."""
@@ -91,6 +95,8 @@ class GridExchange:
         """Node ids never asked again: replaced by a newer node for their partition, or failed a rejoin
         (a killed SuperNode stays listed by the SuperLink until its heartbeat expires)."""
         self._records: dict[int, ArrayRecord] = {}
+        self.trace_path = Path(cfg.out_dir) / "logs" / EXCHANGE_TRACE if cfg.out_dir else None
+        """One JSON line per exchange with wall-clock instants (see :meth:`_trace`)."""
         bounded_pull.install()
         object_io.widen_object_transfers()
 
@@ -122,20 +128,50 @@ class GridExchange:
         if not messages:
             return {}
         keys = list(messages)
+        t_start = time.time()
         ids = list(self.grid.push_messages([messages[k] for k in keys]))
+        t_pushed = time.time()
         pending = {mid: k for mid, k in zip(ids, keys) if mid}
         for k, mid in zip(keys, ids):
             if not mid:
                 logger.warning("message to %s could not be pushed to the SuperLink", k)
         out: dict[int, Message] = {}
+        pulled_at: dict[int, float] = {}
+        polls = 0
         deadline = time.monotonic() + timeout
         while pending and time.monotonic() < deadline:
             self._pull(pending, out, deadline - time.monotonic())
+            polls += 1
+            pulled_at.update({k: time.time() for k in out if k not in pulled_at})
             if pending:
                 time.sleep(self.poll_interval)
         if pending:  # replies that arrived while a half-pushed one used up the deadline: one last, short pull
             self._pull(pending, out, FINAL_PULL_S)
+            pulled_at.update({k: time.time() for k in out if k not in pulled_at})
+        self._trace(messages, t_start, t_pushed, pulled_at, polls)
         return out
+
+    def _trace(self, messages: Mapping[int, Message], t_start: float, t_pushed: float,
+               pulled_at: Mapping[int, float], polls: int) -> None:
+        """Append one line to ``<out>/logs/exchange.jsonl``: the exchange's kind and round, and the
+        wall-clock instants (``time.time()``, comparable with the warm workers' traces) of its start,
+        the end of the push to the SuperLink, each reply's pull (by key: partition or node id), the
+        end; ``polls`` = pulls made. Never fails the run: an unwritable trace is logged once.
+        """
+        if self.trace_path is None:
+            return
+        first = next(iter(messages.values()))
+        config = first.content[wire.CONFIG] if wire.CONFIG in first.content else {}
+        line = {"kind": config.get(wire.KIND), "round": config.get(wire.ROUND), "start": t_start,
+                "pushed": t_pushed, "pulled": {str(k): v for k, v in pulled_at.items()}, "end": time.time(),
+                "polls": polls, "messages": len(messages)}
+        try:
+            self.trace_path.parent.mkdir(parents=True, exist_ok=True)
+            with self.trace_path.open("a") as fh:
+                fh.write(json.dumps(line) + "\n")
+        except OSError as exc:
+            logger.warning("exchange trace %s not written (%s); tracing stops", self.trace_path, exc)
+            self.trace_path = None
 
     def _pull(self, pending: dict[str, int], out: dict[int, Message], budget: float) -> None:
         """One pull of the ``pending`` replies (message id -> key) into ``out``; a reply whose objects

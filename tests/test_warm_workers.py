@@ -223,6 +223,16 @@ def test_warm_and_cold_give_identical_curves(tmp_path):
         assert all(t["status"] == "completed" for t in tasks)
         assert len({t["worker_pid"] for t in tasks}) == 1               # one warm worker served them all
     assert not (tmp_path / "cold" / "logs" / "warm-0.jsonl").exists()
+    # the server's exchange trace: join, each round, final evaluation; each reply pulled after the
+    # push and after the worker that served it pushed its reply (one wall clock on one machine)
+    exchanges = [json.loads(line) for line in (out / "logs" / "exchange.jsonl").read_text().splitlines()]
+    assert [(e["kind"], e["round"]) for e in exchanges] == [("join", 0), ("train", 1), ("train", 2), ("evaluate", 3)]
+    for r, e in enumerate(exchanges):
+        assert e["start"] <= e["pushed"] <= min(e["pulled"].values()) <= max(e["pulled"].values()) <= e["end"]
+        assert len(e["pulled"]) == e["messages"] == SMALL["nodes"] and e["polls"] >= 1
+        if e["kind"] != "join":   # join replies are keyed by node id, the rest by partition id
+            for i in range(SMALL["nodes"]):
+                assert _traces(out, i)[r]["times"]["reply"] <= e["pulled"][str(i)]
 
 
 @pytest.mark.e2e
