@@ -192,7 +192,11 @@ class Submitter:
              health: Callable[[], None] | None = None) -> dict[str, Any]:
         """Follow ``progress.jsonl`` until the run is done; bounded by ``timeout``.
 
-        Raises :class:`FederationError` when the run fails or stops reporting.
+        The SuperLink is asked for the run's status (``flwr list``, a fresh CLI process that costs
+        about a second of CPU) only when no progress event arrived for ``status_every`` s: a run
+        that reports every round is never asked, a stalled or crashed one is found within
+        ``status_every`` s of its last event. Raises :class:`FederationError` when the run fails
+        or stops reporting.
         """
         progress = handle.out_dir / "progress.jsonl"
 
@@ -209,6 +213,8 @@ class Submitter:
                     on_event(ev)
                 if ev.get("event") == "error":
                     raise FederationError(f"run {handle.run_id} failed: {ev.get('error')}")
+            if len(events) > seen:   # the run reports: no need to ask the SuperLink about it
+                next_status = time.monotonic() + status_every
             seen = len(events)
             if events and events[-1].get("event") == "done":
                 return events[-1]
