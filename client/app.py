@@ -122,7 +122,7 @@ def _serve(msg: Message, context: Context, default_kind: str) -> Message:
     from graphfl.client.handler import build_runtime, handle
     from graphfl.client.state_store import state_for_request, store_for
     from graphfl.common.config import parse_run_config
-    from graphfl.common.records import arrays_to_record, record_to_arrays
+    from graphfl.common.records import arrays_record, arrays_to_record, get_arrays, record_to_arrays
     from graphfl.common.types import Payload
 
     torch.set_num_threads(int(os.environ.get("GRAPHFL_TORCH_THREADS", "1")))
@@ -135,8 +135,7 @@ def _serve(msg: Message, context: Context, default_kind: str) -> Message:
     runtime = build_runtime(cfg, int(node[wire.NODE_PARTITION_ID]), int(node[wire.NODE_NUM_PARTITIONS]), device)
 
     request = read_request(msg.content.config_records.get(wire.CONFIG), default_kind)
-    arrays_rec = msg.content.array_records.get(wire.ARRAYS)
-    payload = Payload(record_to_arrays(arrays_rec) if arrays_rec is not None else {}, request.payload_config)
+    payload = Payload(get_arrays(msg.content, wire.ARRAYS) or {}, request.payload_config)
 
     state_rec = context.state.array_records.get(wire.STATE)
     state = record_to_arrays(state_rec) if state_rec is not None else {}
@@ -157,7 +156,7 @@ def _serve(msg: Message, context: Context, default_kind: str) -> Message:
         metrics[wire.CLIENT_BOOT_SECONDS] = boot
     content = RecordDict({wire.METRICS: MetricRecord(dict[str, MetricRecordValue](metrics))})
     if arrays is not None:
-        content[wire.ARRAYS] = arrays_to_record(arrays)
+        content[wire.ARRAYS] = arrays_record(arrays)
     return Message(content, reply_to=msg)
 
 

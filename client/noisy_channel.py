@@ -241,7 +241,7 @@ def noisy_channel_mod(msg: Message, context: Context, call_next: ClientAppCallab
     from flwr.app import MessageType
 
     from graphfl.common import wire
-    from graphfl.common.records import arrays_to_record, record_to_arrays
+    from graphfl.common.records import array_record_names, arrays_record, get_arrays
 
     reply = call_next(msg, context)
     run = context.run_config
@@ -260,10 +260,10 @@ def noisy_channel_mod(msg: Message, context: Context, call_next: ClientAppCallab
     elif msg.metadata.group_id.isdigit():
         server_round = int(msg.metadata.group_id)
     content = reply.content
-    for name in [n for n in content.array_records if not n.startswith(wire.MASK_PREFIX)]:
-        arrays, masks = transmit_upload(record_to_arrays(content.array_records[name]), noise, missing, seed, pid,
+    for name in [n for n in array_record_names(content) if not n.startswith(wire.MASK_PREFIX)]:
+        arrays, masks = transmit_upload(get_arrays(content, name) or {}, noise, missing, seed, pid,
                                         server_round, phase)
-        content[name] = arrays_to_record(arrays)
+        content[name] = arrays_record(arrays)
         if masks is not None:
-            content[wire.MASK_PREFIX + name] = arrays_to_record(masks)
+            content[wire.MASK_PREFIX + name] = arrays_record(masks)
     return reply

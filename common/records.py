@@ -28,6 +28,14 @@ bytes       content
 what vanilla Flower apps and ``pack=False`` send), and checks every field of a packed header
 (dtype kind, shape, bounds, overlap) before it touches the data: a malformed or hostile blob
 raises ``ValueError`` naming the problem, never allocates more than the blob's own size.
+
+Inline payloads
+---------------
+Even packed, a record is three objects on the wire (``ArrayRecord`` -> ``Array`` ->
+``ArrayChunk``), each one request per hop. :func:`put_arrays` sends a packed blob of at most
+:data:`INLINE_MAX_BYTES` as the single ``bytes`` value :data:`graphfl.common.wire.PACKED` of a
+``ConfigRecord`` (one object) under the same name; larger ones keep the ``ArrayRecord`` form,
+whose 5 MB chunks Flower streams. :func:`get_arrays` reads either form (and plain records).
 """
 
 from __future__ import annotations
@@ -37,7 +45,7 @@ import math
 import struct
 
 import numpy as np
-from flwr.app import Array, ArrayRecord
+from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
 from graphfl.common import wire
 from graphfl.common.types import Arrays
@@ -46,6 +54,9 @@ PACKED_STYPE = "graphfl.packed.v1"
 """``Array.stype`` of a packed record (see the module docstring)."""
 _MAGIC = b"GFLPACK1"
 _ALIGN = 8
+INLINE_MAX_BYTES = 4 * 2**20
+"""Largest packed blob sent inline in a ``ConfigRecord`` (below Flower's 5 MB ``ArrayChunk``: a
+larger blob would be several chunks, which Flower moves in parallel)."""
 _ALLOWED_KINDS = frozenset("biufc")
 """numpy dtype kinds a packed tensor may have: bool, signed/unsigned int, float, complex."""
 
@@ -135,11 +146,9 @@ def arrays_to_record(arrays: Arrays, pack: bool = True) -> ArrayRecord:
     one ``Array`` per tensor (order kept; arrays made contiguous; 0-d arrays stay 0-d), the form
     to hand to code that reads the record itself (e.g. a Flower ``Result``).
     """
-    rec = ArrayRecord()
     if pack:
-        blob = pack_arrays(arrays)
-        rec[wire.PACKED] = Array(dtype="uint8", shape=(len(blob),), stype=PACKED_STYPE, data=blob)
-        return rec
+        return _packed_array_record(pack_arrays(arrays))
+    rec = ArrayRecord()
     for key, value in arrays.items():
         arr = np.asarray(value)
         rec[key] = Array(np.ascontiguousarray(arr).reshape(arr.shape))  # keeps 0-d arrays 0-d
@@ -162,3 +171,51 @@ def record_to_arrays(record: ArrayRecord) -> Arrays:
             raise ValueError(f"packed arrays: the record holds {sorted(record)} besides {wire.PACKED!r}")
         return unpack_arrays(packed.data)
     return {key: arr.numpy() for key, arr in record.items()}
+
+
+def _packed_array_record(blob: bytes) -> ArrayRecord:
+    rec = ArrayRecord()
+    rec[wire.PACKED] = Array(dtype="uint8", shape=(len(blob),), stype=PACKED_STYPE, data=blob)
+    return rec
+
+
+def arrays_record(arrays: Arrays, inline_max: int = INLINE_MAX_BYTES) -> ConfigRecord | ArrayRecord:
+    """The record that carries ``arrays`` on the wire: inline (a ``ConfigRecord`` whose one value
+    :data:`graphfl.common.wire.PACKED` is the packed blob, one Flower object) when the blob has at
+    most ``inline_max`` bytes, else a packed ``ArrayRecord`` (module docstring). Store it in a
+    message's ``RecordDict`` under any name; :func:`get_arrays` reads it back.
+    """
+    blob = pack_arrays(arrays)
+    if len(blob) <= inline_max:
+        return ConfigRecord({wire.PACKED: blob})
+    return _packed_array_record(blob)
+
+
+def get_arrays(content: RecordDict, name: str) -> Arrays | None:
+    """The arrays stored under ``name`` by :func:`arrays_record` (either form) or as a plain
+    ``ArrayRecord``; ``None`` when ``content`` has no record of that name.
+
+    Raises
+    ------
+    ValueError
+        A malformed packed blob, an inline record that is not exactly one ``bytes`` value under
+        :data:`graphfl.common.wire.PACKED`, or a packed ``Array`` mixed with other keys.
+    TypeError
+        An ``Array`` of a serialisation type numpy cannot read.
+    """
+    if name in content.array_records:
+        return record_to_arrays(content.array_records[name])
+    if name in content.config_records:
+        rec = content.config_records[name]
+        blob = rec.get(wire.PACKED)
+        if len(rec) != 1 or not isinstance(blob, bytes):
+            raise ValueError(f"inline arrays {name!r}: expected one bytes value under {wire.PACKED!r}, "
+                             f"got keys {sorted(rec)}")
+        return unpack_arrays(blob)
+    return None
+
+
+def array_record_names(content: RecordDict) -> list[str]:
+    """Names in ``content`` that hold arrays: ``ArrayRecord``s and inline records (:func:`arrays_record`)."""
+    return [name for name, rec in content.items()
+            if isinstance(rec, ArrayRecord) or (isinstance(rec, ConfigRecord) and wire.PACKED in rec)]

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 # Records of a message's RecordDict
 ARRAYS = "arrays"
-"""ArrayRecord with the payload (server -> client) or the update (client -> server)."""
+"""Record with the payload (server -> client) or the update (client -> server): inline or packed
+(:func:`graphfl.common.records.arrays_record`), or a plain ``ArrayRecord`` from other Flower code."""
 CONFIG = "config"
 """ConfigRecord with the payload's scalars and the graphfl control keys below."""
 METRICS = "metrics"
@@ -19,8 +20,9 @@ STATE_META = "graphfl-state-meta"
 """ConfigRecord in ``context.state``: ``round`` of the last non-join message that produced the state
 (absent: no state of this Flower run yet, so a persisted one may be loaded)."""
 PACKED = "graphfl.packed"
-"""ArrayRecord key of the single ``Array`` holding all of a record's tensors
-(:func:`graphfl.common.records.arrays_to_record`, one object on the wire instead of one per tensor)."""
+"""Key of a record's tensors packed into one blob: the single ``Array`` of a packed ``ArrayRecord``
+(:func:`graphfl.common.records.arrays_to_record`, one object on the wire instead of one per tensor),
+or the single ``bytes`` value of an inline ``ConfigRecord`` (:func:`graphfl.common.records.arrays_record`)."""
 COMPRESSED_PREFIX = "graphfl.z/"
 """Upload array keys under this prefix are compressed parts (:mod:`graphfl.common.compress`)."""
 

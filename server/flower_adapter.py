@@ -30,7 +30,7 @@ from flwr.serverapp.strategy import Result, Strategy
 from graphfl.common import wire
 from graphfl.common.config import RunConfig
 from graphfl.common.core import EVALUATE_PHASE, ServerCore
-from graphfl.common.records import arrays_to_record, record_to_arrays
+from graphfl.common.records import arrays_record, arrays_to_record, get_arrays, record_to_arrays
 from graphfl.common.registry import AlgorithmSpec
 from graphfl.common.types import Arrays, Payload
 from graphfl.server import bounded_pull, object_io
@@ -67,16 +67,14 @@ def reply_from_message(msg: Message, partition_id: int | None = None) -> Reply:
         if value is not None and not (math.isfinite(value) and value >= 0 and float(value).is_integer()):
             return Reply(fallback, error=f"reply metric {key!r} = {value!r} is not a non-negative integer")
     pid = int(metrics.get(wire.PARTITION_ID, fallback))
-    arrays = None
-    if wire.ARRAYS in content.array_records:
-        try:
-            arrays = record_to_arrays(content.array_records[wire.ARRAYS])
-        except (ValueError, TypeError) as exc:  # undecodable arrays: treat as a failed reply
-            return Reply(pid, error=f"undecodable arrays: {exc}")
+    try:
+        arrays = get_arrays(content, wire.ARRAYS)
+    except (ValueError, TypeError) as exc:  # undecodable arrays: treat as a failed reply
+        return Reply(pid, error=f"undecodable arrays: {exc}")
     mask = None
-    if wire.MASK_PREFIX + wire.ARRAYS in content.array_records:
+    if wire.MASK_PREFIX + wire.ARRAYS in content:
         try:
-            mask = record_to_arrays(content.array_records[wire.MASK_PREFIX + wire.ARRAYS])
+            mask = get_arrays(content, wire.MASK_PREFIX + wire.ARRAYS)
         except (ValueError, TypeError) as exc:
             return Reply(pid, error=f"undecodable channel mask: {exc}")
     return Reply(pid, arrays, metrics, mask=mask)
@@ -94,17 +92,20 @@ class GridExchange:
         self.rejoin_failures: dict[int, int] = {}
         """Node ids never asked again: replaced by a newer node for their partition, or failed a rejoin
         (a killed SuperNode stays listed by the SuperLink until its heartbeat expires)."""
-        self._records: dict[int, ArrayRecord] = {}
+        self._records: dict[int, ArrayRecord | ConfigRecord] = {}
         self.trace_path = Path(cfg.out_dir) / "logs" / EXCHANGE_TRACE if cfg.out_dir else None
         """One JSON line per exchange with wall-clock instants (see :meth:`_trace`)."""
         bounded_pull.install()
         object_io.widen_object_transfers()
 
     # -- messages -----------------------------------------------------------------------
-    def _record(self, arrays: Arrays) -> ArrayRecord:
+    def _record(self, arrays: Arrays) -> ArrayRecord | ConfigRecord:
+        """The wire record of ``arrays`` (:func:`~graphfl.common.records.arrays_record`), built once
+        per exchange for arrays sent to several nodes (one object for the SuperLink to store).
+        """
         key = id(arrays)
         if key not in self._records:
-            self._records[key] = arrays_to_record(arrays)
+            self._records[key] = arrays_record(arrays)
         return self._records[key]
 
     def message(self, node_id: int, request: Request, payload: Payload) -> Message:
@@ -161,7 +162,7 @@ class GridExchange:
         if self.trace_path is None:
             return
         first = next(iter(messages.values()))
-        config = first.content[wire.CONFIG] if wire.CONFIG in first.content else {}
+        config = first.content.config_records.get(wire.CONFIG) or ConfigRecord()
         line = {"kind": config.get(wire.KIND), "round": config.get(wire.ROUND), "start": t_start,
                 "pushed": t_pushed, "pulled": {str(k): v for k, v in pulled_at.items()}, "end": time.time(),
                 "polls": polls, "messages": len(messages)}

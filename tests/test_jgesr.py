@@ -21,7 +21,7 @@ from graphfl.client.noisy_channel import noisy_channel_mod, transmit_upload
 from graphfl.common import wire
 from graphfl.common.config import RunConfig, parse_run_config
 from graphfl.common.core import ServerContext
-from graphfl.common.records import arrays_to_record, record_to_arrays
+from graphfl.common.records import arrays_to_record, get_arrays, record_to_arrays
 from graphfl.common.types import ClientUpdate
 from graphfl.server.flower_adapter import reply_from_message
 from graphfl.server.inprocess import run_federated_inprocess
@@ -51,8 +51,9 @@ def _client(msg: Message, ctx: Context) -> Message:
 def test_channel_mod_corrupts_train_replies_as_the_inprocess_driver_does():
     run = {wire.CHANNEL_NOISE: 0.3, wire.CHANNEL_MISSING: 0.25, wire.RUN_SEED: 5}
     reply = noisy_channel_mod(_train_message(), _context(run), _client)
-    got = record_to_arrays(reply.content.array_records[wire.ARRAYS])
-    mask = record_to_arrays(reply.content.array_records[wire.MASK_PREFIX + wire.ARRAYS])
+    got = get_arrays(reply.content, wire.ARRAYS)
+    mask = get_arrays(reply.content, wire.MASK_PREFIX + wire.ARRAYS)
+    assert got is not None and mask is not None
     want, want_mask = transmit_upload(UPLOAD, 0.3, 0.25, seed=5, partition_id=2, server_round=3, phase="fit")
     assert want_mask is not None and set(mask) == {"w", "b"}          # float arrays only
     for k in UPLOAD:
@@ -74,7 +75,7 @@ def test_channel_mod_is_deterministic_under_the_seed_and_depends_on_it():
     def send(seed, server_round=3, pid=2):
         run = {wire.CHANNEL_NOISE: 0.1, wire.CHANNEL_MISSING: 0.1, wire.RUN_SEED: seed}
         reply = noisy_channel_mod(_train_message(server_round), _context(run, pid), _client)
-        return record_to_arrays(reply.content.array_records[wire.ARRAYS])["w"]
+        return get_arrays(reply.content, wire.ARRAYS)["w"]  # type: ignore[index]
 
     assert send(1).tobytes() == send(1).tobytes()
     assert not np.array_equal(send(1), send(2))
@@ -103,7 +104,7 @@ def test_channel_mod_leaves_evaluate_replies_alone_and_rejects_bad_config():
     run = {wire.CHANNEL_NOISE: 0.5, wire.RUN_SEED: 0}
     msg = _train_message(mtype=MessageType.EVALUATE)
     reply = noisy_channel_mod(msg, _context(run), _client)
-    assert wire.MASK_PREFIX + wire.ARRAYS not in reply.content.array_records
+    assert wire.MASK_PREFIX + wire.ARRAYS not in reply.content
     with pytest.raises(ValueError, match="channel.noise"):
         noisy_channel_mod(_train_message(), _context({wire.CHANNEL_NOISE: "loud"}), _client)
 

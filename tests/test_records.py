@@ -8,11 +8,20 @@ import struct
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
 
 from graphfl.common import wire
-from graphfl.common.records import PACKED_STYPE, arrays_to_record, pack_arrays, record_to_arrays, unpack_arrays
+from graphfl.common.records import (
+    PACKED_STYPE,
+    array_record_names,
+    arrays_record,
+    arrays_to_record,
+    get_arrays,
+    pack_arrays,
+    record_to_arrays,
+    unpack_arrays,
+)
 
 
 def _model() -> dict[str, np.ndarray]:
@@ -111,3 +120,51 @@ def test_packed_key_mixed_with_others_is_refused() -> None:
 def test_object_arrays_are_not_packed() -> None:
     with pytest.raises(TypeError, match="dtype object"):
         pack_arrays({"x": np.array([object()])})
+
+
+# ---------------------------------------------------------------------------------------------
+# inline records: small payloads as one ConfigRecord object
+# ---------------------------------------------------------------------------------------------
+def test_small_payloads_travel_inline_as_one_object_and_large_ones_as_packed_array_records() -> None:
+    arrays = _model()
+    small = arrays_record(arrays)
+    assert isinstance(small, ConfigRecord) and list(small) == [wire.PACKED]
+    large = arrays_record(arrays, inline_max=len(pack_arrays(arrays)) - 1)
+    assert isinstance(large, ArrayRecord) and large[wire.PACKED].stype == PACKED_STYPE
+    for rec in (small, large):
+        back = get_arrays(RecordDict({wire.ARRAYS: rec}), wire.ARRAYS)
+        assert back is not None and list(back) == list(arrays)
+        assert all(back[k].dtype == v.dtype and back[k].shape == v.shape and np.array_equal(back[k], v)
+                   for k, v in arrays.items())
+    # the point: RecordDict + ConfigRecord (2 objects) instead of RecordDict, ArrayRecord, Array, chunk
+    assert len(get_all_nested_objects(RecordDict({wire.ARRAYS: small}))) == 2
+    assert len(get_all_nested_objects(RecordDict({wire.ARRAYS: large}))) == 4
+
+
+def test_inline_record_survives_a_flower_message_round_trip() -> None:
+    """Deflate every object of a message's content and inflate it again, as each hop does."""
+    from flwr.supercore.inflatable.inflatable_utils import inflate_object_from_contents
+
+    content = RecordDict({wire.ARRAYS: arrays_record(_model()), wire.CONFIG: ConfigRecord({"round": 3})})
+    objects = {oid: obj.deflate() for oid, obj in get_all_nested_objects(content).items()}
+    again = inflate_object_from_contents(content.object_id, objects)
+    assert isinstance(again, RecordDict)
+    back = get_arrays(again, wire.ARRAYS)
+    assert back is not None and np.array_equal(back["fc2.weight"], _model()["fc2.weight"])
+    assert array_record_names(again) == [wire.ARRAYS]
+
+
+def test_get_arrays_reads_every_form_and_refuses_a_malformed_inline_record() -> None:
+    arrays = {"w": np.arange(4, dtype=np.float32)}
+    for rec in (arrays_record(arrays), arrays_to_record(arrays), arrays_to_record(arrays, pack=False)):
+        back = get_arrays(RecordDict({"a": rec}), "a")
+        assert back is not None and np.array_equal(back["w"], arrays["w"])
+    assert get_arrays(RecordDict({}), "a") is None
+    for bad in (ConfigRecord({wire.PACKED: "text"}), ConfigRecord({wire.PACKED: pack_arrays(arrays), "x": 1}),
+                ConfigRecord({"other": b"123"})):
+        with pytest.raises(ValueError, match="inline arrays 'a'"):
+            get_arrays(RecordDict({"a": bad}), "a")
+    with pytest.raises(ValueError, match="magic"):
+        get_arrays(RecordDict({"a": ConfigRecord({wire.PACKED: b"not packed"})}), "a")
+    # a config record without the packed key is not an array record
+    assert array_record_names(RecordDict({"c": ConfigRecord({"x": 1}), "a": arrays_record(arrays)})) == ["a"]
