@@ -87,6 +87,21 @@ def _header_frame(sender: int, round_: int, channel: str, prepared: list[tuple[s
     return pb.Frame(sender=sender, round=round_, channel=channel, header=header)
 
 
+def _prepare(arrays: Mapping[str, np.ndarray], chunk_bytes: int) -> list[tuple[str, np.ndarray]]:
+    """``(name, little-endian contiguous array)`` in message order; checks ``chunk_bytes``."""
+    if chunk_bytes < 1:
+        raise ValueError(f"chunk_bytes must be >= 1, got {chunk_bytes}")
+    return [(name, _le(a)) for name, a in arrays.items()]
+
+
+def _chunks(prepared: list[tuple[str, np.ndarray]], chunk_bytes: int) -> Iterator[memoryview]:
+    """The data chunks of a message: each array's bytes in order, ``<= chunk_bytes`` each, as views."""
+    for _, a in prepared:
+        view = a.reshape(-1).view(np.uint8).data
+        for start in range(0, a.nbytes, chunk_bytes):
+            yield view[start: start + chunk_bytes]
+
+
 def encode(
     sender: int,
     round_: int,
@@ -96,14 +111,10 @@ def encode(
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
 ) -> Iterator[pb.Frame]:
     """Frames of one message: a header frame, then data frames of ``<= chunk_bytes`` bytes."""
-    if chunk_bytes < 1:
-        raise ValueError(f"chunk_bytes must be >= 1, got {chunk_bytes}")
-    prepared = [(name, _le(a)) for name, a in arrays.items()]
+    prepared = _prepare(arrays, chunk_bytes)
     yield _header_frame(sender, round_, channel, prepared, scalars)
-    for _, a in prepared:
-        view = a.reshape(-1).view(np.uint8).data
-        for start in range(0, a.nbytes, chunk_bytes):
-            yield pb.Frame(sender=sender, round=round_, channel=channel, data=bytes(view[start : start + chunk_bytes]))
+    for chunk in _chunks(prepared, chunk_bytes):
+        yield pb.Frame(sender=sender, round=round_, channel=channel, data=bytes(chunk))
 
 
 _DATA_TAG = bytes([(5 << 3) | 2])
@@ -139,16 +150,10 @@ def encode_serialized(
     varint, and the chunk: built here with one ``bytes.join``. The result is byte-for-byte what
     :func:`encode` + ``SerializeToString`` gives (tested), so the wire format is unchanged.
     """
-    if chunk_bytes < 1:
-        raise ValueError(f"chunk_bytes must be >= 1, got {chunk_bytes}")
-    prepared = [(name, _le(a)) for name, a in arrays.items()]
+    prepared = _prepare(arrays, chunk_bytes)
     out = [_header_frame(sender, round_, channel, prepared, scalars).SerializeToString()]
     prefix = pb.Frame(sender=sender, round=round_, channel=channel).SerializeToString() + _DATA_TAG
-    for _, a in prepared:
-        view = a.reshape(-1).view(np.uint8).data
-        for start in range(0, a.nbytes, chunk_bytes):
-            chunk = view[start: start + chunk_bytes]
-            out.append(b"".join((prefix, _varint(len(chunk)), chunk)))
+    out += [b"".join((prefix, _varint(len(chunk)), chunk)) for chunk in _chunks(prepared, chunk_bytes)]
     return out
 
 

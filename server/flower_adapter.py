@@ -141,14 +141,12 @@ class GridExchange:
         polls = 0
         deadline = time.monotonic() + timeout
         while pending and time.monotonic() < deadline:
-            self._pull(pending, out, deadline - time.monotonic())
+            self._pull(pending, out, pulled_at, deadline - time.monotonic())
             polls += 1
-            pulled_at.update({k: time.time() for k in out if k not in pulled_at})
             if pending:
                 time.sleep(self.poll_interval)
         if pending:  # replies that arrived while a half-pushed one used up the deadline: one last, short pull
-            self._pull(pending, out, FINAL_PULL_S)
-            pulled_at.update({k: time.time() for k in out if k not in pulled_at})
+            self._pull(pending, out, pulled_at, FINAL_PULL_S)
         self._trace(messages, t_start, t_pushed, pulled_at, polls)
         return out
 
@@ -174,16 +172,20 @@ class GridExchange:
             logger.warning("exchange trace %s not written (%s); tracing stops", self.trace_path, exc)
             self.trace_path = None
 
-    def _pull(self, pending: dict[str, int], out: dict[int, Message], budget: float) -> None:
-        """One pull of the ``pending`` replies (message id -> key) into ``out``; a reply whose objects
-        do not arrive within ``budget`` s comes back as Flower's error reply (:mod:`graphfl.server.bounded_pull`).
+    def _pull(self, pending: dict[str, int], out: dict[int, Message], pulled_at: dict[int, float],
+              budget: float) -> None:
+        """One pull of the ``pending`` replies (message id -> key) into ``out``, each stamped in
+        ``pulled_at`` (wall clock); a reply whose objects do not arrive within ``budget`` s comes back
+        as Flower's error reply (:mod:`graphfl.server.bounded_pull`).
         """
         with bounded_pull.pull_budget(budget):
             pulled = list(self.grid.pull_messages(list(pending)))
+        now = time.time()
         for msg in pulled:
             reply_to = msg.metadata.reply_to_message_id
             if reply_to in pending:
-                out[pending.pop(reply_to)] = msg
+                key = pending.pop(reply_to)
+                out[key], pulled_at[key] = msg, now
 
     # -- Exchange protocol -------------------------------------------------------------
     def _wait_for_nodes(self, n: int) -> list[int]:
