@@ -118,6 +118,9 @@ def run_federated(
         raise
     recorder.status = "completed"
     recorder.flush(plot=True)
+    last = recorder.rounds[cfg.rounds]
+    # Only now: a follower that stops at "done" (Submitter.wait) then finds run.json completed.
+    recorder.emit(_event("done", cfg.rounds, cfg.rounds, last, last, cfg.rounds))
     return core
 
 
@@ -288,8 +291,6 @@ def _run(
         t_eval = time.perf_counter()
         recorder.record_eval(cfg.rounds, _evaluations(_evaluate(core, exchange, cfg.rounds + 1, active)))
         recorder.rounds[cfg.rounds]["eval_seconds"] = time.perf_counter() - t_eval
-    last = recorder.rounds[cfg.rounds]
-    recorder.emit(_event("done", cfg.rounds, cfg.rounds, last, last, cfg.rounds))
     return core
 
 

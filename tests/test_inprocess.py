@@ -182,3 +182,20 @@ def test_core_strategy_refuses_flowers_stock_loop_clearly():
         strategy.configure_train(1, None, None, None)
     with pytest.raises(NotImplementedError, match="own round loop"):
         strategy.aggregate_evaluate(1, [])
+
+
+def test_done_is_announced_only_once_the_result_files_are_final(tmp_path):
+    """A follower stops at the ``done`` event (``Submitter.wait``): run.json and the plot must
+    already say ``completed`` then (CI once read a run.json still ``running`` after ``done``)."""
+    import json
+
+    seen: list[tuple[str, str, bool]] = []
+
+    def on_event(ev):
+        doc = json.loads((tmp_path / "run.json").read_text()) if (tmp_path / "run.json").is_file() else {}
+        seen.append((ev["event"], doc.get("status", "absent"), (tmp_path / "run.png").is_file()))
+
+    run_federated_inprocess(small(rounds=2), out_dir=tmp_path, progress=on_event)
+    assert [kind for kind, _, _ in seen] == ["round", "round", "round", "done"]
+    assert seen[-1][1:] == ("completed", True)
+    assert all(status == "running" for kind, status, _ in seen if kind == "round")
