@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import random
 import socket
+import threading
+from collections import deque
 
 EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
 LISTEN_PORTS = (20000, 32768)
@@ -11,6 +13,15 @@ LISTEN_PORTS = (20000, 32768)
 kernel hands to *outgoing* connections. A port taken from the ephemeral range (``bind(:0)``) can
 be grabbed by some process's outgoing connection between the pick and the server's bind: a
 16-SuperNode federation lost a SuperNode that way ("Runtime HTTP API failed to start")."""
+
+
+RECENT_MEMORY = 512
+"""How many of the ports this process handed out last are not handed out again: a federation asks
+for its ports one at a time and binds them seconds later, so a fresh pick must not repeat one
+that is not bound yet (16 random picks in 12768 ports repeat one with ~1 % chance)."""
+
+_recent: deque[int] = deque(maxlen=RECENT_MEMORY)
+_recent_lock = threading.Lock()
 
 
 def _ephemeral_range() -> tuple[int, int] | None:
@@ -46,9 +57,11 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
         rng = random.SystemRandom()
         for _ in range(50 * n):
             if len(picked) == n:
-                return picked
+                return _remember(picked)
             port = rng.randrange(lo, hi)
-            if port not in picked and _can_bind(host, port):
+            with _recent_lock:
+                recent = port in _recent
+            if port not in picked and not recent and _can_bind(host, port):
                 picked.append(port)
     socks = []
     try:
@@ -56,10 +69,16 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             socks.append(s)
             s.bind((host, 0))
-        return picked + [int(s.getsockname()[1]) for s in socks]
+        return _remember(picked + [int(s.getsockname()[1]) for s in socks])
     finally:
         for s in socks:
             s.close()
+
+
+def _remember(picked: list[int]) -> list[int]:
+    with _recent_lock:
+        _recent.extend(picked)
+    return picked
 
 
 def free_port(host: str = "127.0.0.1") -> int:
