@@ -20,6 +20,11 @@ arguments given after ``--``; only the ``time`` name inside ``flwr.supernode.sta
 and its ``_pull_and_store_message`` and ``pull_objects`` are replaced (wrapped, never edited), after
 :func:`graphfl.deploy.flwr_compat.check_supernode_internals` has checked the Flower version and
 that those functions still contain the sleeps being replaced.
+
+Exit: when Flower's SuperNode stops (a signal, or its main loop failing), this process exits
+within :data:`EXIT_GRACE` s even if a thread of Flower's is still running (its Runtime HTTP API
+thread outlives a failed main loop and would keep the interpreter waiting forever at shutdown),
+so a launcher or systemd sees the exit and can restart it.
 """
 
 from __future__ import annotations
@@ -251,11 +256,54 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FlowerInternalsError as exc:
         logger.error("%s", exc)
         return 2
+    else:
+        # A stopped SuperNode leaves through sys.exit (a signal: flwr_exit); returning means its
+        # main loop failed (Flower logged why and returns 0): exit non-zero so a supervisor
+        # (systemd Restart=on-failure, a launcher) sees a failure and restarts it.
+        logger.error("Flower's SuperNode main loop ended without a stop signal (see the error above); exit code 1")
+        return 1
     finally:
         if child is not None:
             child.stop()
     return 0
 
 
+EXIT_GRACE = 10.0
+"""Seconds this process may take to shut down after its SuperNode stopped, before it exits hard."""
+
+
+def exit_within(code: int, grace: float = EXIT_GRACE) -> None:
+    """``sys.exit(code)``, but the process is gone ``grace`` s later at the latest.
+
+    Python's shutdown waits for every non-daemon thread; Flower's SuperNode leaves its Runtime
+    HTTP API thread (uvicorn) running when its main loop fails, so a plain exit would hang there.
+    A daemon timer ends the process with ``os._exit(code)`` after ``grace`` s (logs flushed first).
+    """
+    import threading
+
+    def hard_exit() -> None:
+        logger.error("still shutting down after %.0f s (a thread did not stop); exiting with code %d", grace, code)
+        logging.shutdown()
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+    timer = threading.Timer(grace, hard_exit)
+    timer.daemon = True
+    timer.start()
+    sys.exit(code)
+
+
+def _exit_code(exc: SystemExit) -> int:
+    if exc.code is None:
+        return 0
+    return exc.code if isinstance(exc.code, int) else 1
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        status = main()
+    except SystemExit as stop:   # Flower ends its SuperNode with sys.exit (flwr_exit)
+        status = _exit_code(stop)
+    exit_within(status)

@@ -573,3 +573,27 @@ def test_certs_refuses_to_replace_an_existing_ca_unless_asked(tmp_path):
     assert (out / "ca.crt").read_bytes() == before
     assert CliRunner().invoke(app, ["certs", str(out), "--overwrite"]).exit_code == 0
     assert (out / "ca.crt").read_bytes() != before
+
+
+def test_the_supernode_entry_point_exits_even_if_a_thread_never_stops(tmp_path):
+    """Flower's Runtime HTTP API thread outlives a failed SuperNode main loop: the process must
+    still exit (with its code) within the grace, or a launcher waits on it forever."""
+    import subprocess
+    import sys
+    import time
+
+    script = (
+        "import threading, time\n"
+        "from graphfl.deploy.supernode import exit_within\n"
+        "threading.Thread(target=time.sleep, args=(600,)).start()   # non-daemon, never ends in time\n"
+        "exit_within(3, grace=0.5)\n"
+    )
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 3, proc.stderr
+    assert time.monotonic() - t0 < 30
+    assert "did not stop" in proc.stderr
+    # without a hanging thread it is a plain exit: no hard-exit message
+    quick = subprocess.run([sys.executable, "-c", "from graphfl.deploy.supernode import exit_within\n"
+                            "exit_within(0, grace=30)"], capture_output=True, text=True, timeout=60)
+    assert quick.returncode == 0 and "did not stop" not in quick.stderr

@@ -288,3 +288,39 @@ def test_ctrl_c_in_warm_mode_leaves_no_process(tmp_path):
         code = proc.wait(timeout=120)
     assert code == 130, (tmp_path / "stdout").read_text()
     _assert_nothing_left(out, seen)
+
+
+def _supernode_main_with(monkeypatch, flower_supernode, flower_args):
+    """Run the SuperNode wrapper's main (fast polls, cold) with Flower's entry point replaced."""
+    import flwr.supernode.cli as flower_cli
+    from flwr.supernode import start_client_internal as sci
+
+    from graphfl.deploy import supernode as wrapper
+
+    for name in ("_pull_and_store_message", "pull_objects", "time"):   # install_fast_polls wraps these
+        monkeypatch.setattr(sci, name, getattr(sci, name))
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    monkeypatch.setattr(flower_cli, "flower_supernode", flower_supernode)
+    return wrapper.main(["--clientapp-mode", "cold", "--polls", "fast", "--", *flower_args])
+
+
+def test_a_supernode_whose_main_loop_returns_exits_with_a_failure(monkeypatch):
+    """Flower logs a failed SuperNode main loop and returns normally (exit code 0): the wrapper
+    must report it as a failure, or systemd's Restart=on-failure never restarts the node."""
+    ran: list[list[str]] = []
+    code = _supernode_main_with(monkeypatch, lambda: ran.append(list(sys.argv)),
+                                ["--insecure", "--superlink", "127.0.0.1:9"])
+    assert ran and ran[0][0] == "flower-supernode" and "--superlink" in ran[0]
+    assert code == 1
+
+
+def test_a_stopped_supernode_keeps_flowers_exit_code(monkeypatch):
+    from graphfl.deploy import supernode as wrapper
+
+    def stopped() -> None:   # a stop signal: Flower's flwr_exit raises SystemExit(0)
+        raise SystemExit(0)
+
+    with pytest.raises(SystemExit) as exc:
+        _supernode_main_with(monkeypatch, stopped, ["--insecure"])
+    assert wrapper._exit_code(exc.value) == 0
+    assert wrapper._exit_code(SystemExit(None)) == 0 and wrapper._exit_code(SystemExit("boom")) == 1
