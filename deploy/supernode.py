@@ -265,7 +265,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if child is not None:
             child.stop()
-    return 0
 
 
 EXIT_GRACE = 10.0
