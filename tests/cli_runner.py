@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -25,3 +26,11 @@ def graphfl_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess
         out.seek(0)
         err.seek(0)
         return subprocess.CompletedProcess(proc.args, code, out.read(), err.read())
+
+
+def default_sigint() -> None:
+    """``preexec_fn`` for a child that a test sends SIGINT (a simulated Ctrl-C): SIGINT back to
+    its default before exec, so Python turns it into KeyboardInterrupt even when the tests run
+    with SIGINT ignored (a background job of a non-interactive shell inherits it ignored, and
+    Python then leaves it ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

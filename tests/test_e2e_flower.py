@@ -28,7 +28,7 @@ from graphfl.deploy.federation import LocalFederation
 from graphfl.deploy.processes import pids_with_env
 from graphfl.deploy.run import run_experiment
 from graphfl.server.inprocess import run_federated_inprocess
-from graphfl.tests.cli_runner import graphfl_cli
+from graphfl.tests.cli_runner import default_sigint, graphfl_cli
 
 pytestmark = pytest.mark.e2e
 
@@ -162,13 +162,6 @@ def test_unreachable_superlink_is_a_clear_bounded_error(tmp_path):
     assert time.monotonic() - t0 < 60
 
 
-def _default_sigint() -> None:
-    """In the child before exec: SIGINT back to its default, so Python turns it into
-    KeyboardInterrupt even when this test runs with SIGINT ignored (a background job of a
-    non-interactive shell, as some CI runners start commands, inherits it ignored)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def kill_leftovers(proc: subprocess.Popen | None, out: Path) -> None:
     """After a failed run: kill the CLI and every process of its deployment (marked by its FLWR_HOME)."""
     if proc is not None and proc.poll() is None:
@@ -190,7 +183,7 @@ def test_ctrl_c_stops_every_process(tmp_path):
         with (tmp_path / "stdout").open("w") as fh:
             proc = subprocess.Popen([str(exe), "run", "--nodes", "2", "--rounds", "20", "--out", str(out)],
                                     stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    preexec_fn=_default_sigint)
+                                    preexec_fn=default_sigint)
             deadline = time.monotonic() + 120
             progress = out / "progress.jsonl"
             while time.monotonic() < deadline and not (progress.is_file() and progress.read_text().strip()):

@@ -18,6 +18,7 @@ from graphfl.p2p.driver import run_network_inprocess
 from graphfl.p2p.launcher import PeerProcesses, launch, prepare_network
 from graphfl.p2p.oracles import make_oracle
 from graphfl.p2p.peer import EXIT_REFUSED, problem_spec
+from graphfl.tests.cli_runner import default_sigint
 
 pytestmark = pytest.mark.e2e
 
@@ -126,7 +127,7 @@ def test_launcher_ctrl_c_tears_everything_down(tmp_path):
     cmd = [sys.executable, "-m", "graphfl.p2p", "p2p", "--algorithm", "dfl-sgd", "--topology", "ring", "--peers", "3",
            "--rounds", "1000", "--problem", "linreg", "--insecure", "--quiet", "--out", str(out),
            "--set", "min-round-seconds=0.1", "--set", "alpha0=0.01"]
-    launcher = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    launcher = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=default_sigint)
     try:
         wait_for(lambda: all((out / f"peer-{i}.status.json").is_file() and
                              json.loads((out / f"peer-{i}.status.json").read_text()).get("round", 0) >= 2

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from graphfl.common.registry import AlgorithmSpec, ClientSpec, register, register_client
+from graphfl.tests.cli_runner import default_sigint
 from graphfl.tests.probe_strategy import ProbeCore, ProbeParams, ProbeTrainer
 
 CRASH_MARKER_ENV = "GRAPHFL_TEST_CRASH_MARKER"
@@ -271,7 +272,8 @@ def test_ctrl_c_in_warm_mode_leaves_no_process(tmp_path):
     with (tmp_path / "stdout").open("w") as fh:
         proc = subprocess.Popen([str(exe), "run", "--nodes", "2", "--clientapp-mode", "warm", "--rounds", "30",
                                  "--set", "train.local-steps=5", "--out", str(out)],
-                                stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                                stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                preexec_fn=default_sigint)
         deadline = time.monotonic() + 240
         progress = out / "progress.jsonl"
         while time.monotonic() < deadline and not (progress.is_file() and progress.read_text().strip()):
