@@ -305,4 +305,7 @@ if __name__ == "__main__":
         status = main()
     except SystemExit as stop:   # Flower ends its SuperNode with sys.exit (flwr_exit)
         status = _exit_code(stop)
+    except Exception:   # logged with its traceback; the exit below stays bounded
+        logger.exception("the SuperNode failed")
+        status = 1
     exit_within(status)
