@@ -130,9 +130,13 @@ def raw_floor(d: int, n: int, repeats: int = 3) -> float:
     return float(statistics.median(times))
 
 
-def parallel_floor(d: int, n: int, rounds: int = 5, timeout: float = 300.0) -> dict[str, Any]:
+def parallel_floor(d: int, n: int, rounds: int = 5, timeout: float = 300.0,
+                   cert_dir: Path | None = None) -> dict[str, Any]:
     """Parallel floor: ``n`` processes (``python -m graphfl.bench.ring_floor``) doing the ring exchange;
     each round starts when all finished the previous one; median over rounds 2.. of the slowest process.
+    ``cert_dir`` (TLS material from :func:`graphfl.common.certs.generate_tls`): every ring connection
+    is TLS, the floor of the TLS cases. Also returns each process's final vector (``peers``: its
+    sum and first entries) so a test can check the floor really mixed.
     """
     ports = free_ports(n)
     ctrl_srv = socket.create_server(("127.0.0.1", 0), backlog=n)
@@ -140,7 +144,8 @@ def parallel_floor(d: int, n: int, rounds: int = 5, timeout: float = 300.0) -> d
     ctrl_port = ctrl_srv.getsockname()[1]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     procs = [subprocess.Popen([sys.executable, "-m", "graphfl.bench.ring_floor", str(i), str(n), str(d), str(rounds),
-                               ",".join(map(str, ports)), str(ctrl_port), repr(time.time())], env=env)
+                               ",".join(map(str, ports)), str(ctrl_port), repr(time.time()),
+                               *([str(cert_dir)] if cert_dir is not None else [])], env=env)
              for i in range(n)]
     conns: list[socket.socket] = []
     try:
@@ -172,9 +177,12 @@ def parallel_floor(d: int, n: int, rounds: int = 5, timeout: float = 300.0) -> d
                 p.kill()
     per_round = [max(g["round_s"][k] for g in got) for k in range(rounds)]
     steady = per_round[1:] or per_round
+    got.sort(key=lambda g: g["peer"])
     return {"round_s": per_round, "median_round_s": float(statistics.median(steady)),
             "startup_s": float(statistics.median(g["startup_s"] for g in got)),
-            "rss_mb": float(statistics.median(g["rss_mb"] for g in got))}
+            "rss_mb": float(statistics.median(g["rss_mb"] for g in got)),
+            "tls_cipher": got[0].get("tls_cipher"),
+            "peers": [{"theta_sum": g["theta_sum"], "theta_head": g["theta_head"]} for g in got]}
 
 
 def network_round_seconds(records: list[list[dict[str, Any]]], rounds: int) -> list[float | None]:
@@ -367,10 +375,12 @@ def render(doc: dict[str, Any]) -> str:
     cpus = cfg.get("cpus")
     table = markdown_table(
         columns=["params", "peers", "TLS", "round s (median)", "serial floor s", "parallel floor s", "/ serial",
-                 "/ parallel", "wire/payload", "MB/round (wire)", "peer RSS MB (median)", "peer start-up s",
+                 "/ parallel", "parallel TLS floor s", "/ parallel TLS", "wire/payload", "MB/round (wire)",
+                 "peer RSS MB (median)", "peer start-up s",
                  "floor proc RSS MB", "floor start-up s", "Flower round s", "Flower / p2p", "ok"],
         rows=[[r["params"], r["peers"], r["tls"], r.get("median_round_s"), r["floor_s"], r["parallel_floor_s"],
                r.get("ratio_to_floor"), r.get("ratio_to_parallel_floor"),
+               r.get("parallel_floor_tls_s"), r.get("ratio_to_parallel_floor_tls"),
                None if r.get("wire_over_payload") is None else f"{r['wire_over_payload']:.5f}",
                (r.get("wire_bytes_per_round") or 0) / 2**20, r.get("rss_mb_median"), r.get("startup_s_median"),
                r["parallel_floor"]["rss_mb"], r["parallel_floor"]["startup_s"],
@@ -382,7 +392,8 @@ def render(doc: dict[str, Any]) -> str:
         f"p2p round = {RING_MEASURE}. Flower round = median of rounds 2.. of its run.\n\n"
         "Serial floor = tobytes + one loopback TCP socket + frombuffer + graphfl's mixing sums of the same 2n "
         "messages, one process. Parallel floor = n processes doing the same ring exchange over raw sockets "
-        f"(same bytes, same pattern). Both measured in this run, on {cpus} CPUs.\n\n"
+        "(same bytes, same pattern); for TLS rows also over TLS sockets (Python's ssl, the same "
+        f"certificates' kind as the peers). All measured in this run, on {cpus} CPUs.\n\n"
         f"In-process engine, DFL-GT linreg, {ip['nodes']} nodes on a ring: {ip['vectorised']['ms_per_round']:.1f} "
         f"ms/round vectorised, {ip['per_node']['ms_per_round']:.1f} ms/round per-node driver "
         f"({ip['speedup']:.1f}x).\n\n"
@@ -440,6 +451,15 @@ def run(quick: bool, seed: int, out: Path) -> dict[str, Any]:
         med = res.get("median_round_s")
         res["ratio_to_floor"] = med / floor if med else None
         res["ratio_to_parallel_floor"] = med / pfloor["median_round_s"] if med else None
+        if not insecure:  # the same ring over TLS sockets: what the encryption itself costs
+            from graphfl.common.certs import generate_tls
+
+            cert_dir = out / "runs" / case / "floor-certs"
+            generate_tls(cert_dir)
+            tfloor = parallel_floor(d, n, rounds=ring_rounds, cert_dir=cert_dir)
+            res["parallel_floor_tls"] = tfloor
+            res["parallel_floor_tls_s"] = tfloor["median_round_s"]
+            res["ratio_to_parallel_floor_tls"] = med / tfloor["median_round_s"] if med else None
         if n <= FLOWER_MAX_NODES:
             fl = measure_flower(out / "flower" / case, d, n, rounds, insecure, timeout=600 + 10 * n)
             res["flower"] = fl
