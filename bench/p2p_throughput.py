@@ -162,6 +162,8 @@ def parallel_floor(d: int, n: int, rounds: int = 5, timeout: float = 300.0,
                 c.sendall(b"G")
             for c in conns:
                 recv_into(c, bytearray(1))  # D
+        for c in conns:
+            c.sendall(b"E")  # all done: the processes may close their ring sockets
         got = []
         for c in conns:
             with c.makefile("rb") as fh:

@@ -72,7 +72,7 @@ def floor_peer(i: int, n: int, d: int, rounds: int, ports: list[int], ctrl_port:
                cert_dir: str | None = None) -> dict[str, Any]:
     """Process ``i`` of the ring: listen, connect to both neighbours, then ``rounds`` exchanges, each
     started by the parent's ``G`` and reported with ``D`` on the control socket (the parent starts a
-    round when every process has finished the previous one). Round ``k``:
+    round when every process has finished the previous one, and sends ``E`` after the last). Round ``k``:
     ``θ_i ← Σ_j W_ij θ_j`` over ``i`` and its two ring neighbours (:func:`ring_weights`).
     ``cert_dir``: TLS on every ring connection (the control socket stays plain).
     """
@@ -134,6 +134,10 @@ def floor_peer(i: int, n: int, d: int, rounds: int, ports: list[int], ctrl_port:
         theta = mix(row, arrays)
         times.append(time.perf_counter() - t0)
         ctrl.sendall(b"D")
+    # Close only when every process has its last round's bytes: a socket closed with unread bytes
+    # (a TLS client never reads the server's session tickets) sends a reset, and a neighbour still
+    # reading its last round would lose them.
+    _expect(ctrl, b"E")
     for sock in (*outgoing.values(), *incoming.values(), srv):
         sock.close()
     return {"peer": i, "round_s": times, "startup_s": ready - spawned, "rss_mb": peak_rss_mb(),
