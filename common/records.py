@@ -32,9 +32,9 @@ raises ``ValueError`` naming the problem, never allocates more than the blob's o
 Inline payloads
 ---------------
 Even packed, a record is three objects on the wire (``ArrayRecord`` -> ``Array`` ->
-``ArrayChunk``), each one request per hop. :func:`put_arrays` sends a packed blob of at most
+``ArrayChunk``), each one request per hop. :func:`arrays_record` carries a packed blob of at most
 :data:`INLINE_MAX_BYTES` as the single ``bytes`` value :data:`graphfl.common.wire.PACKED` of a
-``ConfigRecord`` (one object) under the same name; larger ones keep the ``ArrayRecord`` form,
+``ConfigRecord`` (one object), stored under the record's usual name; larger ones keep the ``ArrayRecord`` form,
 whose 5 MB chunks Flower streams. :func:`get_arrays` reads either form (and plain records).
 """
 
