@@ -295,6 +295,9 @@ def superlink(
     simulation: bool = typer.Option(False, help="Simulation SuperLink (Ray)."),
     database: Path | None = typer.Option(None, help="SQLite state file (default in memory)."),
     node_auth: bool = typer.Option(False, help="Only registered SuperNodes may connect."),
+    middleware: str = typer.Option("gated", help="gated: Flower's SuperLink with its Control/Fleet/Runtime-only "
+                                   "middleware skipped on other APIs' paths (faster requests); stock: "
+                                   "flower-superlink unchanged."),
 ) -> None:
     """Start a Flower SuperLink with graphfl's defaults (no runtime installs, no telemetry)."""
     from graphfl.common.certs import ServerTlsFiles
@@ -310,7 +313,12 @@ def superlink(
         for p in (tls.ca_cert, tls.server_cert, tls.server_key):
             if not p.is_file():
                 fail(f"missing TLS file {p} (create it with `graphfl certs {certs_dir}`)")
-    _exec(superlink_argv(host, port, tls, simulation=simulation, database=database, node_auth=node_auth))
+    from graphfl.deploy.federation import SUPERLINK_MIDDLEWARE
+
+    if middleware not in SUPERLINK_MIDDLEWARE:
+        fail(f"--middleware must be one of {', '.join(SUPERLINK_MIDDLEWARE)}, got {middleware!r}")
+    _exec(superlink_argv(host, port, tls, simulation=simulation, database=database, node_auth=node_auth,
+                         middleware=middleware))
 
 
 @app.command()

@@ -1,19 +1,22 @@
 """Benchmark ``deploy``: round times of graphfl warm vs graphfl cold vs a vanilla Flower App.
 
-Three variants run the same experiment (``graphfl run``'s default: FedAvg on ``digits``, 4
+Four variants run the same experiment (``graphfl run``'s default: FedAvg on ``digits``, 4
 SuperNodes, 3 rounds of 50 local SGD steps, on 127.0.0.1 with TLS), each on its own freshly
 started federation of real ``flower-superlink`` / SuperNode processes:
 
 ``graphfl-warm``
     graphfl's default: SuperNodes hand their ClientApp tasks to one long-lived worker each
     (:mod:`graphfl.deploy.warm`), Flower's SuperNode poll sleeps removed.
+``graphfl-warm-stocklink``
+    ``graphfl-warm`` on the stock ``flower-superlink`` (every request through all nine of its
+    middlewares) instead of graphfl's path-gated SuperLink (:mod:`graphfl.deploy.superlink`).
 ``graphfl-cold``
     ``--clientapp-mode cold``: stock ``flower-supernode``; one ``flwr-clientapp`` process per message.
 ``vanilla-flower``
     A minimal Flower App written into the output folder at run time: ``flwr.serverapp.strategy.FedAvg``
     (stock ``start()``: ``Grid.send_and_receive``, a training and an evaluation exchange per
     round) and a ClientApp training the same MLP on the same digits partitions with the same
-    local SGD (graphfl's task, model and ``sgd_steps``), on stock SuperNodes with Flower's
+    local SGD (graphfl's task, model and ``sgd_steps``), on a stock SuperLink and SuperNodes with Flower's
     default SuperExec poll interval (1 s; graphfl sets 0.1 s).
 
 Repetitions are interleaved (the order of the variants rotates), ``--quick`` runs 3 of them, the
@@ -56,13 +59,15 @@ logger = logging.getLogger(__name__)
 NAME = "deploy"
 BASE_CONFIG: dict[str, Any] = {"strategy": "fedavg", "task": "digits", "nodes": 4, "rounds": 3,
                                "engine": "local-deployment"}
-VARIANTS_QUICK = ("graphfl-warm", "graphfl-cold", "vanilla-flower")
+VARIANTS_QUICK = ("graphfl-warm", "graphfl-warm-stocklink", "graphfl-cold", "vanilla-flower")
 VARIANTS_FULL = (*VARIANTS_QUICK, "graphfl-warm-stockpolls", "graphfl-cold-fastpolls")
-GRAPHFL_VARIANTS: dict[str, tuple[str, str | None]] = {   # variant -> (clientapp mode, SuperNode polls)
-    "graphfl-warm": ("warm", None),
-    "graphfl-cold": ("cold", None),
-    "graphfl-warm-stockpolls": ("warm", "stock"),
-    "graphfl-cold-fastpolls": ("cold", "fast"),
+GRAPHFL_VARIANTS: dict[str, tuple[str, str | None, str]] = {
+    # variant -> (clientapp mode, SuperNode polls, SuperLink middleware)
+    "graphfl-warm": ("warm", None, "gated"),
+    "graphfl-warm-stocklink": ("warm", None, "stock"),
+    "graphfl-cold": ("cold", None, "gated"),
+    "graphfl-warm-stockpolls": ("warm", "stock", "gated"),
+    "graphfl-cold-fastpolls": ("cold", "fast", "gated"),
 }
 
 # ------------------------------------------------------------------------------------------
@@ -227,11 +232,11 @@ def run_graphfl(variant: str, out: Path, seed: int, rounds: int) -> dict[str, An
     from graphfl.deploy.run import prepare, write_overrides
     from graphfl.server.flower_app import write_app_dir
 
-    mode, polls = GRAPHFL_VARIANTS[variant]
+    mode, polls, middleware = GRAPHFL_VARIANTS[variant]
     cfg, out = prepare(parse_run_config({**BASE_CONFIG, "rounds": rounds, "seed": seed, "out-dir": str(out)}))
     t_fed = time.perf_counter()
     with LocalFederation(out, cfg.nodes, tls=True, start_timeout=cfg.connect_timeout, clientapp_mode=mode,
-                         polls=polls, device=cfg.device) as fed:
+                         polls=polls, device=cfg.device, superlink_middleware=middleware) as fed:
         startup = time.perf_counter() - t_fed
         sub = fed.submitter()
         handle = sub.submit(write_app_dir(out / "app"), write_overrides(out / "run-config.toml", cfg), out)
@@ -302,7 +307,8 @@ def run_vanilla(out: Path, seed: int, rounds: int) -> dict[str, Any]:
     overrides.write_text(dump_toml({"out-file": str(result_file)}))
     t_fed = time.perf_counter()
     with LocalFederation(out, defaults.nodes, tls=True, start_timeout=defaults.connect_timeout,
-                         clientapp_mode="cold", env={"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "1.0"}) as fed:
+                         clientapp_mode="cold", superlink_middleware="stock",
+                         env={"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "1.0"}) as fed:
         startup = time.perf_counter() - t_fed
         sub = fed.submitter()
         t_run = time.perf_counter()
@@ -585,7 +591,8 @@ def _plot(path: Path, doc: dict[str, Any]) -> None:
     panels = [{"x": "round", "y": "seconds", "band": "seconds_sd", "series": series, "logy": True,
                "title": "round time (mean ± sd over repetitions)", "ylabel": "seconds"}]
     if split:
-        panels.append({"x": "x", "y": "value", "title": "graphfl round split (0=warm, 1=cold, ...)", "ylabel": "seconds",
+        names = ", ".join(f"{p['x']}={p['variant']}" for p in split)
+        panels.append({"x": "x", "y": "value", "title": f"graphfl round split ({names})", "ylabel": "seconds",
                        "series": {part: [{"x": p["x"], "value": p[part]} for p in split]
                                   for part in ("start", "handler", "transport")}})
     try:

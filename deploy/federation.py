@@ -33,10 +33,23 @@ class FederationError(RuntimeError):
     """The federation or the run failed; the message says where to look."""
 
 
+SUPERLINK_MIDDLEWARE = ("gated", "stock")
+"""``gated``: Flower's SuperLink run by :mod:`graphfl.deploy.superlink`, its API-specific middleware
+gated by path (the default); ``stock``: the ``flower-superlink`` command unchanged."""
+
+
 def superlink_argv(host: str, port: int, tls: ServerTlsFiles | None, simulation: bool = False,
-                   database: Path | None = None, node_auth: bool = False) -> list[str]:
-    """Command line of a ``flower-superlink`` with graphfl's defaults (no runtime installs)."""
-    argv = ["flower-superlink", "--host", host, "--port", str(port),
+                   database: Path | None = None, node_auth: bool = False, middleware: str = "gated") -> list[str]:
+    """Command line of a SuperLink with graphfl's defaults (no runtime installs).
+
+    ``middleware="gated"`` runs ``python -m graphfl.deploy.superlink -- <flower-superlink args>``;
+    ``"stock"`` runs ``flower-superlink <args>`` itself.
+    """
+    if middleware not in SUPERLINK_MIDDLEWARE:
+        raise ValueError(f"superlink middleware must be one of {SUPERLINK_MIDDLEWARE}, got {middleware!r}")
+    command = (["flower-superlink"] if middleware == "stock"
+               else [sys.executable, "-m", "graphfl.deploy.superlink", "--"])
+    argv = [*command, "--host", host, "--port", str(port),
             "--disable-runtime-dependency-installation"]
     if tls is None:
         argv.append("--insecure")
@@ -266,7 +279,9 @@ class LocalFederation:
     SuperNodes run ClientApps (``warm``, the default, or ``cold``, see :data:`CLIENTAPP_MODES`);
     ``device`` goes into every SuperNode's node config (and, warm, creates each worker's CUDA
     context at start-up); ``polls`` overrides the SuperNode poll mode (``fast``/``stock``,
-    for measurements); ``state_dir`` (every SuperNode's ``state-dir``) persists client state.
+    for measurements); ``superlink_middleware`` picks graphfl's path-gated SuperLink (``gated``,
+    the default) or the stock ``flower-superlink`` (see :data:`SUPERLINK_MIDDLEWARE`);
+    ``state_dir`` (every SuperNode's ``state-dir``) persists client state.
     Warm SuperNodes write per-task timings to ``logs/warm-<i>.jsonl``;
     :meth:`start` returns once their workers hold torch (bounded by ``warm_timeout``, apart
     from ``start_timeout`` for registering with the SuperLink).
@@ -283,6 +298,7 @@ class LocalFederation:
     clientapp_mode: str = "warm"
     device: str | None = None
     polls: str | None = None
+    superlink_middleware: str = "gated"
     warm_timeout: float = 300.0
     state_dir: Path | None = None
     group: ProcessGroup = field(init=False)
@@ -292,6 +308,9 @@ class LocalFederation:
     def __post_init__(self) -> None:
         if self.clientapp_mode not in CLIENTAPP_MODES:
             raise FederationError(f"clientapp mode must be one of {CLIENTAPP_MODES}, got {self.clientapp_mode!r}")
+        if self.superlink_middleware not in SUPERLINK_MIDDLEWARE:
+            raise FederationError(f"superlink middleware must be one of {SUPERLINK_MIDDLEWARE}, "
+                                  f"got {self.superlink_middleware!r}")
         self.run_dir = Path(self.run_dir).resolve()
         self.flwr_home = self.run_dir / ".flwr"
         self.env = {"FLWR_HOME": str(self.flwr_home), **self.env}
@@ -320,7 +339,8 @@ class LocalFederation:
             raise FederationError("SuperNode authentication needs TLS (Flower refuses it with --insecure)")
         self.superlink_port = self.superlink_port or free_port()
         self.group.start("superlink", superlink_argv("127.0.0.1", self.superlink_port, self.tls_files,
-                                                     simulation=self.simulation, node_auth=self.node_auth))
+                                                     simulation=self.simulation, node_auth=self.node_auth,
+                                                     middleware=self.superlink_middleware))
         self.group.wait_for(f"SuperLink on {self.address}", lambda: port_open("127.0.0.1", self.superlink_port),
                             self.start_timeout)
         ca = self.tls_files.ca_cert if self.tls_files else None

@@ -383,9 +383,9 @@ def test_unit_commands_exec_flower_command_lines_flower_accepts(tmp_path, monkey
         result = CliRunner().invoke(app, argv[1:])
         assert result.exit_code == 0, result.output
     link, node = execs
-    assert link[0] == "flower-superlink"
+    assert link[1:4] == ["-m", "graphfl.deploy.superlink", "--"]  # graphfl's path-gated SuperLink
     flower_link = set(re.findall(r"--[\w-]+", _flower_help("flower-superlink")))
-    assert set(long_options(link[1:])) <= flower_link
+    assert set(long_options(link[4:])) <= flower_link
     assert "--enable-supernode-auth" in link and "--insecure" not in link
     assert node[1:3] == ["-m", "graphfl.deploy.supernode"]
     ours, flower = wrapper.parse_args(node[3:])

@@ -235,7 +235,7 @@ def test_superlink_killed_mid_run_then_resume_gives_the_uninterrupted_result(tmp
                 assert proc.poll() is None, (tmp_path / "first.log").read_text()
                 time.sleep(0.05)
             links = [p for p in pids_with_env("FLWR_HOME", str((out / ".flwr").resolve()))
-                     if "flower-superlink" in _cmdline(p)]
+                     if "graphfl.deploy.superlink" in _cmdline(p)]
             assert len(links) == 1, "the SuperLink process was not found"
             os.kill(links[0], signal.SIGKILL)
             code = proc.wait(timeout=120)
