@@ -375,6 +375,10 @@ def bench(
     task: str | None = typer.Option(None, "--task",
                                     help="Task, for benchmarks that take one (apflgate; jgesr: digits, mnist, cifar10)."),
     data_dir: str | None = typer.Option(None, "--data-dir", help="Data folder, for benchmarks that take one."),
+    emulation: str | None = typer.Option(None, "--emulation",
+                                         help="Link emulation, for benchmarks that take one (network: auto = "
+                                         "namespaces + netem where the kernel has netem, else user-space; "
+                                         "user-space; netns)."),
 ) -> None:
     """Reproduce a paper experiment; writes <out>/<name>.json/.md/.png."""
     from graphfl.deploy.run import default_out_dir
@@ -387,7 +391,7 @@ def bench(
         fail(f"benchmark {name!r} is not available: {exc}")
     extra: dict[str, str] = {}
     accepted = inspect.signature(module.run).parameters
-    for option, value in (("task", task), ("data_dir", data_dir)):
+    for option, value in (("task", task), ("data_dir", data_dir), ("emulation", emulation)):
         if value is None:
             continue
         if option not in accepted:

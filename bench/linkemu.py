@@ -74,6 +74,10 @@ class LinkProfile:
         Probability per second that a connection is reset (rate of an exponential clock; 0 = never).
     buffer_bytes : int
         Bytes a direction holds before it stops reading from its sender.
+    loss_pct : float
+        Packet loss (%) for the kernel path (:mod:`graphfl.bench.netns`, netem). The user-space
+        emulator relays a TCP stream, which has no packets to lose: it models loss by its
+        effect, stalls (``stall_per_s``, ``stall_ms``), and ignores this field.
     """
 
     name: str
@@ -84,8 +88,11 @@ class LinkProfile:
     stall_ms: float = 0.0
     reset_per_s: float = 0.0
     buffer_bytes: int = 4 * 1024 * 1024
+    loss_pct: float = 0.0
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.loss_pct <= 100.0:
+            raise ValueError(f"LinkProfile {self.name!r}: loss_pct must be in [0, 100], got {self.loss_pct}")
         for key in ("delay_ms", "jitter_ms", "stall_per_s", "stall_ms", "reset_per_s"):
             value = getattr(self, key)
             if not value >= 0:

@@ -14,10 +14,13 @@ jitter, a bandwidth limit and loss:
   peer, the port of a proxy in front of it, so every connection ``i -> j`` crosses an emulated
   link (one TCP connection per neighbour pair and direction, each with its own link state).
 
-Emulation method: ``netem`` through network namespaces where the kernel has it would be the
-natural choice; :func:`detect_netem` tries it in a throwaway namespace (root only) and the result
-is recorded. This version always uses the user-space emulator (:mod:`graphfl.bench.linkemu`) —
-the netns path is not implemented — and the results say why (``emulation``).
+Emulation method (``--emulation``, recorded with its reason under ``emulation`` in the results):
+:func:`detect_netem` tries ``netem`` in a throwaway namespace (root only). ``auto`` uses network
+namespaces + veth pairs + netem (:mod:`graphfl.bench.netns`: each host behind its own shaped
+access link; stalls and resets, user-space notions, are listed as not emulated, and loss is
+packet loss, ``loss_pct``) where the kernel has netem, and the user-space emulator
+(:mod:`graphfl.bench.linkemu`) otherwise; ``user-space`` always the proxies; ``netns`` always
+namespaces (without netem, bandwidth-only profiles shaped by ``tbf``).
 
 Measured per (profile, runtime / strategy): seconds per round (median), time to target loss
 (the first round whose mean test loss is within :data:`TARGET_SLACK` of the **lan** run's final
@@ -67,7 +70,7 @@ PROFILES: dict[str, LinkProfile] = {
     "lan": LinkProfile("lan", delay_ms=0.5, rate_mbit=1000.0),
     "wan": LinkProfile("wan", delay_ms=40.0, jitter_ms=10.0, rate_mbit=20.0),
     "edge-lossy": LinkProfile("edge-lossy", delay_ms=100.0, jitter_ms=30.0, rate_mbit=5.0,
-                              stall_per_s=0.5, stall_ms=300.0),
+                              stall_per_s=0.5, stall_ms=300.0, loss_pct=1.0),
     "wan-resets": LinkProfile("wan-resets", delay_ms=40.0, jitter_ms=10.0, rate_mbit=20.0, reset_per_s=0.05),
 }
 FLOWER_ROUND_TIMEOUT_S = 120.0
@@ -142,14 +145,45 @@ def detect_netem() -> dict[str, Any]:
     return res
 
 
-def emulation_method(probe: dict[str, Any]) -> dict[str, Any]:
-    """The method this run uses, and why (the netns + netem path is not implemented in this version)."""
-    if probe["netem"]:
-        why = ("netem is available on this kernel, but graphfl's netns + veth + netem path is not implemented yet; "
-               "user-space emulator used")
+EMULATIONS = ("auto", "user-space", "netns")
+"""``auto``: network namespaces + netem where the kernel has netem (and this is root), else the
+user-space emulator; ``user-space``: always the proxies; ``netns``: always namespaces (without
+netem only bandwidth-only profiles, shaped by tbf)."""
+
+
+def emulation_method(probe: dict[str, Any], requested: str = "auto",
+                     profiles: Sequence[LinkProfile] = ()) -> dict[str, Any]:
+    """The method this run uses, and why: ``{"method", "why", "probe", "not_emulated"}``.
+
+    ``method`` is ``user-space``, ``netns-netem`` or ``netns-tbf``. Raises
+    :class:`~graphfl.common.config.ConfigError` for an unknown ``requested``, and for ``netns``
+    where namespaces cannot be made or a profile needs netem that the kernel lacks (before
+    anything starts).
+    """
+    from graphfl.bench.netns import needs_netem, not_emulated
+    from graphfl.common.config import ConfigError
+
+    if requested not in EMULATIONS:
+        raise ConfigError(f"--emulation must be one of {', '.join(EMULATIONS)}, got {requested!r}")
+    netns_ok = bool(probe.get("root")) and bool(probe.get("netns"))
+    if requested == "user-space":
+        method, why = "user-space", "user-space emulator requested (--emulation user-space)"
+    elif requested == "auto" and not probe["netem"]:
+        method, why = "user-space", f"netem not available on this kernel ({probe['detail']}); user-space emulator used"
+    elif not netns_ok:
+        raise ConfigError(f"--emulation netns: network namespaces cannot be made here ({probe['detail']})")
+    elif probe["netem"]:
+        method, why = "netns-netem", ("network namespaces + veth pairs on a bridge, each host behind its own netem "
+                                      "access link (delay, jitter, loss, rate)")
     else:
-        why = f"netem not available on this kernel ({probe['detail']}); user-space emulator used"
-    return {"method": "user-space", "why": why, "probe": probe}
+        needy = {p.name: needs_netem(p) for p in profiles if needs_netem(p)}
+        if needy:
+            raise ConfigError(f"--emulation netns without netem ({probe['detail']}) can only shape bandwidth; "
+                           f"profiles {needy} need netem: use --emulation auto or user-space")
+        method, why = "netns-tbf", (f"network namespaces + veth pairs on a bridge, bandwidth shaped by tbf "
+                                    f"(no netem here: {probe['detail']})")
+    skipped = {p.name: not_emulated(p) for p in profiles if method != "user-space" and not_emulated(p)}
+    return {"method": method, "why": why, "probe": probe, "not_emulated": skipped}
 
 
 # ------------------------------------------------------------------------------------------
@@ -199,18 +233,56 @@ class ProxiedFederation(LocalFederation):
                 p.close()
 
 
+@dataclass
+class NetnsFederation(LocalFederation):
+    """A :class:`LocalFederation` whose SuperNodes run in the namespaces of a :class:`NetnsLab`.
+
+    The SuperLink binds the lab's bridge address in the root namespace (its certificate names
+    it); SuperNode ``i`` runs in host ``i``'s namespace (``ip netns exec``) and dials the bridge
+    address through its own shaped access link. Its warm executor and worker are its children,
+    in the same namespace.
+    """
+
+    lab: Any = None
+
+    def start_supernode(self, partition_id: int, name: str | None = None, auth_key: Path | None = None,
+                        clientapp_mode: str | None = None) -> Managed:
+        name = name or f"supernode-{partition_id}"
+        mode = clientapp_mode or self.clientapp_mode
+        ca = self.tls_files.ca_cert if self.tls_files else None
+        trace = self.run_dir / "logs" / f"warm-{partition_id}.jsonl" if mode == "warm" else None
+        argv = supernode_argv(self.address, free_port(), partition_id, self.nodes, ca, device=self.device,
+                              auth_key=auth_key, max_wait_time=self.start_timeout, clientapp_mode=mode,
+                              polls=self.polls, trace=trace)
+        proc = self.group.start(name, [*self.lab.prefix(partition_id), *argv])
+        if mode == "warm":
+            self._warm.add(name)
+        return proc
+
+
 # ------------------------------------------------------------------------------------------
 # Flower
 # ------------------------------------------------------------------------------------------
 def flower_runs(profile: LinkProfile, out: Path, seed: int, rounds: int, strategies: Sequence[str],
-                nodes: int = NODES) -> list[dict[str, Any]]:
-    """One federation over ``profile``; each strategy run on it in turn; one result dict per strategy."""
+                nodes: int = NODES, lab: Any = None) -> list[dict[str, Any]]:
+    """One federation over ``profile``; each strategy run on it in turn; one result dict per strategy.
+
+    ``lab`` (a :class:`~graphfl.bench.netns.NetnsLab` of ``nodes`` hosts, already shaped with
+    ``profile``): the SuperNodes run in its namespaces instead of behind user-space proxies.
+    """
     from graphfl.deploy.run import prepare, write_overrides
     from graphfl.server.flower_app import write_app_dir
 
     results = []
     t0 = time.perf_counter()
-    fed = ProxiedFederation(out, nodes, tls=True, clientapp_mode="warm", profile=profile, seed=seed)
+    fed: LocalFederation
+    counters: Callable[[], dict[str, float]]
+    if lab is None:
+        proxied = fed = ProxiedFederation(out, nodes, tls=True, clientapp_mode="warm", profile=profile, seed=seed)
+        counters = lambda: proxy_totals(proxied.proxies)  # noqa: E731
+    else:
+        fed = NetnsFederation(out, nodes, tls=True, clientapp_mode="warm", superlink_host=lab.gateway, lab=lab)
+        counters = lab.counters
     with fed:
         startup = time.perf_counter() - t0
         for strategy in strategies:
@@ -218,7 +290,7 @@ def flower_runs(profile: LinkProfile, out: Path, seed: int, rounds: int, strateg
                                                      "seed": seed, "engine": "local-deployment",
                                                      "round-timeout": FLOWER_ROUND_TIMEOUT_S,
                                                      "out-dir": str(out / strategy)}))
-            before = proxy_totals(fed.proxies)
+            before = counters()
             sub = fed.submitter()
             handle = sub.submit(write_app_dir(run_out / "app"), write_overrides(run_out / "run-config.toml", cfg), run_out)
             t_run = time.perf_counter()
@@ -233,7 +305,7 @@ def flower_runs(profile: LinkProfile, out: Path, seed: int, rounds: int, strateg
             res = flower_result(run_out, strategy, nodes)
             res.update({"runtime": "flower", "strategy": strategy, "profile": profile.name, "seed": seed,
                         "federation_start": startup, "wall": wall, "error": error,
-                        "link": _delta(proxy_totals(fed.proxies), before)})
+                        "link": _delta(counters(), before)})
             results.append(res)
     return results
 
@@ -266,8 +338,14 @@ def flower_result(run_out: Path, strategy: str, nodes: int) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------
 # p2p
 # ------------------------------------------------------------------------------------------
-def p2p_run(profile: LinkProfile, out: Path, seed: int, rounds: int, nodes: int = NODES) -> dict[str, Any]:
-    """DFL-GT on a ring of ``nodes`` peer processes, every connection through a proxy with ``profile``."""
+def p2p_run(profile: LinkProfile, out: Path, seed: int, rounds: int, nodes: int = NODES,
+            lab: Any = None) -> dict[str, Any]:
+    """DFL-GT on a ring of ``nodes`` peer processes, every connection through a proxy with ``profile``.
+
+    ``lab`` (a :class:`~graphfl.bench.netns.NetnsLab`): peer ``i`` runs in host ``i``'s namespace
+    at its address there (certificates re-issued to name the lab's addresses), no proxies.
+    """
+    from graphfl.common.certs import generate_network_certs
     from graphfl.p2p.config import load_network_file, write_network_file
     from graphfl.p2p.launcher import PeerProcesses, collect, prepare_network, write_report
 
@@ -275,26 +353,42 @@ def p2p_run(profile: LinkProfile, out: Path, seed: int, rounds: int, nodes: int 
     real_file = prepare_network(out, "ring", nodes, settings, seed=seed)
     net = load_network_file(real_file)
     listen = {p.id: p.address for p in net.topology.peers}
-    proxies = []
+    proxies: list[LinkProxy] = []
+    args: dict[int, list[str]] = {}
     try:
-        for p in net.topology.peers:
-            host, _, port = p.address.rpartition(":")
-            proxies.append(LinkProxy(host, int(port), profile, seed=seed * 1000 + 100 + p.id))
+        if lab is None:
+            for p in net.topology.peers:
+                host, _, port = p.address.rpartition(":")
+                proxies.append(LinkProxy(host, int(port), profile, seed=seed * 1000 + 100 + p.id))
+            addresses = {p.id: proxies[p.id].address for p in net.topology.peers}
+            args = {i: ["--listen", listen[i]] for i in range(nodes)}
+        else:
+            generate_network_certs(out / "certs", nodes,
+                                   hosts=("127.0.0.1", "localhost", *(lab.address(i) for i in range(nodes))))
+            addresses = {p.id: f"{lab.address(p.id)}:{p.address.rpartition(':')[2]}" for p in net.topology.peers}
+            args = {i: [] for i in range(nodes)}
         topo = dataclasses.replace(net.topology, peers=tuple(
-            dataclasses.replace(p, address=proxies[p.id].address) for p in net.topology.peers))
+            dataclasses.replace(p, address=addresses[p.id]) for p in net.topology.peers))
         network_file = write_network_file(out / "network.toml", topo, net.run, net.tls)
         bound = net.run.connect_timeout + rounds * net.run.round_timeout + 60.0
+        before = lab.counters() if lab is not None else {}
         t0 = time.monotonic()
         error = None
         with PeerProcesses(network_file, out, ()) as procs:
+            if lab is not None:
+                procs.prefix = {i: lab.prefix(i) for i in range(nodes)}
             for i in range(nodes):
-                procs.start(i, ["--listen", listen[i]])
+                procs.start(i, args[i])
             if not procs.wait_all(t0 + bound):
                 error = f"peers did not finish within {bound:.0f} s"
                 procs.stop_all()
             codes = procs.exit_codes()
         wall = time.monotonic() - t0
-        link = proxy_totals(proxies)
+        if lab is None:
+            link = proxy_totals(proxies)
+        else:  # every peer-to-peer byte leaves one host and reaches another: count it once, on the way out
+            moved = _delta(lab.counters(), before)
+            link = {"bytes_up": moved["bytes_up"], "bytes_down": 0.0, "drops": moved["drops"]}
     finally:
         for proxy in proxies:
             proxy.close()
@@ -374,27 +468,33 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def run(quick: bool = False, seed: int = 0, out: Path | None = None, plan: Plan | None = None,
-        progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Run the benchmark; write ``<out>/network.{json,md,png}``; return the document."""
+        progress: Callable[[str], None] | None = None, emulation: str = "auto") -> dict[str, Any]:
+    """Run the benchmark; write ``<out>/network.{json,md,png}``; return the document.
+
+    ``emulation`` (``--emulation``): ``auto``, ``user-space`` or ``netns`` (:data:`EMULATIONS`).
+    """
     out = Path(out or "runs/bench-network").resolve()
     out.mkdir(parents=True, exist_ok=True)
     plan = plan or plan_for(quick, seed)
     say = progress or (lambda text: logger.info("%s", text))
     t0 = time.perf_counter()
     load_before = os.getloadavg()
-    emulation = emulation_method(detect_netem())
-    say(f"emulation: {emulation['why']}")
+    how = emulation_method(detect_netem(), emulation, [PROFILES[n] for n in plan.profiles])
+    say(f"emulation: {how['why']}")
+    if how["not_emulated"]:
+        say(f"not emulated by the kernel path: {how['not_emulated']}")
     runs: list[dict[str, Any]] = []
     for s in plan.seeds:
         for name in plan.profiles:
             profile = PROFILES[name]
-            say(f"seed {s}, {name}: Flower ({', '.join(plan.strategies)}), {plan.flower_rounds} rounds")
-            for res in flower_runs(profile, out / "runs" / f"flower-{name}-s{s}", s, plan.flower_rounds,
-                                   plan.strategies, plan.nodes):
-                runs.append(res)
-                say(f"  {res['strategy']}: rounds " + ", ".join(f"{x:.2f}" for x in res["rounds"]) + " s")
-            say(f"seed {s}, {name}: p2p DFL-GT, {plan.p2p_rounds} rounds")
-            res = p2p_run(profile, out / "runs" / f"p2p-{name}-s{s}", s, plan.p2p_rounds, plan.nodes)
+            with _lab(how["method"], plan.nodes, profile) as lab:
+                say(f"seed {s}, {name}: Flower ({', '.join(plan.strategies)}), {plan.flower_rounds} rounds")
+                for res in flower_runs(profile, out / "runs" / f"flower-{name}-s{s}", s, plan.flower_rounds,
+                                       plan.strategies, plan.nodes, lab=lab):
+                    runs.append(res)
+                    say(f"  {res['strategy']}: rounds " + ", ".join(f"{x:.2f}" for x in res["rounds"]) + " s")
+                say(f"seed {s}, {name}: p2p DFL-GT, {plan.p2p_rounds} rounds")
+                res = p2p_run(profile, out / "runs" / f"p2p-{name}-s{s}", s, plan.p2p_rounds, plan.nodes, lab=lab)
             runs.append(res)
             say(f"  p2p: median round {_median(res['rounds']) or float('nan'):.3f} s, "
                 f"{res['rounds_completed']} rounds, {res['failed_rounds']} with a missing neighbour")
@@ -404,9 +504,13 @@ def run(quick: bool = False, seed: int = 0, out: Path | None = None, plan: Plan 
                    "strategies": list(plan.strategies), "flower_rounds": plan.flower_rounds,
                    "p2p_rounds": plan.p2p_rounds, "p2p_settings": P2P_SETTINGS, "target_slack": TARGET_SLACK,
                    "profiles": {n: PROFILES[n].to_dict() for n in plan.profiles},
-                   "flower": "warm ClientApp workers, TLS, one proxy per SuperNode -> SuperLink",
-                   "p2p": "ring, mutual TLS, one proxy in front of each peer (each connection its own link)"},
-        "emulation": emulation,
+                   "flower": ("warm ClientApp workers, TLS, " + (
+                       "one proxy per SuperNode -> SuperLink" if how["method"] == "user-space"
+                       else "SuperNode i in namespace i, behind its own shaped access link")),
+                   "p2p": "ring, mutual TLS, " + (
+                       "one proxy in front of each peer (each connection its own link)" if how["method"] == "user-space"
+                       else "peer i in namespace i: a path i -> j crosses i's uplink and j's downlink")},
+        "emulation": how,
         "summary": summarize(runs),
         "runs": runs,
         "seconds": time.perf_counter() - t0,
@@ -417,6 +521,17 @@ def run(quick: bool = False, seed: int = 0, out: Path | None = None, plan: Plan 
     (out / f"{NAME}.md").write_text(render(doc))
     plot(out / f"{NAME}.png", doc)
     return doc
+
+
+def _lab(method: str, hosts: int, profile: LinkProfile) -> Any:
+    """A :class:`~graphfl.bench.netns.NetnsLab` for the kernel methods; a context giving ``None`` otherwise."""
+    import contextlib
+
+    from graphfl.bench.netns import NetnsLab
+
+    if method == "user-space":
+        return contextlib.nullcontext(None)
+    return NetnsLab(hosts, profile, netem=method == "netns-netem")
 
 
 def _f(value: Any, digits: int = 2) -> str:

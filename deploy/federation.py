@@ -281,7 +281,9 @@ class LocalFederation:
     context at start-up); ``polls`` overrides the SuperNode poll mode (``fast``/``stock``,
     for measurements); ``superlink_middleware`` picks graphfl's path-gated SuperLink (``gated``,
     the default) or the stock ``flower-superlink`` (see :data:`SUPERLINK_MIDDLEWARE`);
-    ``state_dir`` (every SuperNode's ``state-dir``) persists client state.
+    ``state_dir`` (every SuperNode's ``state-dir``) persists client state. ``superlink_host``
+    is the address the SuperLink binds and everyone here dials (127.0.0.1; the network bench's
+    namespaces use their bridge's address), ``tls_hosts`` extra names in its certificate.
     Warm SuperNodes write per-task timings to ``logs/warm-<i>.jsonl``;
     :meth:`start` returns once their workers hold torch (bounded by ``warm_timeout``, apart
     from ``start_timeout`` for registering with the SuperLink).
@@ -299,6 +301,8 @@ class LocalFederation:
     device: str | None = None
     polls: str | None = None
     superlink_middleware: str = "gated"
+    superlink_host: str = "127.0.0.1"
+    tls_hosts: tuple[str, ...] = ()
     warm_timeout: float = 300.0
     state_dir: Path | None = None
     group: ProcessGroup = field(init=False)
@@ -318,7 +322,7 @@ class LocalFederation:
 
     @property
     def address(self) -> str:
-        return f"127.0.0.1:{self.superlink_port}"
+        return f"{self.superlink_host}:{self.superlink_port}"
 
     def __enter__(self) -> LocalFederation:
         try:
@@ -334,14 +338,14 @@ class LocalFederation:
     def start(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if self.tls and not self.simulation:
-            self.tls_files = generate_tls(self.run_dir / "certs")
+            self.tls_files = generate_tls(self.run_dir / "certs", hosts=[self.superlink_host, *self.tls_hosts])
         if self.node_auth and self.tls_files is None:
             raise FederationError("SuperNode authentication needs TLS (Flower refuses it with --insecure)")
         self.superlink_port = self.superlink_port or free_port()
-        self.group.start("superlink", superlink_argv("127.0.0.1", self.superlink_port, self.tls_files,
+        self.group.start("superlink", superlink_argv(self.superlink_host, self.superlink_port, self.tls_files,
                                                      simulation=self.simulation, node_auth=self.node_auth,
                                                      middleware=self.superlink_middleware))
-        self.group.wait_for(f"SuperLink on {self.address}", lambda: port_open("127.0.0.1", self.superlink_port),
+        self.group.wait_for(f"SuperLink on {self.address}", lambda: port_open(self.superlink_host, self.superlink_port),
                             self.start_timeout)
         ca = self.tls_files.ca_cert if self.tls_files else None
         write_connection(self.flwr_home, self.address, ca)
