@@ -547,6 +547,8 @@ def render(doc: dict[str, Any]) -> str:
     cfg = doc["config"]
     lines = [f"# bench network ({'quick' if cfg['quick'] else 'full'})", "",
              f"Emulation: **{doc['emulation']['method']}** — {doc['emulation']['why']}.", "",
+             *([f"Not emulated by the kernel path (user-space notions): {doc['emulation']['not_emulated']}.", ""]
+               if doc["emulation"].get("not_emulated") else []),
              f"{cfg['nodes']} nodes on `{cfg['task']}`; Flower: {', '.join(cfg['strategies'])}, "
              f"{cfg['flower_rounds']} rounds ({cfg['flower']}); p2p: DFL-GT, {cfg['p2p_rounds']} rounds "
              f"({cfg['p2p']}); seeds {cfg['seeds']}.", "",

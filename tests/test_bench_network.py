@@ -197,6 +197,7 @@ def test_small_network_bench_runs_through_network_namespaces(tmp_path: Path) -> 
     finally:
         del network.PROFILES["ci-rate"]
     assert doc["emulation"]["method"] in ("netns-tbf", "netns-netem")
+    assert doc["emulation"]["method"] in (tmp_path / "network.md").read_text()
     by_runtime = {r["runtime"]: r for r in doc["runs"]}
     flower, p2p = by_runtime["flower"], by_runtime["p2p"]
     assert flower["error"] is None and flower["rounds_completed"] == 1 and flower["failed_rounds"] == 0
