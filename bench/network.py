@@ -52,10 +52,8 @@ from typing import Any
 from graphfl.bench.linkemu import LinkProfile, LinkProxy
 from graphfl.common.config import parse_run_config
 from graphfl.common.envinfo import env_info
-from graphfl.common.ports import free_port
 from graphfl.common.results import markdown_table, plot_panels, write_json
-from graphfl.deploy.federation import FederationError, LocalFederation, supernode_argv
-from graphfl.deploy.processes import Managed
+from graphfl.deploy.federation import FederationError, LocalFederation
 
 logger = logging.getLogger(__name__)
 
@@ -210,20 +208,10 @@ class ProxiedFederation(LocalFederation):
     seed: int = 0
     proxies: list[LinkProxy] = field(init=False, default_factory=list)
 
-    def start_supernode(self, partition_id: int, name: str | None = None, auth_key: Path | None = None,
-                        clientapp_mode: str | None = None) -> Managed:
-        name = name or f"supernode-{partition_id}"
-        mode = clientapp_mode or self.clientapp_mode
+    def supernode_superlink(self, partition_id: int) -> str:
         proxy = LinkProxy("127.0.0.1", self.superlink_port, self.profile, seed=self.seed * 1000 + partition_id)
         self.proxies.append(proxy)
-        ca = self.tls_files.ca_cert if self.tls_files else None
-        trace = self.run_dir / "logs" / f"warm-{partition_id}.jsonl" if mode == "warm" else None
-        proc = self.group.start(name, supernode_argv(
-            proxy.address, free_port(), partition_id, self.nodes, ca, device=self.device, auth_key=auth_key,
-            max_wait_time=self.start_timeout, clientapp_mode=mode, polls=self.polls, trace=trace))
-        if mode == "warm":
-            self._warm.add(name)
-        return proc
+        return proxy.address
 
     def stop(self) -> list[int]:
         try:
@@ -245,19 +233,8 @@ class NetnsFederation(LocalFederation):
 
     lab: Any = None
 
-    def start_supernode(self, partition_id: int, name: str | None = None, auth_key: Path | None = None,
-                        clientapp_mode: str | None = None) -> Managed:
-        name = name or f"supernode-{partition_id}"
-        mode = clientapp_mode or self.clientapp_mode
-        ca = self.tls_files.ca_cert if self.tls_files else None
-        trace = self.run_dir / "logs" / f"warm-{partition_id}.jsonl" if mode == "warm" else None
-        argv = supernode_argv(self.address, free_port(), partition_id, self.nodes, ca, device=self.device,
-                              auth_key=auth_key, max_wait_time=self.start_timeout, clientapp_mode=mode,
-                              polls=self.polls, trace=trace)
-        proc = self.group.start(name, [*self.lab.prefix(partition_id), *argv])
-        if mode == "warm":
-            self._warm.add(name)
-        return proc
+    def supernode_prefix(self, partition_id: int) -> list[str]:
+        return list(self.lab.prefix(partition_id))
 
 
 # ------------------------------------------------------------------------------------------

@@ -364,13 +364,22 @@ class LocalFederation:
         mode = clientapp_mode or self.clientapp_mode
         ca = self.tls_files.ca_cert if self.tls_files else None
         trace = self.run_dir / "logs" / f"warm-{partition_id}.jsonl" if mode == "warm" else None
-        proc = self.group.start(name, supernode_argv(
-            self.address, free_port(), partition_id, self.nodes, ca, device=self.device, auth_key=auth_key,
-            max_wait_time=self.start_timeout, clientapp_mode=mode, polls=self.polls, trace=trace,
-            state_dir=self.state_dir))
+        argv = supernode_argv(
+            self.supernode_superlink(partition_id), free_port(), partition_id, self.nodes, ca, device=self.device,
+            auth_key=auth_key, max_wait_time=self.start_timeout, clientapp_mode=mode, polls=self.polls, trace=trace,
+            state_dir=self.state_dir)
+        proc = self.group.start(name, [*self.supernode_prefix(partition_id), *argv])
         if mode == "warm":
             self._warm.add(name)
         return proc
+
+    def supernode_superlink(self, partition_id: int) -> str:
+        """The SuperLink address SuperNode ``partition_id`` dials (subclasses put a link in between)."""
+        return self.address
+
+    def supernode_prefix(self, partition_id: int) -> list[str]:
+        """Command prefix of SuperNode ``partition_id`` (e.g. ``ip netns exec NS``; none here)."""
+        return []
 
     def wait_supernodes(self, started: list[Managed]) -> None:
         """Wait (bounded) until the SuperNodes registered with the SuperLink and warm ones' workers are ready."""

@@ -160,12 +160,9 @@ def install_gated_middleware() -> None:
 
 def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     """Split ``[ours] -- [flower-superlink's]``."""
-    argv = list(argv)
-    if "--" in argv:
-        cut = argv.index("--")
-        ours, flower = argv[:cut], argv[cut + 1:]
-    else:
-        ours, flower = [], argv
+    from graphfl.deploy.supernode import split_at_dashes
+
+    ours, flower = split_at_dashes(argv)
     p = argparse.ArgumentParser(prog="python -m graphfl.deploy.superlink",
                                 description="Flower's SuperLink with its API-specific middleware gated by path.")
     p.add_argument("--middleware", choices=("gated", "stock"), default="gated")

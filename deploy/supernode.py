@@ -185,14 +185,18 @@ class ExecutorChild:
             self.notify_w = None
 
 
+def split_at_dashes(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """``[ours] -- [flower's]`` -> ``(ours, flower's)``; without ``--`` everything is Flower's."""
+    argv = list(argv)
+    if "--" not in argv:
+        return [], argv
+    cut = argv.index("--")
+    return argv[:cut], argv[cut + 1:]
+
+
 def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     """Graphfl's options before ``--``; Flower's ``flower-supernode`` arguments after it."""
-    argv = list(argv)
-    if "--" in argv:
-        cut = argv.index("--")
-        ours, flower = argv[:cut], argv[cut + 1:]
-    else:
-        ours, flower = [], argv
+    ours, flower = split_at_dashes(argv)
     p = argparse.ArgumentParser(prog="python -m graphfl.deploy.supernode",
                                 description="Flower SuperNode with graphfl's warm ClientApp executor and short polls.")
     p.add_argument("--clientapp-mode", choices=("warm", "cold"), default="warm")

@@ -56,16 +56,20 @@ def test_time_to_target_and_summary() -> None:
     assert rows["wan"]["failed_rounds"] == 1 and rows["wan"]["link_stalls"] == 2
 
 
+def _small_run(out: Path, profile: LinkProfile, emulation: str) -> dict:
+    """The bench on one extra profile: 3 nodes, one Flower FedAvg round, 3 p2p rounds."""
+    network.PROFILES[profile.name] = profile
+    try:
+        plan = network.Plan(profiles=(profile.name,), flower_rounds=1, p2p_rounds=3, seeds=(0,),
+                            strategies=("fedavg",), nodes=3)
+        return network.run(out=out, plan=plan, emulation=emulation)
+    finally:
+        del network.PROFILES[profile.name]
+
+
 @pytest.mark.e2e
 def test_small_network_bench_runs_through_the_proxies(tmp_path: Path) -> None:
-    profile = LinkProfile("ci-wan", delay_ms=10.0, jitter_ms=2.0, rate_mbit=50.0)
-    network.PROFILES["ci-wan"] = profile
-    try:
-        plan = network.Plan(profiles=("ci-wan",), flower_rounds=1, p2p_rounds=3, seeds=(0,), strategies=("fedavg",),
-                            nodes=3)
-        doc = network.run(out=tmp_path, plan=plan, emulation="user-space")
-    finally:
-        del network.PROFILES["ci-wan"]
+    doc = _small_run(tmp_path, LinkProfile("ci-wan", delay_ms=10.0, jitter_ms=2.0, rate_mbit=50.0), "user-space")
     for suffix in ("json", "md", "png"):
         assert (tmp_path / f"network.{suffix}").is_file()
     saved = json.loads((tmp_path / "network.json").read_text())
@@ -189,13 +193,7 @@ def test_a_lab_shapes_the_link_between_two_namespaces_and_removes_everything(tmp
 @pytest.mark.e2e
 def test_small_network_bench_runs_through_network_namespaces(tmp_path: Path) -> None:
     _lab_or_skip()
-    network.PROFILES["ci-rate"] = LinkProfile("ci-rate", rate_mbit=100.0)
-    try:
-        plan = network.Plan(profiles=("ci-rate",), flower_rounds=1, p2p_rounds=3, seeds=(0,), strategies=("fedavg",),
-                            nodes=3)
-        doc = network.run(out=tmp_path, plan=plan, emulation="netns")
-    finally:
-        del network.PROFILES["ci-rate"]
+    doc = _small_run(tmp_path, LinkProfile("ci-rate", rate_mbit=100.0), "netns")
     assert doc["emulation"]["method"] in ("netns-tbf", "netns-netem")
     assert doc["emulation"]["method"] in (tmp_path / "network.md").read_text()
     by_runtime = {r["runtime"]: r for r in doc["runs"]}
