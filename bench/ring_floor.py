@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from graphfl.common.envinfo import peak_rss_mb
+from graphfl.common.malloc import keep_freed_memory
 from graphfl.p2p.mixing import mix
 
 
@@ -147,10 +148,12 @@ def floor_peer(i: int, n: int, d: int, rounds: int, ports: list[int], ctrl_port:
 
 def main(argv: list[str]) -> int:
     """``python -m graphfl.bench.ring_floor I N D ROUNDS PORTS CTRL_PORT SPAWNED [CERT_DIR]``: one floor process."""
+    malloc = keep_freed_memory()  # as a peer process does: the floor must not pay page faults the peers do not
     i, n, d, rounds = (int(x) for x in argv[:4])
     ports = [int(p) for p in argv[4].split(",")]
     res = floor_peer(i, n, d, rounds, ports, int(argv[5]), float(argv[6]), argv[7] if len(argv) > 7 else None)
     ctrl = res.pop("ctrl")
+    res["malloc"] = malloc
     ctrl.sendall(json.dumps(res).encode() + b"\n")
     ctrl.close()
     return 0

@@ -244,7 +244,7 @@ class Assembler:
         self.channel: str | None = None
         self.scalars: dict[str, float] = {}
         self._specs: list[tuple[str, np.dtype, tuple[int, ...], int]] = []
-        self._bufs: list[bytearray] = []
+        self._bufs: list[np.ndarray] = []
         self._idx = 0
         self._off = 0
         self.wire_bytes = 0
@@ -303,7 +303,9 @@ class Assembler:
         if self.sender is None:
             raise WireError("allocate() before the header frame")
         if not self._bufs:
-            self._bufs = [bytearray(nb) for *_, nb in self._specs]
+            # uninitialised (no calloc/memset pass over the model): finish() refuses a message
+            # until every byte of every buffer has been written from the wire
+            self._bufs = [np.empty(nb, dtype=np.uint8) for *_, nb in self._specs]
             self._skip_empty()
 
     def _skip_empty(self) -> None:
@@ -331,7 +333,7 @@ class Assembler:
                 raise WireError("message carries more bytes than its header declares")
             need = self._specs[self._idx][3] - self._off
             take = min(need, len(chunk))
-            self._bufs[self._idx][self._off : self._off + take] = chunk[:take]
+            self._bufs[self._idx][self._off : self._off + take] = np.frombuffer(chunk[:take], dtype=np.uint8)
             self._off += take
             chunk = chunk[take:]
             self._skip_empty()
@@ -347,7 +349,7 @@ class Assembler:
             name, _, _, nb = self._specs[self._idx]
             raise WireError(f"message ended early: tensor {name!r} has {self._off} of {nb} bytes")
         arrays = {
-            name: np.frombuffer(buf, dtype=dt).reshape(shape).astype(dt.newbyteorder("="), copy=False)
+            name: buf.view(dt).reshape(shape).astype(dt.newbyteorder("="), copy=False)
             for (name, dt, shape, _), buf in zip(self._specs, self._bufs)
         }
         assert self.round is not None  # set together with sender by header()
@@ -396,9 +398,12 @@ def validate(msg: Message, expected: TensorSpecs | None, require_finite: bool = 
         for name, a in msg.arrays.items():
             if a.dtype.kind != "f" or a.size == 0:
                 continue
-            if not np.all(np.isfinite(a)):
+            # two reductions, no temporaries: max and min propagate NaN, and an Inf is its own extreme
+            # (isfinite + abs + max took three passes and two model-sized temporaries per message)
+            hi, lo = float(np.max(a)), float(np.min(a))
+            if not (np.isfinite(hi) and np.isfinite(lo)):
                 raise WireError(f"channel {msg.channel!r} from peer {msg.sender}: tensor {name!r} has NaN/Inf values")
-            peak = float(np.max(np.abs(a)))
+            peak = max(hi, -lo)
             if peak > magnitude_bound(a.dtype):
                 raise WireError(
                     f"channel {msg.channel!r} from peer {msg.sender}: tensor {name!r} has |value| {peak:.3g} above "

@@ -272,6 +272,10 @@ def run_node(
         ``state``'s model. A node that finds itself more than one communication round behind its
         neighbours (their messages are for a later round) skips ahead to their round (logged,
         recorded as ``skipped_from``) rather than never meeting them.
+    eval_every
+        ``test_loss`` and ``local_disagreement`` are recorded every ``eval_every`` communication
+        rounds and at the last one (``None`` in the other records): both are metrics, and each
+        costs a pass over the model (the disagreement one over every neighbour's vector).
     min_round_seconds
         Paces communication rounds (tests and demos); 0 by default.
     on_round
@@ -292,6 +296,7 @@ def run_node(
     missing: set[int] = set()
     disagreement = float("nan")
     comm_rounds = rounds_before(algo, state.t)
+    total_rounds = rounds_before(algo, iterations)
     t_start = time.monotonic()
     jumped: list[int] = []
     skips: list[dict[str, Any]] = []
@@ -335,8 +340,11 @@ def run_node(
             exchange.finish_round(t)
             for inbox in inboxes:
                 missing.update(inbox.missing)
-            sent = next((ib.own[PARAMS][THETA] for ib in inboxes if ib.own and THETA in ib.own.get(PARAMS, {})), None)
-            disagreement = local_disagreement(sent, inboxes) if sent is not None else float("nan")
+            # a metric like test_loss, at the same rounds: a pass over every neighbour's vector
+            if comm_rounds % eval_every == 0 or comm_rounds == total_rounds:
+                sent = next((ib.own[PARAMS][THETA] for ib in inboxes if ib.own and THETA in ib.own.get(PARAMS, {})),
+                            None)
+                disagreement = local_disagreement(sent, inboxes) if sent is not None else float("nan")
         if is_record_point(algo, t, iterations):
             c0 = time.monotonic()
             test_loss = None

@@ -61,6 +61,12 @@ SERVICE = "graphfl.p2p.Peer"
 PUSH_METHOD = f"/{SERVICE}/Push"
 """The streaming RPC of :class:`~graphfl.p2p.proto.graphfl_p2p_pb2_grpc.PeerStub` (``Push``)."""
 
+GRPC_DEFAULT_MAX_RECEIVE = 4 << 20
+"""gRPC's default limit on one received message (one frame here)."""
+FRAME_HEADROOM = 1 << 20
+"""Bytes a frame may carry beyond ``chunk_bytes`` (a data frame's few bytes of fields; a header
+frame's tensor names and shapes)."""
+
 _CHANNEL_OPTIONS = [
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
@@ -274,6 +280,7 @@ class GrpcTransport(Transport):
         self.neighbours = topology.neighbours(self.peer_id)
         self.tls = tls
         self.chunk_bytes = chunk_bytes
+        self.max_frame_bytes = max(GRPC_DEFAULT_MAX_RECEIVE, chunk_bytes + FRAME_HEADROOM)
         self.max_message_bytes = max_message_bytes
         self.stream_timeout = float(stream_timeout)
         self.streams_per_sender = int(streams_per_sender)
@@ -325,7 +332,7 @@ class GrpcTransport(Transport):
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=self.streams_per_sender * len(self.neighbours) + 8,
                                        thread_name_prefix=f"p2p-rx-{self.peer_id}"),
-            options=[("grpc.so_reuseport", 0)],
+            options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", self.max_frame_bytes)],
         )
         _add_servicer(_Servicer(self), server)
         try:

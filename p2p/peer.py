@@ -37,6 +37,7 @@ from typing import Any
 
 from graphfl.common.config import ConfigError, device_problem
 from graphfl.common.envinfo import peak_rss_mb
+from graphfl.common.malloc import keep_freed_memory
 from graphfl.common.results import clean_json as _clean
 from graphfl.common.results import write_json
 from graphfl.p2p import checkpoint
@@ -85,13 +86,15 @@ def problem_spec(net: NetworkFile, peer_id: int, device: str | None = None) -> P
 
 def run_peer(network_file: str | Path, peer_id: int, out_dir: str | Path, overrides: dict[str, Any] | None = None,
              insecure: bool = False, stop: threading.Event | None = None, resume: bool = False,
-             device: str | None = None, listen: str | None = None) -> int:
+             device: str | None = None, listen: str | None = None, malloc: str = "default") -> int:
     """Run one peer to completion; returns the exit code (see the module docstring).
 
     With ``resume`` the peer starts from its checkpoint in ``out_dir`` (same algorithm and
     parameters required; ``rounds`` may be larger) instead of the initial model. ``listen``
     (``HOST:PORT``) is where the peer binds when that differs from its address in the network
     file, which its neighbours dial (port forwarding, NAT, a link emulator in between).
+    ``malloc`` is what :func:`graphfl.common.malloc.keep_freed_memory` returned in this process
+    (recorded in ``peer-<id>.json``).
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -99,7 +102,7 @@ def run_peer(network_file: str | Path, peer_id: int, out_dir: str | Path, overri
     rounds_file = out / f"peer-{peer_id}.rounds.jsonl"
     if not resume:
         rounds_file.unlink(missing_ok=True)
-    result: dict[str, Any] = {"peer": peer_id, "outcome": "starting", "records": []}
+    result: dict[str, Any] = {"peer": peer_id, "outcome": "starting", "records": [], "malloc": malloc}
     stop = stop or threading.Event()
     transport = None
     code = EXIT_OK
@@ -253,6 +256,7 @@ def main(network_file: str, peer_id: int, out_dir: str, overrides: dict[str, Any
     logging.basicConfig(level=os.environ.get("GRAPHFL_LOG", "INFO"),
                         format=f"%(asctime)s peer-{peer_id} %(levelname)s %(name)s: %(message)s")
     stop = threading.Event()
+    malloc = keep_freed_memory()  # a peer reuses a few model-sized buffers every round (no page faults)
 
     def handler(signum: int, frame: Any) -> None:
         logger.warning("peer %d: signal %d, stopping after the current step", peer_id, signum)
@@ -265,10 +269,11 @@ def main(network_file: str, peer_id: int, out_dir: str, overrides: dict[str, Any
 
             prof = cProfile.Profile()
             try:
-                return prof.runcall(run_peer, network_file, peer_id, out_dir, overrides, insecure, stop, resume)
+                return prof.runcall(run_peer, network_file, peer_id, out_dir, overrides, insecure, stop, resume,
+                                    device, listen, malloc)
             finally:
                 prof.dump_stats(str(Path(out_dir) / f"peer-{peer_id}.prof"))
-        return run_peer(network_file, peer_id, out_dir, overrides, insecure, stop, resume, device, listen)
+        return run_peer(network_file, peer_id, out_dir, overrides, insecure, stop, resume, device, listen, malloc)
     finally:
         for sig, h in previous.items():
             signal.signal(sig, h)

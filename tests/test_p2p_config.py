@@ -65,7 +65,8 @@ def test_bad_run_values_name_the_key(tmp_path):
     with pytest.raises(ConfigError, match="unknown key"):
         parse_p2p_config({"learning-rate": 0.1})
     with pytest.raises(ConfigError, match="chunk-bytes"):
-        parse_p2p_config({"chunk-bytes": 8 << 20})  # would exceed gRPC's 4 MB message limit
+        parse_p2p_config({"chunk-bytes": 128 << 20})  # above the 64 MiB a peer accepts per frame
+    assert parse_p2p_config({"chunk-bytes": 8 << 20}).chunk_bytes == 8 << 20  # peers raise gRPC's 4 MB limit
     f = write(tmp_path)
     f.write_text(f.read_text() + "\n[extra]\nx = 1\n")
     with pytest.raises(ConfigError, match="extra"):

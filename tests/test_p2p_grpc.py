@@ -23,8 +23,9 @@ def topo():
     return make_topology("ring", 3, ports=free_ports(3))
 
 
-def peer(topo, i, tls=None, config_hash="abc", algorithm="dfl-gt", version=None, dim=DIM):
-    t = GrpcTransport(Identity(i, algorithm, config_hash, version or topo.fingerprint), topo, tls, chunk_bytes=1 << 20)
+def peer(topo, i, tls=None, config_hash="abc", algorithm="dfl-gt", version=None, dim=DIM, chunk_bytes=1 << 20):
+    t = GrpcTransport(Identity(i, algorithm, config_hash, version or topo.fingerprint), topo, tls,
+                      chunk_bytes=chunk_bytes)
     t.mailbox.expect("params", {"theta": ("float32", (dim,))})
     t.serve()
     return t
@@ -68,6 +69,32 @@ def test_message_larger_than_4mb_over_grpc(topo):
     finally:
         a.close()
         b.close()
+
+
+def test_frames_above_grpc_default_limit_when_chunk_bytes_asks(topo):
+    """A 12 MB tensor in one 16 MiB frame: the receiver raises gRPC's 4 MB message limit to
+    chunk-bytes + headroom; a peer with the default chunk size refuses such a frame."""
+    n = 3_000_000
+    a, b = peer(topo, 0, dim=n, chunk_bytes=16 << 20), peer(topo, 1, dim=n, chunk_bytes=16 << 20)
+    try:
+        a.handshake(1, 5.0)
+        x = np.random.default_rng(1).normal(size=n).astype(np.float32)
+        r = a.send(1, 0, "params", {"theta": x})
+        assert r.ok, r.reason
+        assert r.wire_bytes - x.nbytes < 200  # one header frame and one data frame
+        got = b.receive(0, ["params"], [0], timeout=10.0)
+        np.testing.assert_array_equal(got[0]["params"].arrays["theta"], x)
+    finally:
+        a.close()
+        b.close()
+    c, d = peer(topo, 0, dim=n, chunk_bytes=16 << 20), peer(topo, 2, dim=n)  # d: the default 4 MB limit
+    try:
+        c.handshake(2, 5.0)
+        r = c.send(2, 0, "params", {"theta": np.zeros(n, np.float32)}, timeout=5.0)
+        assert not r.ok and "RESOURCE_EXHAUSTED" in r.reason
+    finally:
+        c.close()
+        d.close()
 
 
 @pytest.mark.parametrize(

@@ -159,13 +159,16 @@ def test_numpy_peer_import_path_does_not_import_torch(tmp_path):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_local_disagreement_is_the_mean_squared_distance(dtype):
+@pytest.mark.parametrize("size", [1000, 2 * 65_536 + 123])  # one block; several blocks and a remainder
+def test_local_disagreement_is_the_mean_squared_distance(dtype, size):
     from graphfl.p2p.algorithms.base import Inbox
-    from graphfl.p2p.node import local_disagreement
+    from graphfl.p2p.node import DISAGREEMENT_BLOCK, local_disagreement
 
+    assert size == 1000 or size > 2 * DISAGREEMENT_BLOCK
     rng = np.random.default_rng(1)
-    own = rng.standard_normal(1000).astype(dtype)
-    others = {j: rng.standard_normal(1000).astype(dtype) for j in (2, 5)}
+    own = rng.standard_normal(size).astype(dtype)
+    others = {j: rng.standard_normal(size).astype(dtype) for j in (2, 5)}
+    others[7] = (own + 1e-4 * rng.standard_normal(size)).astype(dtype)  # nearly equal: small differences
     inbox = Inbox(0, "gossip", None, {j: {"params": {"theta": x}} for j, x in others.items()}, {})
     want = np.mean([np.sum((own.astype(np.float64) - x.astype(np.float64)) ** 2) for x in others.values()])
     # float32: each difference is rounded to float32 once (relative 6e-8)

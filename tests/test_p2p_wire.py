@@ -232,3 +232,19 @@ def test_parse_frame_fuzz_matches_protobuf():
             elif raw:
                 del raw[min(i, len(raw) - 1)]
         _same_as_protobuf(bytes(raw))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("where", [0, "middle", -1])
+def test_validate_refuses_nan_and_inf_anywhere(dtype, bad, where):
+    """validate() checks finiteness with one max and one min (no temporaries): NaN propagates
+    through both and an Inf is its own extreme, at any position."""
+    a = np.random.default_rng(2).normal(size=1001).astype(dtype)
+    codec.validate(codec.Message(1, 0, "params", {"theta": a}), None)
+    a[len(a) // 2 if where == "middle" else where] = bad
+    with pytest.raises(WireError, match="NaN/Inf"):
+        codec.validate(codec.Message(1, 0, "params", {"theta": a}), None)
+    huge = np.array([1.0, -0.5 * np.finfo(dtype).max], dtype)
+    with pytest.raises(WireError, match="above"):
+        codec.validate(codec.Message(1, 0, "params", {"theta": huge}), None)
