@@ -26,6 +26,7 @@ from graphfl.common.config import (
 )
 from graphfl.p2p.algorithms import registry
 from graphfl.p2p.algorithms.base import P2PAlgorithm
+from graphfl.p2p.codec import DEFAULT_CHUNK_BYTES
 from graphfl.p2p.robust import RobustRule, with_robust_combine
 from graphfl.p2p.topology import Topology, topology_from_dict
 
@@ -68,7 +69,7 @@ class P2PConfig:
     send_timeout: float = field(default=30.0, metadata={"min": 0.01})
     connect_timeout: float = field(default=60.0, metadata={"min": 0.1})
     max_ahead: int = field(default=4, metadata={"min": 1})
-    chunk_bytes: int = field(default=1 << 20, metadata={"min": 1024, "max": 64 << 20})
+    chunk_bytes: int = field(default=DEFAULT_CHUNK_BYTES, metadata={"min": 1024, "max": 64 << 20})
     eval_every: int = field(default=1, metadata={"min": 1})
     min_round_seconds: float = field(default=0.0, metadata={"min": 0.0})
     checkpoint_every: int = field(default=1, metadata={"min": 0})

@@ -38,11 +38,13 @@ def test_big_endian_and_noncontiguous_inputs():
     assert msg.arrays["x"].dtype.isnative
 
 
-def test_large_tensor_is_chunked_below_grpc_limit():
-    a = np.random.default_rng(1).normal(size=(1_500_000,)).astype(np.float32)  # 6 MB
+def test_large_tensor_is_chunked_below_the_frame_limit():
+    a = np.random.default_rng(1).normal(size=(3_000_000,)).astype(np.float32)  # 12 MB
     frames = list(codec.encode(1, 2, "params", {"theta": a}))
-    assert max(f.ByteSize() for f in frames) < 4 * 1024 * 1024
-    assert len(frames) == 1 + 6
+    assert max(f.ByteSize() for f in frames) < codec.DEFAULT_CHUNK_BYTES + 64  # what a receiver accepts: + 1 MiB
+    assert len(frames) == 1 + -(-a.nbytes // codec.DEFAULT_CHUNK_BYTES) == 1 + 3
+    small = list(codec.encode(1, 2, "params", {"theta": a}, chunk_bytes=1 << 20))
+    assert max(f.ByteSize() for f in small) < 4 * 1024 * 1024 and len(small) == 1 + 12  # under gRPC's default
     msg = codec.decode(frames)
     np.testing.assert_array_equal(msg.arrays["theta"], a)
     assert msg.wire_bytes == codec.wire_size(frames) > a.nbytes
