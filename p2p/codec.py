@@ -235,6 +235,11 @@ def parse_frame(raw: bytes) -> pb.Frame | DataFrame:
 class Assembler:
     """Incremental decoder: feed frames in order, then :meth:`finish`.
 
+    A tensor that arrives in one frame (with the default 4 MiB frames, every tensor up to 1M
+    float32 parameters) is returned as a **read-only** view of that frame's bytes: no copy.
+    A tensor spread over several frames is copied into one buffer (writeable). Receivers treat
+    received arrays as read-only either way (mixing and every algorithm build new arrays).
+
     Parameters
     ----------
     max_bytes
@@ -248,7 +253,7 @@ class Assembler:
         self.channel: str | None = None
         self.scalars: dict[str, float] = {}
         self._specs: list[tuple[str, np.dtype, tuple[int, ...], int]] = []
-        self._bufs: list[np.ndarray] = []
+        self._bufs: list[np.ndarray | None] = []
         self._idx = 0
         self._off = 0
         self.wire_bytes = 0
@@ -307,9 +312,10 @@ class Assembler:
         if self.sender is None:
             raise WireError("allocate() before the header frame")
         if not self._bufs:
-            # uninitialised (no calloc/memset pass over the model): finish() refuses a message
-            # until every byte of every buffer has been written from the wire
-            self._bufs = [np.empty(nb, dtype=np.uint8) for *_, nb in self._specs]
+            # made per tensor on its first frame (data()): a view of that frame when it holds the
+            # whole tensor, else uninitialised memory (no calloc pass over the model) that finish()
+            # returns only once every byte has been written from the wire
+            self._bufs = [np.empty(0, dtype=np.uint8) if nb == 0 else None for *_, nb in self._specs]
             self._skip_empty()
 
     def _skip_empty(self) -> None:
@@ -337,7 +343,14 @@ class Assembler:
                 raise WireError("message carries more bytes than its header declares")
             need = self._specs[self._idx][3] - self._off
             take = min(need, len(chunk))
-            self._bufs[self._idx][self._off : self._off + take] = np.frombuffer(chunk[:take], dtype=np.uint8)
+            part = np.frombuffer(chunk[:take], dtype=np.uint8)
+            buf = self._bufs[self._idx]
+            if buf is None and take == need:  # the whole tensor in this frame: a read-only view, no copy
+                self._bufs[self._idx] = part
+            else:
+                if buf is None:
+                    buf = self._bufs[self._idx] = np.empty(need, dtype=np.uint8)
+                buf[self._off : self._off + take] = part
             self._off += take
             chunk = chunk[take:]
             self._skip_empty()
@@ -352,10 +365,10 @@ class Assembler:
         if self._idx < len(self._specs):
             name, _, _, nb = self._specs[self._idx]
             raise WireError(f"message ended early: tensor {name!r} has {self._off} of {nb} bytes")
-        arrays = {
-            name: buf.view(dt).reshape(shape).astype(dt.newbyteorder("="), copy=False)
-            for (name, dt, shape, _), buf in zip(self._specs, self._bufs)
-        }
+        arrays: dict[str, np.ndarray] = {}
+        for (name, dt, shape, _), buf in zip(self._specs, self._bufs):
+            assert buf is not None  # every tensor is complete here
+            arrays[name] = buf.view(dt).reshape(shape).astype(dt.newbyteorder("="), copy=False)
         assert self.round is not None  # set together with sender by header()
         return Message(self.sender, self.round, str(self.channel), arrays, dict(self.scalars), self.wire_bytes)
 
