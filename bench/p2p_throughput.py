@@ -65,6 +65,7 @@ import numpy as np
 
 from graphfl.bench.ring_floor import recv_into, ring_weights
 from graphfl.common.envinfo import env_info
+from graphfl.common.malloc import keep_freed_memory
 from graphfl.common.ports import free_ports
 from graphfl.common.results import markdown_table, plot_panels, write_json
 from graphfl.p2p.launcher import PeerProcesses, prepare_network
@@ -183,7 +184,7 @@ def parallel_floor(d: int, n: int, rounds: int = 5, timeout: float = 300.0,
     return {"round_s": per_round, "median_round_s": float(statistics.median(steady)),
             "startup_s": float(statistics.median(g["startup_s"] for g in got)),
             "rss_mb": float(statistics.median(g["rss_mb"] for g in got)),
-            "tls_cipher": got[0].get("tls_cipher"),
+            "tls_cipher": got[0].get("tls_cipher"), "malloc": sorted({str(g.get("malloc")) for g in got}),
             "peers": [{"theta_sum": g["theta_sum"], "theta_head": g["theta_head"]} for g in got]}
 
 
@@ -248,6 +249,7 @@ def measure_ring(out: Path, d: int, n: int, rounds: int, insecure: bool, timeout
         "startup_s_median": _median([p["serving_at"] - spawned[i] for i, p in enumerate(peers)
                                      if p.get("outcome") == "done" and p.get("serving_at") and i in spawned]),
         "torch_imported": sorted({bool(p.get("torch_imported")) for p in done}),
+        "malloc": sorted({str(p.get("malloc")) for p in done}),
     })
     return result
 
@@ -417,6 +419,7 @@ def run(quick: bool, seed: int, out: Path) -> dict[str, Any]:
     """Measure and write ``<out>/p2p_throughput.{json,md,png}``; returns the result dict."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    malloc = keep_freed_memory()  # the serial floor runs here: no page faults the peers do not pay either
     sizes = QUICK_SIZES if quick else FULL_SIZES
     peer_counts = QUICK_PEERS if quick else FULL_PEERS
     rounds = 4 if quick else 5  # Flower rounds (seconds each)
@@ -491,7 +494,10 @@ def run(quick: bool, seed: int, out: Path) -> dict[str, Any]:
         "name": NAME,
         "config": {"quick": quick, "seed": seed, "sizes": list(sizes), "peers": list(peer_counts), "rounds": rounds,
                    "ring_rounds": ring_rounds, "ring_round_measure": RING_MEASURE,
-                   "topology": "ring", "algorithm": "gossip", "dtype": "float32", "cpus": os.cpu_count()},
+                   "topology": "ring", "algorithm": "gossip", "dtype": "float32", "cpus": os.cpu_count(),
+                   "malloc": {"bench_process": malloc,
+                              "note": "peers, parallel-floor processes and this process (the serial floor) keep "
+                                      "freed memory (graphfl.common.malloc); rows list what each process reported"}},
         "methods": methods,
         "rows": rows,
         "inprocess": inproc,
