@@ -15,7 +15,8 @@ channel to each neighbour.
   (``streams_per_sender``), the header's sender (a completed handshake, the same id as the
   certificate), and the declared tensors and round against what the algorithm expects
   (:meth:`~graphfl.p2p.transport.Mailbox.check_header`), so a payload can never be larger than
-  the model. Every stream has a deadline (``stream_timeout``): an idle or trickling stream is
+  the model. Every stream has a deadline (``stream_timeout``, kept by one
+  :class:`~graphfl.p2p.watchdog.Watchdog` thread per peer): an idle or trickling stream is
   cancelled and its worker thread freed.
 
 Every outbound call has a deadline; reconnect back-off is capped at 2 s so a neighbour that
@@ -45,6 +46,7 @@ from graphfl.p2p.proto import graphfl_p2p_pb2 as pb
 from graphfl.p2p.proto import graphfl_p2p_pb2_grpc as pb_grpc
 from graphfl.p2p.topology import Topology
 from graphfl.p2p.transport import HandshakeRefused, Mailbox, SendResult, Transport, TransportError
+from graphfl.p2p.watchdog import Watchdog
 
 logger = logging.getLogger(__name__)
 
@@ -181,13 +183,11 @@ class _Servicer(pb_grpc.PeerServicer):
         slot = cert_peer
         if slot is not None and not t.take_stream_slot(slot):
             return t.refuse(f"peer {slot} already has {t.streams_per_sender} open streams; stream refused")
-        watchdog = threading.Timer(t.stream_timeout, context.cancel)
-        watchdog.daemon = True
-        watchdog.start()
+        deadline = t.watchdog.watch(t.stream_timeout, context.cancel)
         try:
             return self._receive(request_iterator, context, cert_peer)
         finally:
-            watchdog.cancel()
+            t.watchdog.unwatch(deadline)
             if slot is not None:
                 t.release_stream_slot(slot)
 
@@ -295,6 +295,7 @@ class GrpcTransport(Transport):
         self._stubs: dict[int, pb_grpc.PeerStub] = {}
         self._raw_push: dict[int, grpc.StreamUnaryMultiCallable] = {}
         self._encoded = _EncodeCache()
+        self.watchdog = Watchdog(f"p2p-watchdog-{self.peer_id}")
         self.last_errors: dict[int, str] = {}
         self._creds = None
         if tls is not None:
@@ -471,3 +472,4 @@ class GrpcTransport(Transport):
         if self._server is not None:
             self._server.stop(grace=0.5).wait(2.0)
             self._server = None
+        self.watchdog.close()
