@@ -91,5 +91,5 @@ class Watchdog:
                     due = self._live.pop(token)
             try:
                 due()
-            except Exception:
+            except Exception:  # a failing callback must not stop the other deadlines
                 logger.exception("%s: a deadline callback failed", self.name)
