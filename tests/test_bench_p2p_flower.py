@@ -76,3 +76,14 @@ def test_network_round_is_the_last_peers_completion_interval() -> None:
     assert got[1:] == pytest.approx([0.05, 0.25, 0.3])  # T = 41.0, 41.05, 41.3, 41.6
     # a round some peer never finished has no time (not a made-up one)
     assert network_round_seconds([early, late[:2]], 4)[2:] == [None, None]
+
+
+def test_flower_memory_estimate_covers_the_out_of_memory_case_and_spares_the_rest():
+    """The guard skips (with the reason) a Flower case that would run the machine out of memory:
+    10M x 16 nodes took 22 GB of processes when the kernel killed the SuperLink (24 GB machine),
+    while every 1M case and 10M x 4 completed."""
+    from graphfl.bench.p2p_throughput import flower_memory_mb
+
+    assert flower_memory_mb(10_000_000, 16) > 22_000
+    assert flower_memory_mb(1_000_000, 16) < 8_000 and flower_memory_mb(10_000_000, 4) < 12_000
+    assert flower_memory_mb(1_000_000, 8) > flower_memory_mb(1_000_000, 4) > flower_memory_mb(100_000, 4)
