@@ -16,6 +16,7 @@ import logging
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -34,6 +35,23 @@ QUIET_FLOWER_ENV = {
     "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
     "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.1",
 }
+
+
+def with_interpreter_bin(path: str) -> str:
+    """``path`` with the running interpreter's ``bin`` folder on it.
+
+    Flower's processes start others by name (the SuperLink starts ``flower-superexec``, which
+    starts ``flwr-serverapp``; a cold SuperNode starts ``flwr-clientapp``). Run as
+    ``.venv/bin/graphfl run`` without activating the environment, those names were not on
+    ``PATH`` and the SuperLink died with a ``FileNotFoundError`` traceback. In a virtual
+    environment its ``bin`` goes first (its commands are the ones that match graphfl's Flower);
+    for a system interpreter it is appended when missing, so the order of ``PATH`` is kept.
+    """
+    here = str(Path(sys.executable).parent)
+    parts = [p for p in path.split(os.pathsep) if p]
+    if sys.prefix != sys.base_prefix:
+        return os.pathsep.join([here, *(p for p in parts if p != here)])
+    return os.pathsep.join(parts if here in parts else [*parts, here])
 
 
 @dataclass
@@ -59,6 +77,7 @@ class ProcessGroup:
         env.update(QUIET_FLOWER_ENV)
         env.update(self.env)
         env[MARKER] = self.launch_id
+        env["PATH"] = with_interpreter_bin(env.get("PATH", ""))
         return env
 
     def start(self, name: str, argv: list[str], cwd: Path | None = None) -> Managed:

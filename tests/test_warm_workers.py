@@ -159,6 +159,25 @@ def test_teardown_kills_children_that_cleared_the_marker(tmp_path):
     assert state is None or state[2] == "Z"
 
 
+def test_processes_find_flowers_commands_without_an_activated_environment(tmp_path, monkeypatch):
+    """`.venv/bin/graphfl run` without `activate`: Flower's SuperLink starts `flower-superexec` by
+    name, so every process graphfl starts has the interpreter's bin folder on PATH."""
+    import shutil
+
+    from graphfl.deploy.processes import ProcessGroup, with_interpreter_bin
+
+    here = str(Path(sys.executable).parent)
+    if not (Path(here) / "flower-superexec").exists():
+        pytest.skip(f"flower-superexec is not installed next to {sys.executable}")
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")  # what a shell without `activate` has
+    assert shutil.which("flower-superexec") is None or not shutil.which("flower-superexec").startswith(here)
+    proc = ProcessGroup(tmp_path / "logs").start("probe", ["/bin/sh", "-c", "command -v flower-superexec"])
+    assert proc.popen.wait(30) == 0
+    assert proc.log_path.read_text().strip() == str(Path(here) / "flower-superexec")
+    # the order of PATH is kept otherwise, and the folder is never listed twice
+    assert with_interpreter_bin(f"/a{os.pathsep}{here}{os.pathsep}/b").split(os.pathsep).count(here) == 1
+
+
 # ---------------------------------------------------------------------------------------------
 # end to end: real SuperLink / SuperNodes / executors / workers
 # ---------------------------------------------------------------------------------------------
