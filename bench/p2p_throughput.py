@@ -82,6 +82,14 @@ SCALE_PARAMS = 100_000
 """The full form's large ring: 128 peers, 100k parameters, plaintext, run when memory allows."""
 INPROCESS_NODES = 1000
 FLOWER_MAX_NODES = 16
+"""Largest ring for which the same bytes are also sent through a Flower deployment (one SuperNode per node)."""
+RING_ROUNDS_QUICK = 8
+RING_ROUNDS_FULL = 20
+"""Rounds of a p2p ring and of the parallel floor (the steady state is measured after start-up)."""
+RING_MEASURE = ("the whole ring's round: T_k - T_(k-1), T_k = when the last peer finished round k (wall "
+                "clock), median over k > max-ahead + 1 (start-up catch-up excluded)")
+MAX_AHEAD = 2
+"""``max-ahead`` of the measured ring: how many rounds a peer may run ahead of a neighbour."""
 
 
 def flower_memory_mb(d: int, n: int) -> float:
@@ -97,14 +105,6 @@ def flower_memory_mb(d: int, n: int) -> float:
     """
     model_mb = 4 * d / 2**20
     return n * (200.0 + 32 * model_mb) + 300.0 + 80 * model_mb
-RING_ROUNDS_QUICK = 8
-RING_ROUNDS_FULL = 20
-"""Rounds of a p2p ring and of the parallel floor (the steady state is measured after start-up)."""
-RING_MEASURE = ("the whole ring's round: T_k - T_(k-1), T_k = when the last peer finished round k (wall "
-                "clock), median over k > max-ahead + 1 (start-up catch-up excluded)")
-MAX_AHEAD = 2
-"""``max-ahead`` of the measured ring: how many rounds a peer may run ahead of a neighbour."""
-"""Largest ring for which the same bytes are also sent through a Flower deployment (one SuperNode per node)."""
 
 
 def raw_floor(d: int, n: int, repeats: int = 3) -> float:

@@ -37,7 +37,7 @@ SUPPORTED_DTYPES = (
 DEFAULT_CHUNK_BYTES = 4 << 20
 """Tensor bytes per data frame. 4 MiB: a 1M-parameter float32 tensor is one frame; fewer, larger
 frames cost gRPC less per byte (a 4-peer ring of 1M parameters: 6 % less CPU per round than with
-1 MiB frames, docs/p2p.md "Where the time goes"). Receivers accept frames of ``chunk-bytes`` +
+1 MiB frames, docs/p2p.md "Third look: CPU per round"). Receivers accept frames of ``chunk-bytes`` +
 1 MiB (gRPC's own default limit is 4 MB)."""
 DEFAULT_MAX_BYTES = 1 << 34
 MAX_NDIM = 32
