@@ -478,18 +478,19 @@ def run(quick: bool, seed: int, out: Path) -> dict[str, Any]:
             res["parallel_floor_tls"] = tfloor
             res["parallel_floor_tls_s"] = tfloor["median_round_s"]
             res["ratio_to_parallel_floor_tls"] = med / tfloor["median_round_s"] if med else None
-        flower_need, avail = flower_memory_mb(d, n), _mem_available_mb()
-        if n <= FLOWER_MAX_NODES and avail is not None and flower_need > avail:
-            reason = (f"Flower, {d} params x {n} nodes: needs ~{flower_need:.0f} MB (bench.p2p_throughput."
-                      f"flower_memory_mb), {avail:.0f} MB available; not run")
-            skipped.append(reason)
-            logger.warning("p2p throughput: skipping %s", reason)
-            res["flower"] = {"ok": None, "skipped": reason}
-        elif n <= FLOWER_MAX_NODES:
-            fl = measure_flower(out / "flower" / case, d, n, rounds, insecure, timeout=600 + 10 * n)
-            res["flower"] = fl
-            fmed = fl.get("median_round_s")
-            res["flower_over_p2p"] = fmed / med if (fmed and med) else None
+        if n <= FLOWER_MAX_NODES:
+            flower_need, avail = flower_memory_mb(d, n), _mem_available_mb()
+            if avail is not None and flower_need > avail:
+                reason = (f"Flower, {d} params x {n} nodes: needs ~{flower_need:.0f} MB (bench.p2p_throughput."
+                          f"flower_memory_mb), {avail:.0f} MB available; not run")
+                skipped.append(reason)
+                logger.warning("p2p throughput: skipping %s", reason)
+                res["flower"] = {"ok": None, "skipped": reason}
+            else:
+                fl = measure_flower(out / "flower" / case, d, n, rounds, insecure, timeout=600 + 10 * n)
+                res["flower"] = fl
+                fmed = fl.get("median_round_s")
+                res["flower_over_p2p"] = fmed / med if (fmed and med) else None
         rows.append(res)
         m = methods.setdefault(label, {"final": {}, "curve": []})
         m["curve"].append({"round": len(m["curve"]) + 1, "params": d, "seconds": med, "floor_s": floor,

@@ -336,19 +336,22 @@ def run_node(
         exchange_s = sum(info.seconds for info in infos)
         comm_s += exchange_s
         compute_s += time.monotonic() - c0 - exchange_s
+        # this round's metrics are taken (every eval_every rounds and the last one); the last
+        # round's record point is the run's last iteration, since rounds start at t mod period == 0
+        evaluates = comm_rounds % eval_every == 0 or comm_rounds == total_rounds
         if communicates:
             exchange.finish_round(t)
             for inbox in inboxes:
                 missing.update(inbox.missing)
             # a metric like test_loss, at the same rounds: a pass over every neighbour's vector
-            if comm_rounds % eval_every == 0 or comm_rounds == total_rounds:
+            if evaluates:
                 sent = next((ib.own[PARAMS][THETA] for ib in inboxes if ib.own and THETA in ib.own.get(PARAMS, {})),
                             None)
                 disagreement = local_disagreement(sent, inboxes) if sent is not None else float("nan")
         if is_record_point(algo, t, iterations):
             c0 = time.monotonic()
             test_loss = None
-            if comm_rounds % eval_every == 0 or t + 1 == iterations:
+            if evaluates:
                 tl = algo.evaluate(state, oracle)
                 test_loss = None if np.isnan(tl) else tl
             compute_s += time.monotonic() - c0
