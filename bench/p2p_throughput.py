@@ -222,10 +222,15 @@ def network_round_seconds(records: list[list[dict[str, Any]]], rounds: int) -> l
     return out
 
 
-def measure_ring(out: Path, d: int, n: int, rounds: int, insecure: bool, timeout: float) -> dict[str, Any]:
-    """Run ``n`` gossip peers for ``rounds`` rounds; per-round network times and bytes."""
+def measure_ring(out: Path, d: int, n: int, rounds: int, insecure: bool, timeout: float,
+                 data_path: str = "grpc") -> dict[str, Any]:
+    """Run ``n`` gossip peers for ``rounds`` rounds; per-round network times and bytes.
+
+    ``data_path``: ``[run] data-path`` (``grpc`` Push streams or the ``socket`` data path).
+    """
     net = prepare_network(out, "ring", n, {
         "algorithm": "gossip", "problem": "vector", "dim": d, "rounds": rounds, "eval-every": 10_000,
+        "data-path": data_path,
         "connect-timeout": 180, "round-timeout": 300, "send-timeout": 300, "max-ahead": MAX_AHEAD,
         "checkpoint-every": 0,  # measure the network, not the disk (a 10M model is 40 MB per peer per round)
     }, insecure=insecure)
@@ -239,7 +244,8 @@ def measure_ring(out: Path, d: int, n: int, rounds: int, insecure: bool, timeout
         f = out / f"peer-{i}.json"
         peers.append(json.loads(f.read_text()) if f.is_file() else {"outcome": "missing", "records": []})
     done: list[dict[str, Any]] = [p for p in peers if p.get("outcome") == "done"]
-    result: dict[str, Any] = {"params": d, "peers": n, "tls": not insecure, "ok": ok and len(done) == n,
+    result: dict[str, Any] = {"params": d, "peers": n, "tls": not insecure, "data_path": data_path,
+                              "ok": ok and len(done) == n,
                               "exit_codes": codes}
     if not done:
         return result
@@ -392,7 +398,7 @@ def render(doc: dict[str, Any]) -> str:
     mixing, skipped, p2pfl, inproc = doc["mixing"], doc["skipped"], doc["p2pfl"], doc["inprocess"]
     cpus = cfg.get("cpus")
     table = markdown_table(
-        columns=["params", "peers", "TLS", "round s (median)", "serial floor s", "parallel floor s", "/ serial",
+        columns=["params", "peers", "TLS", "gRPC round s (median)", "serial floor s", "parallel floor s", "/ serial",
                  "/ parallel", "parallel TLS floor s", "/ parallel TLS", "wire/payload", "MB/round (wire)",
                  "peer RSS MB (median)", "peer start-up s",
                  "floor proc RSS MB", "floor start-up s", "Flower round s", "Flower / p2p", "ok"],
@@ -404,10 +410,25 @@ def render(doc: dict[str, Any]) -> str:
                r["parallel_floor"]["rss_mb"], r["parallel_floor"]["startup_s"],
                (r.get("flower") or {}).get("median_round_s"), r.get("flower_over_p2p"), r["ok"]] for r in rows],
     )
+    socket_table = markdown_table(
+        columns=["params", "peers", "TLS", "socket round s (median)", "/ parallel", "/ parallel TLS",
+                 "gRPC round s", "gRPC / socket", "wire/payload", "peer RSS MB (median)", "peer start-up s", "ok"],
+        rows=[[r["params"], r["peers"], r["tls"], s.get("median_round_s"), s.get("ratio_to_parallel_floor"),
+               s.get("ratio_to_parallel_floor_tls"), r.get("median_round_s"),
+               r["median_round_s"] / s["median_round_s"] if r.get("median_round_s") and s.get("median_round_s")
+               else None,
+               None if s.get("wire_over_payload") is None else f"{s['wire_over_payload']:.5f}",
+               s.get("rss_mb_median"), s.get("startup_s_median"), s.get("ok")]
+              for r in rows for s in [r.get("socket") or {}] if s],
+    )
     ip = inproc
     return (
-        f"# p2p throughput (ring, gossip, float32, {ring_rounds} ring rounds, {rounds} Flower rounds)\n\n{table}\n\n"
-        f"p2p round = {RING_MEASURE}. Flower round = median of rounds 2.. of its run.\n\n"
+        f"# p2p throughput (ring, gossip, float32, {ring_rounds} ring rounds, {rounds} Flower rounds)\n\n"
+        f"## data-path = grpc (the default: frames in gRPC Push streams)\n\n{table}\n\n"
+        + (f"## data-path = socket (the same frames over TCP / TLS connections beside gRPC)\n\n{socket_table}\n\n"
+           "Same cases, same floors (measured once per case, above), peers started fresh.\n\n"
+           if any(r.get("socket") for r in rows) else "")
+        + f"p2p round = {RING_MEASURE}. Flower round = median of rounds 2.. of its run.\n\n"
         "Serial floor = tobytes + one loopback TCP socket + frombuffer + graphfl's mixing sums of the same 2n "
         "messages, one process. Parallel floor = n processes doing the same ring exchange over raw sockets "
         "(same bytes, same pattern); for TLS rows also over TLS sockets (Python's ssl, the same "
@@ -458,7 +479,7 @@ def run(quick: bool, seed: int, out: Path) -> dict[str, Any]:
                 continue
         logger.info("p2p throughput: %d params, %d peers, %s", d, n, label)
         case = f"{d}-{n}-{label}"
-        for folder in (out / "runs" / case, out / "flower" / case):
+        for folder in (out / "runs" / case, out / "runs" / f"{case}-socket", out / "flower" / case):
             _fresh(folder)
         floor = raw_floor(d, n)
         pfloor = parallel_floor(d, n, rounds=ring_rounds)
@@ -469,6 +490,12 @@ def run(quick: bool, seed: int, out: Path) -> dict[str, Any]:
         med = res.get("median_round_s")
         res["ratio_to_floor"] = med / floor if med else None
         res["ratio_to_parallel_floor"] = med / pfloor["median_round_s"] if med else None
+        # the same ring with [run] data-path = "socket": the same frames over TCP / TLS instead of gRPC's Push
+        sres = measure_ring(out / "runs" / f"{case}-socket", d, n, ring_rounds, insecure, timeout=900 + 10 * n,
+                            data_path="socket")
+        smed = sres.get("median_round_s")
+        sres["ratio_to_parallel_floor"] = smed / pfloor["median_round_s"] if smed else None
+        res["socket"] = sres
         if not insecure:  # the same ring over TLS sockets: what the encryption itself costs
             from graphfl.common.certs import generate_tls
 
@@ -478,6 +505,7 @@ def run(quick: bool, seed: int, out: Path) -> dict[str, Any]:
             res["parallel_floor_tls"] = tfloor
             res["parallel_floor_tls_s"] = tfloor["median_round_s"]
             res["ratio_to_parallel_floor_tls"] = med / tfloor["median_round_s"] if med else None
+            sres["ratio_to_parallel_floor_tls"] = smed / tfloor["median_round_s"] if smed else None
         if n <= FLOWER_MAX_NODES:
             flower_need, avail = flower_memory_mb(d, n), _mem_available_mb()
             if avail is not None and flower_need > avail:
@@ -499,6 +527,14 @@ def run(quick: bool, seed: int, out: Path) -> dict[str, Any]:
                            "bytes_up": res.get("wire_bytes_per_round"), "payload": res.get("payload_bytes_per_round")})
         m["final"][str(d)] = {"round_s": med, "ratio_to_floor": res["ratio_to_floor"],
                               "ratio_to_parallel_floor": res["ratio_to_parallel_floor"]}
+        if smed:
+            sm = methods.setdefault(f"{label}-socket", {"final": {}, "curve": []})
+            sm["curve"].append({"round": len(sm["curve"]) + 1, "params": d, "seconds": smed,
+                                "parallel_floor_s": pfloor["median_round_s"],
+                                "ratio_parallel": sres["ratio_to_parallel_floor"],
+                                "bytes_up": sres.get("wire_bytes_per_round")})
+            sm["final"][str(d)] = {"round_s": smed, "ratio_to_parallel_floor": sres["ratio_to_parallel_floor"],
+                                   "ratio_to_parallel_floor_tls": sres.get("ratio_to_parallel_floor_tls")}
         fmed = (res.get("flower") or {}).get("median_round_s")
         if fmed:
             fm = methods.setdefault(f"flower-{'plain' if insecure else 'tls'}-{n}nodes", {"final": {}, "curve": []})

@@ -161,7 +161,7 @@ def encode_serialized(
     return out
 
 
-def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
+def _read_varint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
     """(value, next position) of the varint at ``pos``; ``ValueError`` past 10 bytes or the end."""
     value = shift = 0
     for i in range(pos, min(pos + 10, len(buf))):
@@ -195,6 +195,40 @@ class DataFrame:
         return self.size
 
 
+def data_prefix(head: bytes | memoryview, frame_len: int) -> tuple[int, int, str, int] | None:
+    """``(sender, round, channel, offset of the data)`` of a data frame whose first bytes are ``head``.
+
+    ``frame_len`` is the whole frame's length (``head`` may be only its start, as long as it
+    holds the fields before the data). ``None`` unless the frame is one :func:`encode_serialized`
+    writes: fields 1, 2, 3 each at most once and in order, then field 5 running exactly to
+    ``frame_len``. Everything else (a header frame, another field order, unknown fields, invalid
+    UTF-8 in ``channel``, a prefix longer than ``head``) is left to protobuf.
+    """
+    try:
+        pos, end = 0, len(head)
+        sender = round_ = 0
+        channel = ""
+        if pos < end and head[pos] == 0x08:
+            value, pos = _read_varint(head, pos + 1)
+            sender = ((value & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000  # int32: the low 32 bits, signed
+        if pos < end and head[pos] == 0x10:
+            value, pos = _read_varint(head, pos + 1)
+            round_ = ((value & 0xFFFFFFFFFFFFFFFF) ^ (1 << 63)) - (1 << 63)  # int64, signed
+        if pos < end and head[pos] == 0x1A:
+            length, pos = _read_varint(head, pos + 1)
+            if pos + length > end:
+                return None
+            channel = bytes(head[pos:pos + length]).decode("utf-8")
+            pos += length
+        if pos < end and head[pos] == _DATA_TAG[0]:
+            length, start = _read_varint(head, pos + 1)
+            if start <= end and start + length == frame_len:
+                return sender, round_, channel, start
+    except (ValueError, UnicodeDecodeError, IndexError):
+        pass
+    return None
+
+
 def parse_frame(raw: bytes) -> pb.Frame | DataFrame:
     """Deserialiser of ``Push`` frames: a data frame as a zero-copy :class:`DataFrame`, any other
     frame through protobuf.
@@ -207,28 +241,10 @@ def parse_frame(raw: bytes) -> pb.Frame | DataFrame:
     unknown fields, a repeated field, invalid UTF-8 in ``channel`` — goes to protobuf, so what is
     accepted and what is refused is protobuf's (tested against it).
     """
-    try:
-        pos, end = 0, len(raw)
-        sender = round_ = 0
-        channel = ""
-        if pos < end and raw[pos] == 0x08:
-            value, pos = _read_varint(raw, pos + 1)
-            sender = ((value & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000  # int32: the low 32 bits, signed
-        if pos < end and raw[pos] == 0x10:
-            value, pos = _read_varint(raw, pos + 1)
-            round_ = ((value & 0xFFFFFFFFFFFFFFFF) ^ (1 << 63)) - (1 << 63)  # int64, signed
-        if pos < end and raw[pos] == 0x1A:
-            length, pos = _read_varint(raw, pos + 1)
-            if pos + length > end:
-                raise ValueError("channel runs past the frame")
-            channel = raw[pos:pos + length].decode("utf-8")
-            pos += length
-        if pos < end and raw[pos] == _DATA_TAG[0]:
-            length, start = _read_varint(raw, pos + 1)
-            if start + length == end:
-                return DataFrame(sender, round_, channel, memoryview(raw)[start:end], end)
-    except (ValueError, UnicodeDecodeError):
-        pass
+    prefix = data_prefix(raw, len(raw))
+    if prefix is not None:
+        sender, round_, channel, start = prefix
+        return DataFrame(sender, round_, channel, memoryview(raw)[start:], len(raw))
     return pb.Frame.FromString(raw)
 
 
@@ -299,6 +315,11 @@ class Assembler:
         return {name: (dt.newbyteorder("=").name, shape) for name, dt, shape, _ in self._specs}
 
     @property
+    def payload_bytes(self) -> int:
+        """Bytes of tensor data the header declares."""
+        return sum(nb for *_, nb in self._specs)
+
+    @property
     def allocated(self) -> bool:
         """Whether the receive buffers exist (they are made only by :meth:`allocate`)."""
         return len(self._bufs) == len(self._specs) and (bool(self._bufs) or not self._specs)
@@ -317,6 +338,11 @@ class Assembler:
             # returns only once every byte has been written from the wire
             self._bufs = [np.empty(0, dtype=np.uint8) if nb == 0 else None for *_, nb in self._specs]
             self._skip_empty()
+
+    @property
+    def complete(self) -> bool:
+        """Whether every byte the header declared has arrived (a stream-less reader's end of message)."""
+        return self.sender is not None and self.allocated and self._idx >= len(self._specs)
 
     def _skip_empty(self) -> None:
         while self._idx < len(self._specs) and self._off == self._specs[self._idx][3]:

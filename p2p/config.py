@@ -70,6 +70,7 @@ class P2PConfig:
     connect_timeout: float = field(default=60.0, metadata={"min": 0.1})
     max_ahead: int = field(default=4, metadata={"min": 1})
     chunk_bytes: int = field(default=DEFAULT_CHUNK_BYTES, metadata={"min": 1024, "max": 64 << 20})
+    data_path: str = field(default="grpc", metadata={"choices": ("grpc", "socket")})
     eval_every: int = field(default=1, metadata={"min": 1})
     min_round_seconds: float = field(default=0.0, metadata={"min": 0.0})
     checkpoint_every: int = field(default=1, metadata={"min": 0})

@@ -25,6 +25,10 @@ comes back is reached again quickly.
 A message is encoded and serialised once (:class:`_EncodeCache`) and the same frame bytes are
 pushed to every neighbour (``Push`` called with a pass-through serialiser): the wire format is
 unchanged, the per-neighbour encode + protobuf serialisation (three copies of the model) is gone.
+
+``data_path="socket"`` (``[run] data-path``) sends the same frames over plain TCP / TLS
+connections instead of ``Push`` (:mod:`graphfl.p2p.socket_data`): the handshake reply announces
+the data port and a token for the caller. The handshake itself always uses gRPC.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from graphfl.p2p import codec
 from graphfl.p2p.codec import WireError
 from graphfl.p2p.proto import graphfl_p2p_pb2 as pb
 from graphfl.p2p.proto import graphfl_p2p_pb2_grpc as pb_grpc
+from graphfl.p2p.socket_data import DataClient, DataRefused, DataServer, new_token, split_host_port
 from graphfl.p2p.topology import Topology
 from graphfl.p2p.transport import HandshakeRefused, Mailbox, SendResult, Transport, TransportError
 from graphfl.p2p.watchdog import Watchdog
@@ -59,6 +64,8 @@ per channel; two leaves room for a retry)."""
 _UNREACHABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 """The only gRPC status codes that mean "the neighbour cannot be reached" (dead process, cut link,
 refused connection, TLS failure, deadline). Anything else is an error to report, not a skip."""
+DATA_PATHS = ("grpc", "socket")
+"""How messages travel: gRPC ``Push`` streams, or the same frames over TCP (:mod:`graphfl.p2p.socket_data`)."""
 SERVICE = "graphfl.p2p.Peer"
 PUSH_METHOD = f"/{SERVICE}/Push"
 """The streaming RPC of :class:`~graphfl.p2p.proto.graphfl_p2p_pb2_grpc.PeerStub` (``Push``)."""
@@ -155,6 +162,9 @@ class _Servicer(pb_grpc.PeerServicer):
             accepted=not reason, reason=reason, peer_id=me.peer_id, round=t.current_round,
             algorithm=me.algorithm, config_hash="" if reason else me.config_hash, topology_version=me.topology_version,
         )
+        if not reason and t.data_server is not None:
+            reply.data_port = t.data_server.port
+            reply.data_token = t.data_token_for(request.peer_id)
         if reason:
             logger.warning("peer %d refused a handshake from peer %d: %s", me.peer_id, request.peer_id, reason)
         else:
@@ -273,7 +283,10 @@ class GrpcTransport(Transport):
         max_message_bytes: int = codec.DEFAULT_MAX_BYTES,
         stream_timeout: float = DEFAULT_STREAM_TIMEOUT,
         streams_per_sender: int = DEFAULT_STREAMS_PER_SENDER,
+        data_path: str = "grpc",
     ) -> None:
+        if data_path not in DATA_PATHS:
+            raise ValueError(f"data_path must be one of {list(DATA_PATHS)}, got {data_path!r}")
         self.identity = identity
         self.peer_id = identity.peer_id
         self.topology = topology
@@ -297,6 +310,13 @@ class GrpcTransport(Transport):
         self._encoded = _EncodeCache()
         self.watchdog = Watchdog(f"p2p-watchdog-{self.peer_id}")
         self.last_errors: dict[int, str] = {}
+        self.data_path = data_path
+        self.data_tokens: dict[int, bytes] = {}
+        """Tokens this peer gave its callers in accepted handshakes (socket data path)."""
+        self.data_contacts: dict[int, tuple[int, bytes]] = {}
+        """(data port, token) each neighbour announced to this peer (socket data path)."""
+        self.data_server = DataServer(self) if data_path == "socket" else None
+        self._data_client = DataClient(self) if data_path == "socket" else None
         self._creds = None
         if tls is not None:
             ca, cert, key = tls.read()
@@ -308,6 +328,16 @@ class GrpcTransport(Transport):
         """Count and (rate-limited) log a refused inbound message; the Ack names the reason."""
         self.mailbox.note_rejection(reason)
         return pb.Ack(accepted=False, reason=reason)
+
+    def data_token_for(self, caller: int) -> bytes:
+        """The token ``caller`` presents on its data connections (made once, kept across handshakes
+        so a caller's open connections stay valid).
+        """
+        with self._lock:
+            token = self.data_tokens.get(caller)
+            if token is None:
+                token = self.data_tokens[caller] = new_token()
+            return token
 
     def take_stream_slot(self, who: int) -> bool:
         """Reserve one of ``who``'s concurrent inbound streams (False when all are in use)."""
@@ -344,7 +374,13 @@ class GrpcTransport(Transport):
             raise TransportError(f"peer {self.peer_id} cannot listen on {addr} (address in use?)")
         server.start()
         self._server = server
-        logger.info("peer %d listening on %s (%s)", self.peer_id, addr, "mutual TLS" if self.tls else "plaintext")
+        if self.data_server is not None:
+            try:
+                self.data_server.start(split_host_port(addr)[0])
+            except (OSError, ValueError) as exc:
+                raise TransportError(f"peer {self.peer_id}: socket data path: {exc}") from None
+        logger.info("peer %d listening on %s (%s, data path %s)", self.peer_id, addr,
+                    "mutual TLS" if self.tls else "plaintext", self.data_path)
         return int(port)
 
     # -- client -------------------------------------------------------------------------
@@ -375,11 +411,18 @@ class GrpcTransport(Transport):
         if not reply.accepted:
             raise HandshakeRefused(f"peer {j} refused peer {self.peer_id}: {reply.reason}")
         reason = _mismatch(me, reply)
+        if not reason and self._data_client is not None and not (reply.data_port and reply.data_token):
+            reason = f"peer {j} announced no socket data port (data-path differs?)"
         if reason:
             raise HandshakeRefused(f"peer {self.peer_id} refuses peer {j}: {reason}")
         with self._lock:
             self.verified.add(j)
             self.neighbour_rounds[j] = int(reply.round)
+            if self._data_client is not None:
+                old = self.data_contacts.get(j)
+                self.data_contacts[j] = (int(reply.data_port), bytes(reply.data_token))
+        if self._data_client is not None and old is not None and old != self.data_contacts[j]:
+            self._data_client.forget(j)  # the neighbour restarted: its old connections are dead
         return reply
 
     def start(self, timeout: float) -> set[int]:
@@ -432,6 +475,8 @@ class GrpcTransport(Transport):
         """
         codec.check_encodable(channel, arrays)
         stream = self._encoded.get(self.peer_id, round_, channel, arrays, scalars, self.chunk_bytes)
+        if self._data_client is not None:
+            return self._send_socket(to, stream, timeout)
         for attempt in range(2):
             try:
                 if to not in self.verified:
@@ -453,13 +498,56 @@ class GrpcTransport(Transport):
                 with self._lock:
                     self.verified.discard(to)  # the neighbour restarted: handshake again, resend once
                 continue
-            payload = stream.payload
-            if ack.accepted:
-                with self.mailbox.stats.lock:
-                    self.mailbox.stats.bytes_sent += stream.bytes
-                    self.mailbox.stats.payload_sent += payload
-            return SendResult(to, ack.accepted, ack.reason, stream.bytes, payload)
+            return self._acked(to, stream, ack)
         return SendResult(to, False, "neighbour does not accept our handshake")
+
+    def _acked(self, to: int, stream: _EncodedMessage, ack: pb.Ack) -> SendResult:
+        if ack.accepted:
+            with self.mailbox.stats.lock:
+                self.mailbox.stats.bytes_sent += stream.bytes
+                self.mailbox.stats.payload_sent += stream.payload
+        return SendResult(to, ack.accepted, ack.reason, stream.bytes, stream.payload)
+
+    def _send_socket(self, to: int, stream: _EncodedMessage, timeout: float) -> SendResult:
+        """:meth:`send` over the socket data path: handshake (gRPC) if needed, then the frames on
+        a data connection. A failed connection is retried once after a fresh handshake (the
+        neighbour may have restarted on a new data port), within the same ``timeout``.
+        """
+        assert self._data_client is not None
+        deadline = time.monotonic() + timeout
+        last = "send deadline passed"
+        for attempt in range(2):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                if to not in self.verified or to not in self.data_contacts:
+                    self.handshake(to, timeout=min(2.0, left))
+                ack = self._data_client.push(to, stream.frames, deadline)
+            except HandshakeRefused as exc:
+                return SendResult(to, False, str(exc))
+            except grpc.RpcError as exc:
+                with self._lock:
+                    self.verified.discard(to)
+                code = exc.code()
+                return SendResult(to, False, f"peer {to}: {code.name}: {exc.details()}", unreachable=code in _UNREACHABLE)
+            except DataRefused as exc:
+                if exc.reason.startswith(UNKNOWN_PEER) and attempt == 0:
+                    with self._lock:
+                        self.verified.discard(to)
+                    continue
+                return SendResult(to, False, exc.reason)
+            except OSError as exc:  # refused, reset, TLS failure, timeout: handshake again once
+                with self._lock:
+                    self.verified.discard(to)
+                last = f"peer {to}: data connection: {type(exc).__name__}: {exc}"
+                continue
+            if not ack.accepted and ack.reason.startswith(UNKNOWN_PEER) and attempt == 0:
+                with self._lock:
+                    self.verified.discard(to)
+                continue
+            return self._acked(to, stream, ack)
+        return SendResult(to, False, last, unreachable=True)
 
     def advance(self, round_: int) -> None:
         self.current_round = round_
@@ -467,6 +555,10 @@ class GrpcTransport(Transport):
 
     def close(self) -> None:
         super().close()
+        if self._data_client is not None:
+            self._data_client.close()
+        if self.data_server is not None:
+            self.data_server.close()
         for ch in self._channels.values():
             ch.close()
         if self._server is not None:

@@ -156,6 +156,7 @@ def run_peer(network_file: str | Path, peer_id: int, out_dir: str | Path, overri
         transport = GrpcTransport(
             Identity(peer_id, run.algorithm, run.hash(), topo.fingerprint, topo.name),
             topo, net.tls_files(peer_id), horizon=run.max_ahead * algo.period, chunk_bytes=run.chunk_bytes,
+            data_path=run.data_path,
         )
         for ch, specs in algo.channels(state, ctx).items():
             transport.mailbox.expect(ch, specs)

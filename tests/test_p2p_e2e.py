@@ -74,12 +74,33 @@ def test_launch_torch_task_matches_inprocess_driver(tmp_path):
             np.testing.assert_allclose(z["tracker"], ref.states[i].tracker, rtol=0, atol=1e-6)
 
 
-def test_killed_peer_is_skipped_within_the_deadline_and_rejoins(tmp_path):
+def test_socket_data_path_over_tls_matches_inprocess_driver(tmp_path):
+    """`data-path = "socket"` with mutual TLS: the same iterates as one process, bytes counted as over gRPC."""
+    out = tmp_path / "run"
+    result = launch("ring", 3, {"algorithm": "dfl-gt", "rounds": 4, "problem": "linreg", "alpha0": 0.05,
+                                "data-path": "socket", "connect-timeout": 60},
+                    out=out, progress=False, timeout=120)
+    assert result["ok"], result["peers"]
+    assert result["config"]["tls"] is True
+    docs = [json.loads((out / f"peer-{i}.json").read_text()) for i in range(3)]
+    assert all(d["config"]["run"]["data_path"] == "socket" and d["stats"]["bytes_received"] > 0 for d in docs)
+    assert "socket data path listening" in (out / "logs" / "peer-0.log").read_text()
+    net = load_network_file(out / "network.toml")
+    oracles = [make_oracle(i, problem_spec(net, i), partition=i) for i in range(3)]
+    ref = run_network_inprocess(net.run.make_algorithm(), oracles, net.topology.mixing_matrix(), net.run.iterations)
+    for i in range(3):
+        with np.load(out / f"peer-{i}.npz") as z:
+            np.testing.assert_allclose(z["theta"], ref.states[i].theta, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("data_path", ["grpc", "socket"])
+def test_killed_peer_is_skipped_within_the_deadline_and_rejoins(tmp_path, data_path):
     """Peer 2 is killed, its neighbours skip it within the deadline, the same command restarts it and it rejoins."""
     deadline = 2.0
     net_file = prepare_network(tmp_path, "ring", 4, {
         "algorithm": "dfl-sgd", "problem": "linreg", "alpha0": 0.02, "rounds": 100_000, "min-round-seconds": 0.05,
-        "round-timeout": deadline, "send-timeout": deadline, "connect-timeout": 30, "checkpoint-every": 0}, insecure=True)
+        "round-timeout": deadline, "send-timeout": deadline, "connect-timeout": 30, "checkpoint-every": 0,
+        "data-path": data_path}, insecure=True)
     with PeerProcesses(net_file, tmp_path, range(4)) as procs:
         wait_for(lambda: procs.status(2).get("round", 0) >= 5, 60, "peer 2 to reach round 5")
         procs.kill(2)

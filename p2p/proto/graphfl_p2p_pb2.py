@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x11graphfl_p2p.proto\x12\x0bgraphfl.p2p\"k\n\x05Hello\x12\x0f\n\x07peer_id\x18\x01 \x01(\x05\x12\x11\n\talgorithm\x18\x02 \x01(\t\x12\x13\n\x0b\x63onfig_hash\x18\x03 \x01(\t\x12\x18\n\x10topology_version\x18\x04 \x01(\t\x12\x0f\n\x07network\x18\x05 \x01(\t\"\x90\x01\n\nHelloReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0f\n\x07peer_id\x18\x03 \x01(\x05\x12\r\n\x05round\x18\x04 \x01(\x03\x12\x11\n\talgorithm\x18\x05 \x01(\t\x12\x13\n\x0b\x63onfig_hash\x18\x06 \x01(\t\x12\x18\n\x10topology_version\x18\x07 \x01(\t\"H\n\nTensorSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0e\n\x06nbytes\x18\x04 \x01(\x04\"\x95\x01\n\x06Header\x12(\n\x07tensors\x18\x01 \x03(\x0b\x32\x17.graphfl.p2p.TensorSpec\x12\x31\n\x07scalars\x18\x02 \x03(\x0b\x32 .graphfl.p2p.Header.ScalarsEntry\x1a.\n\x0cScalarsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"v\n\x05\x46rame\x12\x0e\n\x06sender\x18\x01 \x01(\x05\x12\r\n\x05round\x18\x02 \x01(\x03\x12\x0f\n\x07\x63hannel\x18\x03 \x01(\t\x12%\n\x06header\x18\x04 \x01(\x0b\x32\x13.graphfl.p2p.HeaderH\x00\x12\x0e\n\x04\x64\x61ta\x18\x05 \x01(\x0cH\x00\x42\x06\n\x04\x62ody\"?\n\x03\x41\x63k\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x16\n\x0e\x62ytes_received\x18\x03 \x01(\x04\x32p\n\x04Peer\x12\x38\n\tHandshake\x12\x12.graphfl.p2p.Hello\x1a\x17.graphfl.p2p.HelloReply\x12.\n\x04Push\x12\x12.graphfl.p2p.Frame\x1a\x10.graphfl.p2p.Ack(\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x11graphfl_p2p.proto\x12\x0bgraphfl.p2p\"k\n\x05Hello\x12\x0f\n\x07peer_id\x18\x01 \x01(\x05\x12\x11\n\talgorithm\x18\x02 \x01(\t\x12\x13\n\x0b\x63onfig_hash\x18\x03 \x01(\t\x12\x18\n\x10topology_version\x18\x04 \x01(\t\x12\x0f\n\x07network\x18\x05 \x01(\t\"\xb7\x01\n\nHelloReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0f\n\x07peer_id\x18\x03 \x01(\x05\x12\r\n\x05round\x18\x04 \x01(\x03\x12\x11\n\talgorithm\x18\x05 \x01(\t\x12\x13\n\x0b\x63onfig_hash\x18\x06 \x01(\t\x12\x18\n\x10topology_version\x18\x07 \x01(\t\x12\x11\n\tdata_port\x18\x08 \x01(\x05\x12\x12\n\ndata_token\x18\t \x01(\x0c\"H\n\nTensorSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0e\n\x06nbytes\x18\x04 \x01(\x04\"\x95\x01\n\x06Header\x12(\n\x07tensors\x18\x01 \x03(\x0b\x32\x17.graphfl.p2p.TensorSpec\x12\x31\n\x07scalars\x18\x02 \x03(\x0b\x32 .graphfl.p2p.Header.ScalarsEntry\x1a.\n\x0cScalarsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"v\n\x05\x46rame\x12\x0e\n\x06sender\x18\x01 \x01(\x05\x12\r\n\x05round\x18\x02 \x01(\x03\x12\x0f\n\x07\x63hannel\x18\x03 \x01(\t\x12%\n\x06header\x18\x04 \x01(\x0b\x32\x13.graphfl.p2p.HeaderH\x00\x12\x0e\n\x04\x64\x61ta\x18\x05 \x01(\x0cH\x00\x42\x06\n\x04\x62ody\"?\n\x03\x41\x63k\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x16\n\x0e\x62ytes_received\x18\x03 \x01(\x04\x32p\n\x04Peer\x12\x38\n\tHandshake\x12\x12.graphfl.p2p.Hello\x1a\x17.graphfl.p2p.HelloReply\x12.\n\x04Push\x12\x12.graphfl.p2p.Frame\x1a\x10.graphfl.p2p.Ack(\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,17 +36,17 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_HELLO']._serialized_start=34
   _globals['_HELLO']._serialized_end=141
   _globals['_HELLOREPLY']._serialized_start=144
-  _globals['_HELLOREPLY']._serialized_end=288
-  _globals['_TENSORSPEC']._serialized_start=290
-  _globals['_TENSORSPEC']._serialized_end=362
-  _globals['_HEADER']._serialized_start=365
-  _globals['_HEADER']._serialized_end=514
-  _globals['_HEADER_SCALARSENTRY']._serialized_start=468
-  _globals['_HEADER_SCALARSENTRY']._serialized_end=514
-  _globals['_FRAME']._serialized_start=516
-  _globals['_FRAME']._serialized_end=634
-  _globals['_ACK']._serialized_start=636
-  _globals['_ACK']._serialized_end=699
-  _globals['_PEER']._serialized_start=701
-  _globals['_PEER']._serialized_end=813
+  _globals['_HELLOREPLY']._serialized_end=327
+  _globals['_TENSORSPEC']._serialized_start=329
+  _globals['_TENSORSPEC']._serialized_end=401
+  _globals['_HEADER']._serialized_start=404
+  _globals['_HEADER']._serialized_end=553
+  _globals['_HEADER_SCALARSENTRY']._serialized_start=507
+  _globals['_HEADER_SCALARSENTRY']._serialized_end=553
+  _globals['_FRAME']._serialized_start=555
+  _globals['_FRAME']._serialized_end=673
+  _globals['_ACK']._serialized_start=675
+  _globals['_ACK']._serialized_end=738
+  _globals['_PEER']._serialized_start=740
+  _globals['_PEER']._serialized_end=852
 # @@protoc_insertion_point(module_scope)

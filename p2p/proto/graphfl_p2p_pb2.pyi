@@ -21,7 +21,7 @@ class Hello(_message.Message):
     def __init__(self, peer_id: _Optional[int] = ..., algorithm: _Optional[str] = ..., config_hash: _Optional[str] = ..., topology_version: _Optional[str] = ..., network: _Optional[str] = ...) -> None: ...
 
 class HelloReply(_message.Message):
-    __slots__ = ("accepted", "reason", "peer_id", "round", "algorithm", "config_hash", "topology_version")
+    __slots__ = ("accepted", "reason", "peer_id", "round", "algorithm", "config_hash", "topology_version", "data_port", "data_token")
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     PEER_ID_FIELD_NUMBER: _ClassVar[int]
@@ -29,6 +29,8 @@ class HelloReply(_message.Message):
     ALGORITHM_FIELD_NUMBER: _ClassVar[int]
     CONFIG_HASH_FIELD_NUMBER: _ClassVar[int]
     TOPOLOGY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    DATA_PORT_FIELD_NUMBER: _ClassVar[int]
+    DATA_TOKEN_FIELD_NUMBER: _ClassVar[int]
     accepted: bool
     reason: str
     peer_id: int
@@ -36,7 +38,9 @@ class HelloReply(_message.Message):
     algorithm: str
     config_hash: str
     topology_version: str
-    def __init__(self, accepted: _Optional[bool] = ..., reason: _Optional[str] = ..., peer_id: _Optional[int] = ..., round: _Optional[int] = ..., algorithm: _Optional[str] = ..., config_hash: _Optional[str] = ..., topology_version: _Optional[str] = ...) -> None: ...
+    data_port: int
+    data_token: bytes
+    def __init__(self, accepted: _Optional[bool] = ..., reason: _Optional[str] = ..., peer_id: _Optional[int] = ..., round: _Optional[int] = ..., algorithm: _Optional[str] = ..., config_hash: _Optional[str] = ..., topology_version: _Optional[str] = ..., data_port: _Optional[int] = ..., data_token: _Optional[bytes] = ...) -> None: ...
 
 class TensorSpec(_message.Message):
     __slots__ = ("name", "dtype", "shape", "nbytes")

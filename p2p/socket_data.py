@@ -1,0 +1,503 @@
+"""Socket data path: a peer's frames over plain TCP (or TLS) connections beside its gRPC service.
+
+With ``[run] data-path = "socket"`` the gRPC ``Handshake`` stays as it is (identity, config
+hash, topology, TLS names) and its reply also announces the callee's **data port** and a random
+**token** for this caller. Messages then travel over a TCP connection to that port instead of
+gRPC's ``Push`` stream. The frames are the same bytes (:func:`graphfl.p2p.codec.encode_serialized`:
+a protobuf ``Frame`` header, then chunked data frames); only gRPC's HTTP/2 envelope is replaced
+by a 4-byte length. Why (docs/p2p.md, "Socket data path"): on a 2-core machine a ring of peers
+is CPU-bound, and gRPC's Python binding spends about twice a raw socket's CPU per byte (it
+copies every received message slice by slice into a ``bytearray`` and then a ``bytes``, copies
+every sent message into a core slice, and hands each message between two threads). Here a data
+frame's payload is read by ``recv_into`` straight into the buffer that becomes the tensor.
+
+Protocol (``record(x)`` = uint32 little-endian length of ``x``, then ``x``)::
+
+    caller -> callee   b"GFL1" | int32 LE caller id | 16-byte token          (once per connection)
+    callee -> caller   record(Ack)        accepted; or refused with the reason, then closed
+    caller -> callee   record(frame) ...  one message: header frame, then its data frames
+    callee -> caller   record(Ack)        as Push's reply (accepted, reason, bytes received)
+    ... further messages, one at a time per connection
+
+The callee knows where a message ends from its header (the declared tensors' bytes).
+
+What a receiver checks, and when (the same checks as the gRPC ``Push``, see
+:mod:`graphfl.p2p.grpc_transport`):
+
+* before reading anything: at most ``max_connections`` connections are open (the rest are
+  closed unread), and the TLS handshake / preamble must complete within ``HELLO_TIMEOUT``;
+* the preamble: the token is the one this peer gave the claimed id in an accepted handshake
+  (compared in constant time); with TLS, the client certificate is ``peer-<claimed id>``; the
+  claimed id may have at most ``streams_per_sender`` connections open;
+* every frame: its length is at most ``max_frame_bytes`` before anything is allocated;
+* every message: the header's sender is the connection's, and its declared tensors and round
+  pass :meth:`~graphfl.p2p.transport.Mailbox.check_header` before the receive buffers are made;
+  the whole message must arrive within ``stream_timeout`` (one
+  :class:`~graphfl.p2p.watchdog.Watchdog` deadline per message cuts a trickling sender);
+* a connection idle for ``IDLE_TIMEOUT`` between messages is closed (the sender reconnects).
+
+A refused header is answered at once and the message's declared bytes are read and dropped,
+so the connection stays usable; a malformed frame closes the connection.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import os
+import secrets
+import socket
+import ssl
+import struct
+import threading
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from graphfl.common.certs import PeerTlsFiles, peer_name
+from graphfl.p2p import codec
+from graphfl.p2p.codec import WireError
+from graphfl.p2p.proto import graphfl_p2p_pb2 as pb
+
+if TYPE_CHECKING:  # the transport owns the server and client below
+    from graphfl.p2p.grpc_transport import GrpcTransport
+
+logger = logging.getLogger(__name__)
+
+MAGIC = b"GFL1"
+TOKEN_BYTES = 16
+PREAMBLE = struct.Struct("<4si16s")
+"""Magic, caller id, token: what a caller sends first on a data connection."""
+_LEN = struct.Struct("<I")
+HELLO_TIMEOUT = 10.0
+"""Seconds an inbound connection has for its TLS handshake and preamble."""
+IDLE_TIMEOUT = 600.0
+"""Seconds an inbound connection may wait for its next message before the callee closes it."""
+ACK_LIMIT = 1 << 16
+"""Largest Ack record a caller reads (an Ack is a flag, a reason and a count)."""
+_HEAD = 128
+"""Bytes of a frame read first: enough for a data frame's fields before its payload."""
+
+
+class DataRefused(ConnectionError):
+    """The callee refused a data connection (the reason is its Ack's)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def split_host_port(address: str) -> tuple[str, int]:
+    """``("host", port)`` of ``HOST:PORT`` or ``[IPv6]:PORT``."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"address {address!r} is not HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytes:
+    """``n`` bytes from ``sock`` (``ConnectionError`` if it closes first)."""
+    buf = bytearray(n)
+    recv_into_exact(sock, memoryview(buf))
+    return bytes(buf)
+
+
+def recv_into_exact(sock: socket.socket, view: memoryview) -> None:
+    """Fill ``view`` from ``sock`` (``ConnectionError`` if it closes first)."""
+    got, n = 0, len(view)
+    while got < n:
+        k = sock.recv_into(view[got:])
+        if k == 0:
+            raise ConnectionError(f"connection closed after {got} of {n} bytes")
+        got += k
+
+
+def write_record(sock: socket.socket, data: bytes) -> None:
+    """``record(data)``: its uint32 length, then the bytes."""
+    sock.sendall(_LEN.pack(len(data)))
+    sock.sendall(data)
+
+
+def read_length(sock: socket.socket) -> int:
+    """The uint32 length that starts a record."""
+    return int(_LEN.unpack(recv_exact(sock, _LEN.size))[0])
+
+
+def read_ack(sock: socket.socket) -> pb.Ack:
+    """One ``record(Ack)`` (``ConnectionError`` if it is longer than :data:`ACK_LIMIT` or not an Ack)."""
+    n = read_length(sock)
+    if n > ACK_LIMIT:
+        raise ConnectionError(f"reply of {n} bytes is not an Ack")
+    try:
+        return pb.Ack.FromString(recv_exact(sock, n))
+    except Exception as exc:  # noqa: BLE001 - protobuf's DecodeError: the callee speaks something else
+        raise ConnectionError(f"reply is not an Ack: {exc}") from None
+
+
+def server_context(tls: PeerTlsFiles) -> ssl.SSLContext:
+    """Mutual TLS, callee side: present our certificate, require one signed by the network CA."""
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(tls.ca))
+    ctx.load_cert_chain(str(tls.cert), str(tls.key))
+    ctx.verify_mode = ssl.CERT_REQUIRED
+    return ctx
+
+
+def client_context(tls: PeerTlsFiles) -> ssl.SSLContext:
+    """Mutual TLS, caller side: the callee must present ``peer-<id>`` signed by the network CA."""
+    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(tls.ca))
+    ctx.load_cert_chain(str(tls.cert), str(tls.key))
+    return ctx
+
+
+def certificate_names(sock: socket.socket) -> list[str]:
+    """Common names of the peer certificate of a TLS socket (empty without TLS)."""
+    if not isinstance(sock, ssl.SSLSocket):
+        return []
+    cert = sock.getpeercert() or {}
+    subject: Sequence[Sequence[tuple[str, str]]] = cert.get("subject", ())  # type: ignore[assignment]
+    return [value for rdn in subject for key, value in rdn if key == "commonName"]
+
+
+class _Inbound:
+    """One accepted connection: its socket and a duplicate of it that can shut it down from
+    another thread (a deadline) without racing the reader for the socket object.
+    """
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.control = socket.socket(fileno=os.dup(sock.fileno()))
+
+    def abort(self) -> None:
+        try:
+            self.control.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        for s in (self.sock, self.control):
+            try:
+                s.close()
+            except OSError:
+                pass
+
+
+class DataServer:
+    """The callee side: a listener and one reader thread per connection (see the module docstring).
+
+    Parameters
+    ----------
+    transport
+        The owning transport: its identity, neighbours, mailbox, limits, watchdog and tokens.
+    """
+
+    def __init__(self, transport: GrpcTransport) -> None:
+        self.t = transport
+        self._ctx = server_context(transport.tls) if transport.tls is not None else None
+        self.max_connections = transport.streams_per_sender * max(1, len(transport.neighbours)) + 4
+        self._listener: socket.socket | None = None
+        self._accepter: threading.Thread | None = None
+        self._live: set[_Inbound] = set()
+        self._threads: set[threading.Thread] = set()
+        self._lock = threading.Lock()
+        self._closed = False
+        self.port = 0
+
+    def start(self, host: str, port: int = 0) -> int:
+        """Listen on ``host:port`` (0 = any free port); returns the bound port."""
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        listener = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            listener.bind((host, port))
+            listener.listen(64)
+        except OSError as exc:
+            listener.close()
+            raise OSError(f"peer {self.t.peer_id}: data listener cannot bind {host}:{port}: {exc}") from None
+        self._listener = listener
+        self.port = int(listener.getsockname()[1])
+        self._accepter = threading.Thread(target=self._accept_loop, name=f"p2p-data-accept-{self.t.peer_id}",
+                                          daemon=True)
+        self._accepter.start()
+        logger.info("peer %d: socket data path listening on %s:%d", self.t.peer_id, host, self.port)
+        return self.port
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Stop accepting, cut every connection, wait (bounded) for the reader threads."""
+        with self._lock:
+            self._closed = True
+            live, threads = list(self._live), list(self._threads)
+        if self._listener is not None:
+            try:
+                self._listener.shutdown(socket.SHUT_RDWR)  # wakes accept()
+            except OSError:
+                pass
+            self._listener.close()
+        for conn in live:
+            conn.abort()
+        end = time.monotonic() + timeout
+        for th in [*threads, *([self._accepter] if self._accepter else [])]:
+            th.join(max(0.0, end - time.monotonic()))
+
+    def _accept_loop(self) -> None:
+        assert self._listener is not None
+        while True:
+            try:
+                sock, _ = self._listener.accept()
+            except OSError:
+                return  # closed
+            with self._lock:
+                if self._closed or len(self._live) >= self.max_connections:
+                    full = not self._closed
+                    sock.close()
+                    if full:
+                        self.t.mailbox.note_rejection(
+                            f"data connection refused unread: {self.max_connections} connections already open")
+                    continue
+                conn = _Inbound(sock)
+                self._live.add(conn)
+                th = threading.Thread(target=self._serve, args=(conn,), daemon=True,
+                                      name=f"p2p-data-rx-{self.t.peer_id}")
+                self._threads.add(th)
+            th.start()
+
+    # -- one connection -------------------------------------------------------------------
+    def _serve(self, conn: _Inbound) -> None:
+        t = self.t
+        claimed: int | None = None
+        try:
+            conn.sock.settimeout(HELLO_TIMEOUT)
+            conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self._ctx is not None:
+                conn.sock = self._ctx.wrap_socket(conn.sock, server_side=True)
+            magic, who, token = PREAMBLE.unpack(recv_exact(conn.sock, PREAMBLE.size))
+            reason = self._admit(conn.sock, magic, who, token)
+            if reason:
+                t.mailbox.note_rejection(reason)
+                write_record(conn.sock, pb.Ack(accepted=False, reason=reason).SerializeToString())
+                return
+            if not t.take_stream_slot(who):
+                reason = f"peer {who} already has {t.streams_per_sender} open data connections; refused"
+                t.mailbox.note_rejection(reason)
+                write_record(conn.sock, pb.Ack(accepted=False, reason=reason).SerializeToString())
+                return
+            claimed = who
+            write_record(conn.sock, pb.Ack(accepted=True).SerializeToString())
+            while True:
+                conn.sock.settimeout(IDLE_TIMEOUT)
+                first = read_length(conn.sock)
+                if not self._message(conn, who, first):
+                    return
+        except (OSError, ValueError, struct.error) as exc:  # closed, cut by a deadline, idle, TLS failure
+            logger.debug("peer %d: data connection ended: %s", t.peer_id, exc)
+        except Exception:  # a bug here must not pass silently; the connection closes, the peer serves on
+            logger.exception("peer %d: data connection failed", t.peer_id)
+        finally:
+            if claimed is not None:
+                t.release_stream_slot(claimed)
+            conn.close()
+            with self._lock:
+                self._live.discard(conn)
+                self._threads.discard(threading.current_thread())
+
+    def _admit(self, sock: socket.socket, magic: bytes, who: int, token: bytes) -> str:
+        """Why the preamble is refused ("" = admitted)."""
+        t = self.t
+        if magic != MAGIC:
+            return "not a graphfl data connection (bad preamble)"
+        if who not in t.neighbours:
+            return f"peer {who} is not a neighbour of peer {t.peer_id}"
+        if t.tls is not None and peer_name(who) not in certificate_names(sock):
+            return f"certificate common name {certificate_names(sock)} does not match the claimed peer id {who}"
+        issued = t.data_tokens.get(who)
+        if issued is None or not hmac.compare_digest(issued, token):
+            from graphfl.p2p.grpc_transport import UNKNOWN_PEER
+
+            return f"{UNKNOWN_PEER}: peer {who} has no accepted handshake with peer {t.peer_id} for this token"
+        return ""
+
+    def _message(self, conn: _Inbound, sender: int, first: int) -> bool:
+        """Read one message whose first frame is ``first`` bytes; answer it. False = close."""
+        t = self.t
+        deadline = t.watchdog.watch(t.stream_timeout, conn.abort)
+        sock = conn.sock
+        try:
+            sock.settimeout(t.stream_timeout)
+            asm = codec.Assembler(t.max_message_bytes)
+            try:
+                asm.header(self._read_frame(sock, first))
+                if asm.sender != sender:
+                    raise WireError(f"connection of peer {sender} sent a message claiming peer {asm.sender}")
+                refusal = t.mailbox.check_header(sender, int(asm.round or 0), str(asm.channel), asm.declared)
+                if refusal is None:
+                    asm.allocate()
+                    while not asm.complete:
+                        asm.data(self._read_frame(sock, read_length(sock)))
+                    msg = asm.finish()
+            except WireError as exc:
+                reason = f"malformed message: {exc}"
+                t.mailbox.note_rejection(reason)
+                write_record(sock, pb.Ack(accepted=False, reason=reason).SerializeToString())
+                return False
+            if refusal is not None:  # answered at once; the declared bytes are read and dropped
+                t.mailbox.note_rejection(refusal)
+                write_record(sock, pb.Ack(accepted=False, reason=refusal).SerializeToString())
+                try:
+                    self._skip(sock, asm.payload_bytes)
+                except WireError as exc:  # its Ack is sent: close without a second one
+                    logger.debug("peer %d: closing a data connection: %s", t.peer_id, exc)
+                    return False
+                return True
+        finally:
+            t.watchdog.unwatch(deadline)
+        try:
+            ok, reason = t.mailbox.put(msg)
+        except Exception as exc:  # as gRPC answers a failing handler (status UNKNOWN): refused, not unreachable
+            logger.exception("peer %d: storing a message from peer %d failed", t.peer_id, sender)
+            ok, reason = False, f"UNKNOWN: the receiver failed to store the message: {type(exc).__name__}: {exc}"
+        write_record(sock, pb.Ack(accepted=ok, reason=reason, bytes_received=msg.wire_bytes).SerializeToString())
+        return True
+
+    def _read_frame(self, sock: socket.socket, n: int) -> pb.Frame | codec.DataFrame:
+        """One frame of ``n`` bytes. A data frame's payload is received straight into a new
+        (aligned) buffer that the :class:`~graphfl.p2p.codec.Assembler` keeps as the tensor when
+        the frame holds all of it; any other frame goes through protobuf.
+        """
+        if n > self.t.max_frame_bytes:
+            raise WireError(f"frame of {n} bytes exceeds the limit of {self.t.max_frame_bytes} bytes")
+        head = recv_exact(sock, min(n, _HEAD))
+        prefix = codec.data_prefix(head, n)
+        if prefix is None:
+            raw = head + recv_exact(sock, n - len(head)) if n > len(head) else head
+            try:
+                return codec.parse_frame(raw)
+            except Exception as exc:  # noqa: BLE001 - protobuf's DecodeError
+                raise WireError(f"undecodable frame: {exc}") from None
+        frame_sender, round_, channel, start = prefix
+        payload = np.empty(n - start, dtype=np.uint8)
+        have = len(head) - start
+        if have:
+            payload[:have] = np.frombuffer(head, dtype=np.uint8, offset=start)
+        recv_into_exact(sock, payload.data[have:])
+        return codec.DataFrame(frame_sender, round_, channel, payload.data.toreadonly(), n)
+
+    def _skip(self, sock: socket.socket, payload: int) -> None:
+        """Read and drop the data frames of a refused message (``payload`` declared bytes)."""
+        view = np.empty(min(self.t.max_frame_bytes, 1 << 20), dtype=np.uint8).data
+        while payload > 0:
+            n = read_length(sock)
+            if n > self.t.max_frame_bytes:
+                raise WireError(f"frame of {n} bytes exceeds the limit of {self.t.max_frame_bytes} bytes")
+            head = recv_exact(sock, min(n, _HEAD))
+            prefix = codec.data_prefix(head, n)
+            if prefix is None:
+                raise WireError("a refused message continued with something other than data frames")
+            payload -= n - prefix[3]
+            left = n - len(head)
+            while left > 0:
+                k = min(left, len(view))
+                recv_into_exact(sock, view[:k])
+                left -= k
+        if payload < 0:
+            raise WireError("a refused message carried more bytes than its header declared")
+
+
+class DataClient:
+    """The caller side: up to ``streams_per_sender`` connections per neighbour, reused across messages."""
+
+    def __init__(self, transport: GrpcTransport) -> None:
+        self.t = transport
+        self._ctx = client_context(transport.tls) if transport.tls is not None else None
+        self._idle: dict[int, list[socket.socket]] = {}
+        self._slots: dict[int, threading.BoundedSemaphore] = {
+            j: threading.BoundedSemaphore(transport.streams_per_sender) for j in transport.neighbours}
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def push(self, to: int, frames: Sequence[bytes], deadline: float) -> pb.Ack:
+        """Send one message's frames to ``to`` and return its Ack, all before ``deadline`` (monotonic).
+
+        Raises
+        ------
+        DataRefused
+            The callee refused the connection (the reason is its own).
+        OSError
+            Unreachable, cut, TLS failure or past the deadline (``TimeoutError``).
+        """
+        if not self._slots[to].acquire(timeout=max(0.0, deadline - time.monotonic())):
+            raise TimeoutError(f"no free data connection to peer {to} before the send deadline")
+        try:
+            with self._lock:
+                idle = self._idle.setdefault(to, [])
+                sock = idle.pop() if idle else None
+            if sock is None:
+                sock = self._connect(to, deadline)
+            try:
+                for frame in frames:
+                    sock.settimeout(_left(deadline))
+                    sock.sendall(_LEN.pack(len(frame)))
+                    sock.sendall(frame)
+                sock.settimeout(_left(deadline))
+                ack = read_ack(sock)
+            except BaseException:
+                sock.close()
+                raise
+            with self._lock:
+                if self._closed:
+                    sock.close()
+                else:
+                    self._idle.setdefault(to, []).append(sock)
+            return ack
+        finally:
+            self._slots[to].release()
+
+    def forget(self, to: int) -> None:
+        """Close the idle connections to ``to`` (after a new handshake: a restarted callee)."""
+        with self._lock:
+            socks = self._idle.pop(to, [])
+        for s in socks:
+            s.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            socks = [s for lst in self._idle.values() for s in lst]
+            self._idle.clear()
+        for s in socks:
+            s.close()
+
+    def _connect(self, to: int, deadline: float) -> socket.socket:
+        t = self.t
+        contact = t.data_contacts.get(to)
+        if contact is None:
+            raise ConnectionError(f"peer {to} announced no data port in its handshake")
+        port, token = contact
+        host, _ = split_host_port(t.topology.peer(to).address)
+        sock = socket.create_connection((host, port), timeout=_left(deadline))
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self._ctx is not None:
+                sock = self._ctx.wrap_socket(sock, server_hostname=peer_name(to))
+            sock.settimeout(_left(deadline))
+            sock.sendall(PREAMBLE.pack(MAGIC, t.peer_id, token))
+            ack = read_ack(sock)
+        except BaseException:
+            sock.close()
+            raise
+        if not ack.accepted:
+            sock.close()
+            raise DataRefused(ack.reason)
+        return sock
+
+
+def _left(deadline: float) -> float:
+    """Seconds to ``deadline`` for a socket timeout (``TimeoutError`` once it has passed)."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("send deadline passed")
+    return left
+
+
+def new_token() -> bytes:
+    """A random data-connection token (:data:`TOKEN_BYTES` bytes)."""
+    return secrets.token_bytes(TOKEN_BYTES)
