@@ -78,10 +78,11 @@ FULL_PROFILES = ("lan", "wan", "edge-lossy", "wan-resets")
 
 P2P_SETTINGS: dict[str, Any] = {"algorithm": "dfl-gt", "problem": TASK, "tau": 5, "alpha0": 0.5,
                                 "standardize": False, "round-timeout": 15.0, "send-timeout": 15.0,
-                                "connect-timeout": 60.0}
+                                "connect-timeout": 60.0, "data-path": "grpc"}
 """DFL-GT on digits: 5 local steps per round, alpha0/sqrt(t+1) with alpha0 = 0.5, raw inputs (per-node
 standardisation divides by near-zero pixel deviations of some nodes); 15 s per round before a
-neighbour counts as missing."""
+neighbour counts as missing. ``data-path`` stays ``grpc``: the emulated links sit in front of each
+peer's gRPC port, and the socket data path's ports (chosen at start) would bypass them."""
 
 
 @dataclass

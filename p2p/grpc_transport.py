@@ -415,6 +415,7 @@ class GrpcTransport(Transport):
             reason = f"peer {j} announced no socket data port (data-path differs?)"
         if reason:
             raise HandshakeRefused(f"peer {self.peer_id} refuses peer {j}: {reason}")
+        old: tuple[int, bytes] | None = None
         with self._lock:
             self.verified.add(j)
             self.neighbour_rounds[j] = int(reply.round)

@@ -79,6 +79,8 @@ ACK_LIMIT = 1 << 16
 """Largest Ack record a caller reads (an Ack is a flag, a reason and a count)."""
 _HEAD = 128
 """Bytes of a frame read first: enough for a data frame's fields before its payload."""
+_SMALL = 1 << 16
+"""Records up to this size are written with their length in one system call."""
 
 
 class DataRefused(ConnectionError):
@@ -115,9 +117,14 @@ def recv_into_exact(sock: socket.socket, view: memoryview) -> None:
 
 
 def write_record(sock: socket.socket, data: bytes) -> None:
-    """``record(data)``: its uint32 length, then the bytes."""
-    sock.sendall(_LEN.pack(len(data)))
-    sock.sendall(data)
+    """``record(data)``: its uint32 length, then the bytes (one write when small, two when large:
+    copying a data frame to prepend 4 bytes would cost more than the second system call).
+    """
+    if len(data) <= _SMALL:
+        sock.sendall(_LEN.pack(len(data)) + data)
+    else:
+        sock.sendall(_LEN.pack(len(data)))
+        sock.sendall(data)
 
 
 def read_length(sock: socket.socket) -> int:
@@ -196,6 +203,7 @@ class DataServer:
         self.t = transport
         self._ctx = server_context(transport.tls) if transport.tls is not None else None
         self.max_connections = transport.streams_per_sender * max(1, len(transport.neighbours)) + 4
+        self.hello_timeout = HELLO_TIMEOUT
         self._listener: socket.socket | None = None
         self._accepter: threading.Thread | None = None
         self._live: set[_Inbound] = set()
@@ -254,7 +262,12 @@ class DataServer:
                         self.t.mailbox.note_rejection(
                             f"data connection refused unread: {self.max_connections} connections already open")
                     continue
-                conn = _Inbound(sock)
+                try:
+                    conn = _Inbound(sock)
+                except OSError as exc:  # out of file descriptors: this connection only, the listener goes on
+                    sock.close()
+                    self.t.mailbox.note_rejection(f"data connection refused unread: {exc}")
+                    continue
                 self._live.add(conn)
                 th = threading.Thread(target=self._serve, args=(conn,), daemon=True,
                                       name=f"p2p-data-rx-{self.t.peer_id}")
@@ -265,12 +278,17 @@ class DataServer:
     def _serve(self, conn: _Inbound) -> None:
         t = self.t
         claimed: int | None = None
+        hello: int | None = None
         try:
-            conn.sock.settimeout(HELLO_TIMEOUT)
+            # the TLS handshake and the preamble, together within hello_timeout (a trickle is cut too)
+            hello = t.watchdog.watch(self.hello_timeout, conn.abort)
+            conn.sock.settimeout(self.hello_timeout)
             conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self._ctx is not None:
                 conn.sock = self._ctx.wrap_socket(conn.sock, server_side=True)
             magic, who, token = PREAMBLE.unpack(recv_exact(conn.sock, PREAMBLE.size))
+            t.watchdog.unwatch(hello)
+            hello = None
             reason = self._admit(conn.sock, magic, who, token)
             if reason:
                 t.mailbox.note_rejection(reason)
@@ -293,6 +311,8 @@ class DataServer:
         except Exception:  # a bug here must not pass silently; the connection closes, the peer serves on
             logger.exception("peer %d: data connection failed", t.peer_id)
         finally:
+            if hello is not None:
+                t.watchdog.unwatch(hello)
             if claimed is not None:
                 t.release_stream_slot(claimed)
             conn.close()
@@ -435,8 +455,7 @@ class DataClient:
             try:
                 for frame in frames:
                     sock.settimeout(_left(deadline))
-                    sock.sendall(_LEN.pack(len(frame)))
-                    sock.sendall(frame)
+                    write_record(sock, frame)
                 sock.settimeout(_left(deadline))
                 ack = read_ack(sock)
             except BaseException:
