@@ -252,9 +252,9 @@ class Assembler:
     """Incremental decoder: feed frames in order, then :meth:`finish`.
 
     A tensor that arrives in one frame (with the default 4 MiB frames, every tensor up to 1M
-    float32 parameters) is returned as a **read-only** view of that frame's bytes: no copy.
-    A tensor spread over several frames is copied into one buffer (writeable). Receivers treat
-    received arrays as read-only either way (mixing and every algorithm build new arrays).
+    float32 parameters) is returned as a view of that frame's bytes: no copy. A tensor spread
+    over several frames is copied into one buffer, or received into it in place (:meth:`target`).
+    Every returned array is **read-only** (mixing and every algorithm build new arrays).
 
     Parameters
     ----------
@@ -383,6 +383,44 @@ class Assembler:
 
     feed = data
 
+    def target(self, sender: int, round_: int, channel: str, nbytes: int) -> memoryview | None:
+        """Where the next ``nbytes`` data bytes go, for a reader that receives them in place.
+
+        A reader with the socket (:mod:`graphfl.p2p.socket_data`) asks before reading a data
+        frame's payload, receives it into the returned view and then calls :meth:`commit`, so a
+        tensor spread over several frames costs no copy from frame to tensor. ``None`` when the
+        bytes do not fall inside one tensor (or are empty): feed that frame to :meth:`data`.
+
+        Raises
+        ------
+        WireError
+            As :meth:`data`: a frame of another message, or more bytes than the header declares.
+        """
+        if self.sender is None:
+            raise WireError("the first frame of a message must be a header")
+        if (sender, round_, channel) != (self.sender, self.round, self.channel):
+            raise WireError(
+                f"frame of (sender {sender}, round {round_}, channel {channel!r}) inside a message "
+                f"of (sender {self.sender}, round {self.round}, channel {self.channel!r})"
+            )
+        if not self.allocated:
+            self.allocate()
+        if self._idx >= len(self._specs):
+            raise WireError("message carries more bytes than its header declares")
+        size = self._specs[self._idx][3]
+        if nbytes <= 0 or nbytes > size - self._off:
+            return None
+        buf = self._bufs[self._idx]
+        if buf is None:
+            buf = self._bufs[self._idx] = np.empty(size, dtype=np.uint8)
+        return buf.data[self._off:self._off + nbytes]
+
+    def commit(self, nbytes: int, frame_size: int) -> None:
+        """Count ``nbytes`` written into the view :meth:`target` returned (a frame of ``frame_size`` wire bytes)."""
+        self._off += nbytes
+        self.wire_bytes += frame_size
+        self._skip_empty()
+
     def finish(self) -> Message:
         if self.sender is None:
             raise WireError("empty message (no header frame)")
@@ -394,7 +432,9 @@ class Assembler:
         arrays: dict[str, np.ndarray] = {}
         for (name, dt, shape, _), buf in zip(self._specs, self._bufs):
             assert buf is not None  # every tensor is complete here
-            arrays[name] = buf.view(dt).reshape(shape).astype(dt.newbyteorder("="), copy=False)
+            arr = buf.view(dt).reshape(shape).astype(dt.newbyteorder("="), copy=False)
+            arr.flags.writeable = False  # every received tensor is read-only, however its frames came
+            arrays[name] = arr
         assert self.round is not None  # set together with sender by header()
         return Message(self.sender, self.round, str(self.channel), arrays, dict(self.scalars), self.wire_bytes)
 

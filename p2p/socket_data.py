@@ -116,6 +116,14 @@ def recv_into_exact(sock: socket.socket, view: memoryview) -> None:
         got += k
 
 
+def _fill(sock: socket.socket, dest: memoryview, head: bytes, start: int) -> None:
+    """Fill ``dest`` with ``head[start:]`` (bytes already read), then from ``sock``."""
+    have = len(head) - start
+    if have:
+        dest[:have] = head[start:]
+    recv_into_exact(sock, dest[have:])
+
+
 def write_record(sock: socket.socket, data: bytes) -> None:
     """``record(data)``: its uint32 length, then the bytes (one write when small, two when large:
     copying a data frame to prepend 4 bytes would cost more than the second system call).
@@ -345,14 +353,19 @@ class DataServer:
             sock.settimeout(t.stream_timeout)
             asm = codec.Assembler(t.max_message_bytes)
             try:
-                asm.header(self._read_frame(sock, first))
+                head = self._read_frame(sock, first)
+                if head is None:  # (only data frames are received in place, and only with an Assembler)
+                    raise WireError("the first frame of a message must be a header")
+                asm.header(head)
                 if asm.sender != sender:
                     raise WireError(f"connection of peer {sender} sent a message claiming peer {asm.sender}")
                 refusal = t.mailbox.check_header(sender, int(asm.round or 0), str(asm.channel), asm.declared)
                 if refusal is None:
                     asm.allocate()
                     while not asm.complete:
-                        asm.data(self._read_frame(sock, read_length(sock)))
+                        frame = self._read_frame(sock, read_length(sock), asm)
+                        if frame is not None:  # not already received in place
+                            asm.data(frame)
                     msg = asm.finish()
             except WireError as exc:
                 reason = f"malformed message: {exc}"
@@ -378,10 +391,13 @@ class DataServer:
         write_record(sock, pb.Ack(accepted=ok, reason=reason, bytes_received=msg.wire_bytes).SerializeToString())
         return True
 
-    def _read_frame(self, sock: socket.socket, n: int) -> pb.Frame | codec.DataFrame:
-        """One frame of ``n`` bytes. A data frame's payload is received straight into a new
-        (aligned) buffer that the :class:`~graphfl.p2p.codec.Assembler` keeps as the tensor when
-        the frame holds all of it; any other frame goes through protobuf.
+    def _read_frame(self, sock: socket.socket, n: int,
+                    asm: codec.Assembler | None = None) -> pb.Frame | codec.DataFrame | None:
+        """One frame of ``n`` bytes. A data frame's payload is received straight into the tensor
+        buffer of ``asm`` (:meth:`~graphfl.p2p.codec.Assembler.target`; returns ``None``, the
+        frame is already counted) or, when it straddles tensors, into a new aligned buffer that
+        the Assembler keeps as the tensor when the frame holds all of it. Any other frame goes
+        through protobuf.
         """
         if n > self.t.max_frame_bytes:
             raise WireError(f"frame of {n} bytes exceeds the limit of {self.t.max_frame_bytes} bytes")
@@ -394,11 +410,15 @@ class DataServer:
             except Exception as exc:  # noqa: BLE001 - protobuf's DecodeError
                 raise WireError(f"undecodable frame: {exc}") from None
         frame_sender, round_, channel, start = prefix
-        payload = np.empty(n - start, dtype=np.uint8)
-        have = len(head) - start
-        if have:
-            payload[:have] = np.frombuffer(head, dtype=np.uint8, offset=start)
-        recv_into_exact(sock, payload.data[have:])
+        size = n - start
+        dest = asm.target(frame_sender, round_, channel, size) if asm is not None else None
+        if dest is not None:  # in place: no copy from frame to tensor
+            assert asm is not None
+            _fill(sock, dest, head, start)
+            asm.commit(size, n)
+            return None
+        payload = np.empty(size, dtype=np.uint8)
+        _fill(sock, payload.data, head, start)
         return codec.DataFrame(frame_sender, round_, channel, payload.data.toreadonly(), n)
 
     def _skip(self, sock: socket.socket, payload: int) -> None:

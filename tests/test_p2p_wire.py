@@ -201,6 +201,49 @@ def test_parse_frame_reads_data_frames_without_copy_and_agrees_with_protobuf():
     assert msg.wire_bytes == sum(len(f) for f in frames)
 
 
+def test_data_prefix_from_the_first_bytes_only():
+    """The socket reader parses a data frame from its first bytes and receives the rest in place."""
+    frames = codec.encode_serialized(7, 300, "tracker", {"t": sample("float32", (1000,))}, None, chunk_bytes=1024)
+    for f in frames[1:]:
+        sender, round_, channel, start = codec.data_prefix(f[:64], len(f))
+        want = pb.Frame.FromString(f)
+        assert (sender, round_, channel) == (want.sender, want.round, want.channel) and f[start:] == want.data
+    assert codec.data_prefix(frames[0][:64], len(frames[0])) is None  # a header frame: protobuf's
+    assert codec.data_prefix(frames[1][:3], len(frames[1])) is None  # too few bytes for the fields
+    assert codec.data_prefix(frames[1][:64], len(frames[1]) + 1) is None  # data not running to the end
+
+
+def test_assembler_receives_in_place_across_frames_and_tensors():
+    arrays = {"w": sample("float32", (600,)), "e": sample("int8", (0,)), "b": sample("float64", (5,))}
+    frames = codec.encode_serialized(2, 4, "params", arrays, None, chunk_bytes=1000)  # w: 3 frames, b: 1
+    # and a frame that straddles two tensors (another encoder may pack them): the tail of w and all of b
+    raw_w, raw_b = arrays["w"].tobytes(), arrays["b"].tobytes()
+    frames = frames[:3] + [pb.Frame(sender=2, round=4, channel="params", data=raw_w[2000:] + raw_b).SerializeToString()]
+    asm = codec.Assembler()
+    asm.header(pb.Frame.FromString(frames[0]))
+    in_place = 0
+    for f in frames[1:]:
+        sender, round_, channel, start = codec.data_prefix(f, len(f))
+        dest = asm.target(sender, round_, channel, len(f) - start)
+        if dest is None:  # straddles two tensors: through data()
+            asm.data(codec.parse_frame(f))
+        else:
+            dest[:] = f[start:]
+            asm.commit(len(f) - start, len(f))
+            in_place += 1
+    assert in_place == 2 and asm.complete
+    msg = asm.finish()
+    for name, a in arrays.items():
+        np.testing.assert_array_equal(msg.arrays[name], a)
+        assert not msg.arrays[name].flags.writeable  # every received tensor is read-only
+    assert msg.wire_bytes == sum(len(f) for f in frames)
+    asm = codec.Assembler()
+    asm.header(pb.Frame.FromString(frames[0]))
+    with pytest.raises(WireError, match="inside a message"):
+        asm.target(3, 4, "params", 10)
+    assert asm.target(2, 4, "params", 2401) is None  # more than the current tensor: not in place
+
+
 @pytest.mark.parametrize("raw", [
     b"",                                        # empty frame: all defaults, no body
     b"\x2a\x03abc",                             # data only
