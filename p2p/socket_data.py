@@ -464,7 +464,10 @@ class DataClient:
         OSError
             Unreachable, cut, TLS failure or past the deadline (``TimeoutError``).
         """
-        if not self._slots[to].acquire(timeout=max(0.0, deadline - time.monotonic())):
+        slots = self._slots.get(to)
+        if slots is None:
+            raise DataRefused(f"peer {to} is not a neighbour of peer {self.t.peer_id}")
+        if not slots.acquire(timeout=max(0.0, deadline - time.monotonic())):
             raise TimeoutError(f"no free data connection to peer {to} before the send deadline")
         try:
             with self._lock:
@@ -488,7 +491,7 @@ class DataClient:
                     self._idle.setdefault(to, []).append(sock)
             return ack
         finally:
-            self._slots[to].release()
+            slots.release()
 
     def forget(self, to: int) -> None:
         """Close the idle connections to ``to`` (after a new handshake: a restarted callee)."""
