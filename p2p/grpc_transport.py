@@ -376,7 +376,7 @@ class GrpcTransport(Transport):
         self._server = server
         if self.data_server is not None:
             try:
-                self.data_server.start(split_host_port(addr)[0])
+                self.data_server.start(split_host_port(addr)[0], self.topology.peer(self.peer_id).data_port)
             except (OSError, ValueError) as exc:
                 raise TransportError(f"peer {self.peer_id}: socket data path: {exc}") from None
         logger.info("peer %d listening on %s (%s, data path %s)", self.peer_id, addr,

@@ -35,6 +35,11 @@ class PeerInfo:
     ``data`` (optional) is the peer's own data for problem ``csv``: its CSV file or the folder
     holding ``device-<partition>.csv`` (relative paths are relative to the network file). It is
     local to the device, so it is not part of the topology fingerprint.
+
+    ``data_port`` (``data-port``, optional) is the port of the peer's socket data path
+    (``[run] data-path = "socket"``) on the host of its address; 0 lets the OS choose one. The
+    peer announces it in the handshake, so it is not part of the fingerprint either. A fixed one
+    is what a firewall can open.
     """
 
     id: int
@@ -42,6 +47,7 @@ class PeerInfo:
     partition: int
     device: str = "auto"
     data: str = ""
+    data_port: int = 0
 
 
 @dataclass(frozen=True)
@@ -126,7 +132,8 @@ class Topology:
             "network": {"name": self.name, "version": self.version, "mixing": self.mixing,
                         "mixing-variant": self.mixing_variant, "mixing-epsilon": self.mixing_epsilon},
             "peers": [{"id": p.id, "address": p.address, "partition": p.partition, "device": p.device,
-                       **({"data": p.data} if p.data else {})} for p in self.peers],
+                       **({"data": p.data} if p.data else {}),
+                       **({"data-port": p.data_port} if p.data_port else {})} for p in self.peers],
         }
         if self.edges:
             doc["edges"] = [{"nodes": [i, j], "weight": w} for i, j, w in self.edges]
@@ -247,7 +254,7 @@ def make_topology(
 
 
 _NETWORK_KEYS = {"name", "version", "mixing", "mixing-variant", "mixing-epsilon", "edge-list"}
-_PEER_KEYS = {"id", "address", "partition", "device", "data"}
+_PEER_KEYS = {"id", "address", "partition", "device", "data", "data-port"}
 _EDGE_KEYS = {"nodes", "weight"}
 
 
@@ -283,7 +290,12 @@ def topology_from_dict(doc: Mapping[str, Any], where: str = "network file", base
         data = str(rp.get("data", ""))
         if data and base is not None and not Path(data).is_absolute():
             data = str(base / data)
-        peers.append(PeerInfo(pid, addr, int(rp.get("partition", pid)), str(rp.get("device", "auto")), data))
+        data_port = rp.get("data-port", 0)
+        if isinstance(data_port, bool) or not isinstance(data_port, int) or not 0 <= data_port <= 65535:
+            raise ConfigError(f"{where}: peer {pid}: data-port must be an integer in 0..65535 (0 = chosen by the OS), "
+                              f"got {data_port!r}")
+        peers.append(PeerInfo(pid, addr, int(rp.get("partition", pid)), str(rp.get("device", "auto")), data,
+                              data_port))
     peers.sort(key=lambda p: p.id)
     edges: list[tuple[int, int, float]] = []
     if "edge-list" in net:

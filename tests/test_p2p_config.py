@@ -73,6 +73,26 @@ def test_bad_run_values_name_the_key(tmp_path):
         load_network_file(f)
 
 
+def test_data_path_and_data_port(tmp_path):
+    assert P2PConfig().data_path == "grpc" and parse_p2p_config({"data-path": "socket"}).data_path == "socket"
+    assert P2PConfig().hash() != P2PConfig(data_path="socket").hash()  # peers on different paths do not talk
+    with pytest.raises(ConfigError, match=r"data-path.*\['grpc', 'socket'\]"):
+        parse_p2p_config({"data-path": "udp"})
+    f = write(tmp_path)
+    before = load_network_file(f).topology
+    f.write_text(f.read_text().replace('partition = 1, device = "auto" }',
+                                       'partition = 1, device = "auto", data-port = 50100 }', 1))
+    net = load_network_file(f)
+    assert [p.data_port for p in net.topology.peers] == [0, 50100, 0]
+    assert net.topology.fingerprint == before.fingerprint  # announced in the handshake, like device and data
+    assert "data-port = 50100" in net.topology.to_toml()
+    for bad in ("70000", "-1", '"50100"', "true"):
+        f.write_text(f.read_text().replace("data-port = 50100", f"data-port = {bad}"))
+        with pytest.raises(ConfigError, match="peer 1: data-port must be an integer in 0..65535"):
+            load_network_file(f)
+        f.write_text(f.read_text().replace(f"data-port = {bad}", "data-port = 50100"))
+
+
 def test_plaintext_must_be_explicit(tmp_path):
     f = write(tmp_path, tls=TlsSection())
     with pytest.raises(ConfigError, match="insecure = true"):

@@ -3,6 +3,7 @@ connections, hostile raw clients (no mocks)."""
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 import ssl
 import struct
@@ -18,7 +19,7 @@ from graphfl.p2p.grpc_transport import GrpcTransport, Identity
 from graphfl.p2p.proto import graphfl_p2p_pb2 as pb
 from graphfl.p2p.socket_data import MAGIC, PREAMBLE, client_context, read_ack, split_host_port, write_record
 from graphfl.p2p.topology import make_topology
-from graphfl.p2p.transport import HandshakeRefused
+from graphfl.p2p.transport import HandshakeRefused, TransportError
 
 DIM = 8
 
@@ -277,6 +278,28 @@ def test_receiver_failure_is_a_refusal_not_an_unreachable_peer(topo, monkeypatch
         monkeypatch.setattr(b.mailbox, "put", lambda msg: 1 / 0)
         r = a.send(1, 0, "params", {"theta": np.ones(DIM, np.float32)})
         assert not r.ok and not r.unreachable and "UNKNOWN" in r.reason and "ZeroDivisionError" in r.reason
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_fixed_data_port_is_bound_and_announced():
+    ports = free_ports(6)
+    topo = make_topology("ring", 4, ports=ports[:4])
+    topo = dataclasses.replace(topo, peers=tuple(dataclasses.replace(p, data_port=ports[4]) if p.id == 1 else p
+                                                  for p in topo.peers))
+    a, b = peer(topo, 0), peer(topo, 1)
+    try:
+        assert b.data_server.port == ports[4]
+        assert a.send(1, 0, "params", {"theta": np.ones(DIM, np.float32)}).ok
+        assert a.data_contacts[1][0] == ports[4]
+        # a second peer 1 on the same machine cannot take the port: a clear error naming it
+        with pytest.raises(TransportError, match=f"data listener cannot bind 127.0.0.1:{ports[4]}"):
+            dup = GrpcTransport(Identity(1, "dfl-gt", "abc", topo.fingerprint), topo, None, data_path="socket")
+            try:
+                dup.serve(f"127.0.0.1:{ports[5]}")
+            finally:
+                dup.close()
     finally:
         a.close()
         b.close()
