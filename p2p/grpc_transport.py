@@ -50,12 +50,11 @@ from graphfl.p2p.proto import graphfl_p2p_pb2 as pb
 from graphfl.p2p.proto import graphfl_p2p_pb2_grpc as pb_grpc
 from graphfl.p2p.socket_data import DataClient, DataRefused, DataServer, new_token, split_host_port
 from graphfl.p2p.topology import Topology
-from graphfl.p2p.transport import HandshakeRefused, Mailbox, SendResult, Transport, TransportError
+from graphfl.p2p.transport import UNKNOWN_PEER, HandshakeRefused, Mailbox, SendResult, Transport, TransportError
 from graphfl.p2p.watchdog import Watchdog
 
 logger = logging.getLogger(__name__)
 
-UNKNOWN_PEER = "unknown-peer"
 DEFAULT_STREAM_TIMEOUT = 60.0
 """Seconds one inbound Push stream may stay open (header to last frame)."""
 DEFAULT_STREAMS_PER_SENDER = 2
@@ -270,6 +269,9 @@ class GrpcTransport(Transport):
         Addresses of this peer (listen) and its neighbours (dial).
     tls
         PEM files for mutual TLS, or ``None`` for plaintext (explicit).
+    data_path
+        ``"grpc"``: messages in ``Push`` streams; ``"socket"``: the same frames over TCP / TLS
+        connections (:mod:`graphfl.p2p.socket_data`). Every peer of a network uses the same.
     """
 
     def __init__(

@@ -60,6 +60,7 @@ from graphfl.common.certs import PeerTlsFiles, peer_name
 from graphfl.p2p import codec
 from graphfl.p2p.codec import WireError
 from graphfl.p2p.proto import graphfl_p2p_pb2 as pb
+from graphfl.p2p.transport import UNKNOWN_PEER
 
 if TYPE_CHECKING:  # the transport owns the server and client below
     from graphfl.p2p.grpc_transport import GrpcTransport
@@ -339,8 +340,6 @@ class DataServer:
             return f"certificate common name {certificate_names(sock)} does not match the claimed peer id {who}"
         issued = t.data_tokens.get(who)
         if issued is None or not hmac.compare_digest(issued, token):
-            from graphfl.p2p.grpc_transport import UNKNOWN_PEER
-
             return f"{UNKNOWN_PEER}: peer {who} has no accepted handshake with peer {t.peer_id} for this token"
         return ""
 

@@ -28,6 +28,11 @@ from graphfl.p2p.codec import Message, TensorSpecs, WireError
 logger = logging.getLogger(__name__)
 
 
+UNKNOWN_PEER = "unknown-peer"
+"""Prefix of a refusal that means "no accepted handshake with you": the sender handshakes again
+and resends once (the receiver restarted)."""
+
+
 class TransportError(RuntimeError):
     """A transport-level failure (unreachable peer, refused handshake, ...), with the peer named."""
 
