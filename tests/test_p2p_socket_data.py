@@ -139,10 +139,12 @@ def test_dead_neighbour_is_unreachable_and_a_restarted_one_is_reached_again(topo
 
 def test_mutual_tls_and_a_certificate_that_is_not_the_claimed_peer(topo, tmp_path):
     certs = generate_network_certs(tmp_path / "certs", 4)
-    a, b = peer(topo, 0, files(certs, 0)), peer(topo, 1, files(certs, 1))
+    n = 300_000  # 5 frames of 256 KiB over TLS, received in place
+    a, b = (peer(topo, i, files(certs, i), dim=n, chunk_bytes=256 << 10) for i in (0, 1))
     try:
-        assert a.send(1, 0, "params", {"theta": np.ones(DIM, np.float32)}).ok
-        assert 0 in b.receive(0, ["params"], [0], timeout=2.0)
+        x = np.random.default_rng(3).normal(size=n).astype(np.float32)
+        assert a.send(1, 0, "params", {"theta": x}).ok
+        np.testing.assert_array_equal(b.receive(0, ["params"], [0], timeout=5.0)[0]["params"].arrays["theta"], x)
         # peer 2's genuine certificate with peer 0's token (as if stolen): refused on the common name
         ctx = client_context(files(certs, 2))
         s, ack = raw_connect(b, 0, b.data_tokens[0], ctx, server_name="peer-1")
