@@ -489,20 +489,26 @@ class GrpcTransport(Transport):
             except HandshakeRefused as exc:
                 return SendResult(to, False, str(exc))
             except grpc.RpcError as exc:
-                with self._lock:
-                    self.verified.discard(to)
-                code = exc.code()
-                return SendResult(to, False, f"peer {to}: {code.name}: {exc.details()}", unreachable=code in _UNREACHABLE)
+                return self._rpc_failed(to, exc)
             except OSError as exc:
-                with self._lock:
-                    self.verified.discard(to)
+                self._unverify(to)
                 return SendResult(to, False, f"peer {to}: {exc}", unreachable=True)
             if not ack.accepted and ack.reason.startswith(UNKNOWN_PEER) and attempt == 0:
-                with self._lock:
-                    self.verified.discard(to)  # the neighbour restarted: handshake again, resend once
+                self._unverify(to)  # the neighbour restarted: handshake again, resend once
                 continue
             return self._acked(to, stream, ack)
         return SendResult(to, False, "neighbour does not accept our handshake")
+
+    def _unverify(self, to: int) -> None:
+        """Forget the handshake with ``to``: the next send handshakes again."""
+        with self._lock:
+            self.verified.discard(to)
+
+    def _rpc_failed(self, to: int, exc: grpc.RpcError) -> SendResult:
+        """A failed gRPC call to ``to``: unreachable only for :data:`_UNREACHABLE` codes."""
+        self._unverify(to)
+        code = exc.code()
+        return SendResult(to, False, f"peer {to}: {code.name}: {exc.details()}", unreachable=code in _UNREACHABLE)
 
     def _acked(self, to: int, stream: _EncodedMessage, ack: pb.Ack) -> SendResult:
         if ack.accepted:
@@ -514,7 +520,8 @@ class GrpcTransport(Transport):
     def _send_socket(self, to: int, stream: _EncodedMessage, timeout: float) -> SendResult:
         """:meth:`send` over the socket data path: handshake (gRPC) if needed, then the frames on
         a data connection. A failed connection is retried once after a fresh handshake (the
-        neighbour may have restarted on a new data port), within the same ``timeout``.
+        neighbour may have restarted on a new data port), within the same ``timeout``. (A message's
+        Ack never says ``unknown-peer`` here: the token was checked when the connection opened.)
         """
         assert self._data_client is not None
         deadline = time.monotonic() + timeout
@@ -530,24 +537,15 @@ class GrpcTransport(Transport):
             except HandshakeRefused as exc:
                 return SendResult(to, False, str(exc))
             except grpc.RpcError as exc:
-                with self._lock:
-                    self.verified.discard(to)
-                code = exc.code()
-                return SendResult(to, False, f"peer {to}: {code.name}: {exc.details()}", unreachable=code in _UNREACHABLE)
+                return self._rpc_failed(to, exc)
             except DataRefused as exc:
                 if exc.reason.startswith(UNKNOWN_PEER) and attempt == 0:
-                    with self._lock:
-                        self.verified.discard(to)
+                    self._unverify(to)
                     continue
                 return SendResult(to, False, exc.reason)
             except OSError as exc:  # refused, reset, TLS failure, timeout: handshake again once
-                with self._lock:
-                    self.verified.discard(to)
+                self._unverify(to)
                 last = f"peer {to}: data connection: {type(exc).__name__}: {exc}"
-                continue
-            if not ack.accepted and ack.reason.startswith(UNKNOWN_PEER) and attempt == 0:
-                with self._lock:
-                    self.verified.discard(to)
                 continue
             return self._acked(to, stream, ack)
         return SendResult(to, False, last, unreachable=True)
