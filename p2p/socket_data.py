@@ -390,6 +390,15 @@ class DataServer:
         write_record(sock, pb.Ack(accepted=ok, reason=reason, bytes_received=msg.wire_bytes).SerializeToString())
         return True
 
+    def _frame_head(self, sock: socket.socket, n: int) -> tuple[bytes, tuple[int, int, str, int] | None]:
+        """The first bytes of a frame of ``n`` bytes (its length checked before anything is read)
+        and, for a data frame, its :func:`~graphfl.p2p.codec.data_prefix`.
+        """
+        if n > self.t.max_frame_bytes:
+            raise WireError(f"frame of {n} bytes exceeds the limit of {self.t.max_frame_bytes} bytes")
+        head = recv_exact(sock, min(n, _HEAD))
+        return head, codec.data_prefix(head, n)
+
     def _read_frame(self, sock: socket.socket, n: int,
                     asm: codec.Assembler | None = None) -> pb.Frame | codec.DataFrame | None:
         """One frame of ``n`` bytes. A data frame's payload is received straight into the tensor
@@ -398,10 +407,7 @@ class DataServer:
         the Assembler keeps as the tensor when the frame holds all of it. Any other frame goes
         through protobuf.
         """
-        if n > self.t.max_frame_bytes:
-            raise WireError(f"frame of {n} bytes exceeds the limit of {self.t.max_frame_bytes} bytes")
-        head = recv_exact(sock, min(n, _HEAD))
-        prefix = codec.data_prefix(head, n)
+        head, prefix = self._frame_head(sock, n)
         if prefix is None:
             raw = head + recv_exact(sock, n - len(head)) if n > len(head) else head
             try:
@@ -425,10 +431,7 @@ class DataServer:
         view = np.empty(min(self.t.max_frame_bytes, 1 << 20), dtype=np.uint8).data
         while payload > 0:
             n = read_length(sock)
-            if n > self.t.max_frame_bytes:
-                raise WireError(f"frame of {n} bytes exceeds the limit of {self.t.max_frame_bytes} bytes")
-            head = recv_exact(sock, min(n, _HEAD))
-            prefix = codec.data_prefix(head, n)
+            head, prefix = self._frame_head(sock, n)
             if prefix is None:
                 raise WireError("a refused message continued with something other than data frames")
             payload -= n - prefix[3]
