@@ -253,6 +253,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from flwr.supercore.exit import add_exit_handler
         from flwr.supernode.cli import flower_supernode
 
+        from graphfl.server.handshake_retry import install_on_fleet_connections
+
+        install_on_fleet_connections()   # a TLS handshake the SuperLink cuts short is retried, not fatal
+
         if child is not None:
             add_exit_handler(child.stop)
         sys.argv = ["flower-supernode", *flower]

@@ -61,6 +61,7 @@ def main(grid: Grid, context: Context) -> None:
     from graphfl.common.envinfo import env_info
     from graphfl.common.records import arrays_to_record
     from graphfl.server.flower_adapter import CoreStrategy
+    from graphfl.server.handshake_retry import install_on_grid
     from graphfl.server.inprocess import server_inputs
     from graphfl.server.rounds import RunRecorder
 
@@ -70,6 +71,7 @@ def main(grid: Grid, context: Context) -> None:
     progress = progress_writer(out / PROGRESS_FILE, int(context.run_id))
     try:
         torch.set_num_threads(1)
+        install_on_grid(grid)     # a TLS handshake the SuperLink cuts short is retried, not fatal
         spec = registry.get(cfg.strategy)
         inputs = server_inputs(cfg)
         recorder = RunRecorder(cfg, cfg.strategy, out, env={**env_info(), "engine": cfg.engine},
