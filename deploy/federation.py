@@ -28,6 +28,15 @@ logger = logging.getLogger(__name__)
 
 CONNECTION = "graphfl"
 
+STATUS_RETRY_WAITS_S = (1.0, 2.0)
+"""Waits before asking again for a run's status when the ``flwr`` CLI found the SuperLink unavailable
+(a cut TLS handshake, a dropped connection): a query reads only, so asking again is safe, and one
+lost connection does not end the wait for a run that goes on. Submitting is not retried: the CLI's
+"unavailable" also covers a request that reached the SuperLink."""
+
+UNAVAILABLE = "Connection to the SuperLink is unavailable"
+"""What the ``flwr`` CLI prints for any failed HTTP request (it hides the cause)."""
+
 
 class FederationError(RuntimeError):
     """The federation or the run failed; the message says where to look."""
@@ -171,8 +180,20 @@ class Submitter:
         doc = flwr_cli(args, self.env, self.cli_timeout)
         return RunHandle(int(doc["run-id"]), out_dir)
 
-    def status(self, run_id: int) -> str:
-        doc = flwr_cli(["list", self.connection, "--run-id", str(run_id)], self.env, self.cli_timeout)
+    def status(self, run_id: int, retry_waits: tuple[float, ...] = STATUS_RETRY_WAITS_S) -> str:
+        """The run's status (``flwr list --run-id``), asked again after each of ``retry_waits`` while
+        the CLI finds the SuperLink unavailable; other failures, and the last try's, are raised.
+        """
+        for wait in (*retry_waits, None):
+            try:
+                doc = flwr_cli(["list", self.connection, "--run-id", str(run_id)], self.env, self.cli_timeout)
+                break
+            except FederationError as exc:
+                if wait is None or UNAVAILABLE not in str(exc):
+                    raise
+                logger.warning("run %d: the SuperLink was unavailable to `flwr list`; asking again in %.0f s",
+                               run_id, wait)
+                time.sleep(wait)
         runs = doc.get("runs") or []
         return str(runs[0].get("status", "unknown")) if runs else "unknown"
 

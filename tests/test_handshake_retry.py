@@ -177,3 +177,26 @@ def test_installed_on_flowers_grid_and_fleet_connection(monkeypatch):
     assert install_on_fleet_connections() is True                  # not wrapped twice
     made = fleet_http_connection.make_simple_http_retry_invoker()
     assert made.graphfl_tolerates_cut_handshakes is True
+
+
+def test_a_status_query_is_asked_again_when_the_superlink_was_unavailable(serve, tmp_path):
+    """``Submitter.status`` runs the real ``flwr list``; the CLI hides the cause ("unavailable")."""
+    import os
+
+    from graphfl.deploy.federation import UNAVAILABLE, FederationError, Submitter, write_connection
+
+    def submitter(server: CuttingTlsServer, name: str) -> Submitter:
+        home = tmp_path / name
+        write_connection(home, server.url.split("//")[1].rstrip("/"), server.ca)
+        return Submitter(home, {**os.environ, "FLWR_HOME": str(home)})
+
+    always = serve(lambda n: True)
+    with pytest.raises(FederationError, match=UNAVAILABLE):
+        submitter(always, "always").status(1, retry_waits=(0.01, 0.01))
+    assert always.accepted == 3                                    # asked three times, then raised
+
+    once = serve(lambda n: n == 1)
+    with pytest.raises(FederationError) as other:
+        submitter(once, "once").status(1, retry_waits=(0.01, 0.01))
+    assert UNAVAILABLE not in str(other.value)                     # the 2nd try reached the server: its
+    assert once.accepted == 2                                      # (non-Flower) answer fails at once
