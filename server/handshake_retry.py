@@ -10,7 +10,8 @@ its first round, with every process healthy; the ServerApp gave up and the run w
 
 :func:`tolerate_cut_handshakes` makes an invoker retry such an error, with Flower's own back-off
 (exponential from 1 s, jittered), at most :data:`CUT_HANDSHAKE_RETRIES` times in a row; any request
-that succeeds resets the count, and the next cut handshake past the bound is given up as before.
+that succeeds resets the count, and past the bound Flower decides as before (it gives up on an SSL
+error; it keeps retrying a plain "connection reset", e.g. while a SuperLink restarts).
 Retrying is safe for every request: an ``httpx.ConnectError`` is raised while the connection is being
 made, before a byte of the request is sent, and the invoker retries one HTTP request (not a whole
 ``push_messages``). A certificate failure (``CERTIFICATE_VERIFY_FAILED``, a wrong host name, plain
@@ -53,8 +54,10 @@ def is_cut_handshake(exc: BaseException) -> bool:
 def tolerate_cut_handshakes(invoker: Any, retries: int = CUT_HANDSHAKE_RETRIES, what: str = "SuperLink") -> Any:
     """Make a Flower ``RetryInvoker`` retry up to ``retries`` cut handshakes in a row; returns it.
 
-    Wraps the invoker's ``should_giveup`` (a cut handshake within the bound is not given up; any
-    other error is judged by the original) and ``on_success`` (which resets the count). Idempotent.
+    Wraps the invoker's ``should_giveup`` (a cut handshake within the bound is not given up; past
+    the bound, and for any other error, the original decides: Flower gives up on an error that
+    names SSL, and keeps retrying a plain reset) and ``on_success`` (which resets the count).
+    Idempotent.
     """
     if getattr(invoker, "graphfl_tolerates_cut_handshakes", False):
         return invoker
@@ -72,9 +75,7 @@ def tolerate_cut_handshakes(invoker: Any, retries: int = CUT_HANDSHAKE_RETRIES, 
                 logger.warning("connection to the %s cut during the TLS handshake (%s); retry %d of %d",
                                what, exc, count, retries)
                 return False
-            logger.error("connection to the %s cut during the TLS handshake %d times in a row; giving up",
-                         what, count)
-            return True
+            logger.error("connection to the %s cut during the TLS handshake %d times in a row", what, count)
         return bool(original_giveup(exc)) if original_giveup is not None else False
 
     def on_success(state: Any) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import socket
 import ssl
+import struct
 import threading
 from collections.abc import Callable
 
@@ -26,11 +27,33 @@ from graphfl.server.handshake_retry import (
 )
 
 
-class CuttingTlsServer:
-    """Accepts on 127.0.0.1; cuts the handshake of the connections ``cut(n)`` picks (n = 1, 2, ...), and
-    speaks TLS + HTTP/1.1 ("ok") on the others."""
+def read_request(sock: socket.socket) -> bytes:
+    """One HTTP/1.1 request: the head, then ``content-length`` bytes of body."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return data
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value.strip())
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        body += chunk
+    return head + b"\r\n\r\n" + body
 
-    def __init__(self, tls_dir, cut: Callable[[int], bool]) -> None:
+
+class CuttingTlsServer:
+    """Accepts on 127.0.0.1; cuts the handshake of the connections ``cut(n)`` picks (n = 1, 2, ...;
+    ``"reset"``: resets them instead), and speaks TLS + HTTP/1.1 ("ok") on the others."""
+
+    def __init__(self, tls_dir, cut: Callable[[int], bool | str]) -> None:
         files = generate_tls(tls_dir, hosts=["127.0.0.1"])
         self.ca = str(files.ca_cert)
         self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -52,7 +75,12 @@ class CuttingTlsServer:
                 continue
             self.accepted += 1
             conn.settimeout(5)
-            if self.cut(self.accepted):
+            how = self.cut(self.accepted)
+            if how == "reset":   # an RST instead of a handshake (SO_LINGER 0): "connection reset by peer"
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                conn.close()
+                continue
+            if how:
                 # read the ClientHello, then close: a FIN mid-handshake (the client sees an EOF); closing
                 # with the hello unread would send a reset instead, which Flower already retries
                 try:
@@ -65,7 +93,7 @@ class CuttingTlsServer:
                 continue
             try:
                 with self.context.wrap_socket(conn, server_side=True) as tls:
-                    tls.recv(65536)
+                    read_request(tls)   # all of it: closing with a body unread would reset the connection
                     tls.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok")
             except (OSError, ssl.SSLError):
                 conn.close()
@@ -86,7 +114,7 @@ class CuttingTlsServer:
 def serve(tmp_path):
     servers: list[CuttingTlsServer] = []
 
-    def make(cut: Callable[[int], bool]) -> CuttingTlsServer:
+    def make(cut: Callable[[int], bool | str]) -> CuttingTlsServer:
         servers.append(CuttingTlsServer(tmp_path / f"tls{len(servers)}", cut))
         return servers[-1]
 
@@ -152,6 +180,16 @@ def test_retries_are_bounded_and_a_success_resets_the_count(serve):
     assert always.accepted == CUT_HANDSHAKE_RETRIES + 1 and len(waits) == CUT_HANDSHAKE_RETRIES
 
 
+def test_past_the_bound_flower_decides_and_keeps_retrying_a_plain_reset(serve):
+    """Resets (e.g. a SuperLink restarting) are retried for ever by Flower; the wrapper leaves that be."""
+    resets = CUT_HANDSHAKE_RETRIES + 2
+    server = serve(lambda n: "reset" if n <= resets else False)
+    waits: list[float] = []
+    invoker = tolerate_cut_handshakes(flower_invoker(waits))
+    assert invoker.invoke(server.get) == "ok"
+    assert server.accepted == resets + 1 and len(waits) == resets
+
+
 def test_a_certificate_failure_is_still_given_up_at_once(serve):
     server = serve(lambda n: False)
     waits: list[float] = []
@@ -179,8 +217,9 @@ def test_installed_on_flowers_grid_and_fleet_connection(monkeypatch):
     assert made.graphfl_tolerates_cut_handshakes is True
 
 
-def test_a_status_query_is_asked_again_when_the_superlink_was_unavailable(serve, tmp_path):
+def test_a_status_query_is_asked_again_when_the_superlink_was_unavailable(serve, tmp_path, caplog):
     """``Submitter.status`` runs the real ``flwr list``; the CLI hides the cause ("unavailable")."""
+    import logging
     import os
 
     from graphfl.deploy.federation import UNAVAILABLE, FederationError, Submitter, write_connection
@@ -190,13 +229,18 @@ def test_a_status_query_is_asked_again_when_the_superlink_was_unavailable(serve,
         write_connection(home, server.url.split("//")[1].rstrip("/"), server.ca)
         return Submitter(home, {**os.environ, "FLWR_HOME": str(home)})
 
+    def asked_again() -> int:
+        return sum("asking again" in r.getMessage() for r in caplog.records)
+
+    caplog.set_level(logging.WARNING, logger="graphfl.deploy.federation")
     always = serve(lambda n: True)
     with pytest.raises(FederationError, match=UNAVAILABLE):
         submitter(always, "always").status(1, retry_waits=(0.01, 0.01))
-    assert always.accepted == 3                                    # asked three times, then raised
+    assert always.accepted == 3 and asked_again() == 2             # asked three times, then raised
 
+    caplog.clear()
     once = serve(lambda n: n == 1)
-    with pytest.raises(FederationError) as other:
+    with pytest.raises(FederationError, match="Invalid protobuf") as other:
         submitter(once, "once").status(1, retry_waits=(0.01, 0.01))
-    assert UNAVAILABLE not in str(other.value)                     # the 2nd try reached the server: its
-    assert once.accepted == 2                                      # (non-Flower) answer fails at once
+    assert UNAVAILABLE not in str(other.value)                     # the 2nd try reached the server,
+    assert asked_again() == 1 and once.accepted == 2               # and its (non-Flower) answer was raised
