@@ -29,6 +29,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import httpx  # Flower's HTTP client (a dependency of flwr)
+
 logger = logging.getLogger(__name__)
 
 CUT_HANDSHAKE_RETRIES = 5
@@ -41,10 +43,6 @@ the connection during the handshake."""
 
 def is_cut_handshake(exc: BaseException) -> bool:
     """True for an ``httpx.ConnectError`` whose text says the handshake was cut short (no request sent)."""
-    try:
-        import httpx
-    except ImportError:  # pragma: no cover - flwr depends on httpx
-        return False
     if not isinstance(exc, httpx.ConnectError):
         return False
     text = str(exc).lower()
