@@ -13,20 +13,26 @@ Fair set-up (issue 10):
   gradient tracking removes grows with ``1/(1 − λ₂(W))``, about 1.5 on ``C_5`` and 31 on ``C_20``).
   FedAvg = DFL-SGD with ``W = (1/n) 1 1ᵀ`` (full participation, averaging every ``tau`` steps,
   server traffic). All methods run through the registered p2p step functions in one process.
-* **Inputs.** Each node's inputs are standardised with its own training mean/std (targets are
-  built from the raw inputs, as in the paper). The previous constant scale 0.01 after the
-  targets were built shrank two nodes' inputs to near-constants.
-* **Step size.** Every (topology, ``tau``, method) picks its own ``alpha0`` from the same grid
-  (which includes the paper's 15) by the validation loss: 20 % of each node's training data held
-  out (:mod:`graphfl.tasks.holdout`), first seed only, criterion = mean own-model validation MSE
-  over the last 10 % of evaluation points; a run whose loss leaves the finite range counts as
-  +inf. The test split is never used for a choice.
-* **Metrics** (test split, chosen settings, ``SEEDS`` seeds, mean ± sd): own-model loss (node
-  i's model on node i's test split, "local testing loss"), the average model ``θ̄`` on every
-  node's test split (the objective of eq. 10.1), the stationarity ``‖(1/n) Σ_i ∇f_i(θ̄)‖²``
-  (full-batch gradients on the training data, ALGORITHMS §2.7) and the consensus violation
-  ``(1/n) Σ‖θ_i − θ̄‖²``; per seed the paired differences GT − SGD and FedAvg − GT with their
-  sign counts.
+* **Inputs** (ALGORITHMS §0.1 C1). One transform shared by all nodes: every node's inputs are
+  standardised with the mean/sd of all nodes' training inputs pooled, so the nodes keep their
+  different input ranges (targets are built from the raw inputs, as in the paper). Per-node
+  standardisation would give every node the same input distribution with conflicting targets,
+  whose consensus optimum is a floor every method reaches early.
+* **Step size** (C1). One rule for all methods, as in the paper: ``alpha0/√(t+1)`` with one
+  ``alpha0`` per (topology, ``tau``) shared by FedAvg, DFL-SGD and DFL-GT, chosen from a grid that
+  contains the paper's 15 by the mean over the three methods of the global-model validation MSE
+  (20 % of each node's training data held out, :mod:`graphfl.tasks.holdout`, first seed only,
+  last 10 % of evaluation points); a value at which any method leaves the finite range is not
+  eligible. The test split is never used for a choice.
+* **Metrics** (test split, chosen settings, ``SEEDS`` seeds, mean ± sd). Primary (C1: problem
+  P1's goal is one global model): the **global model** on every node's test split — FedAvg's
+  server model, the DFL methods' node average ``θ̄`` (the objective of eq. 10.1). Second view of
+  the same objective: each node's model right after the exchange (``Σ_j W_ij θ_j``, the model it
+  starts its local steps from) on every node's test split, averaged over nodes. Personalisation
+  metric, reported after them: own-model loss (node i's model after its local steps on node i's
+  test split). Also the stationarity ``‖(1/n) Σ_i ∇f_i(θ̄)‖²`` (full-batch gradients on the
+  training data, ALGORITHMS §2.7) and the consensus violation ``(1/n) Σ‖θ_i − θ̄‖²``; per seed the
+  paired differences GT − SGD and FedAvg − GT with their sign counts.
 
 ``run(quick, seed, out)`` writes ``<out>/dfl.{json,md,png}``.
 """
@@ -84,17 +90,19 @@ UNSPECIFIED = [
     "topology of the 5-node network: ring C5 (the paper shows no graph); Metropolis weights (1/3)",
     "a second, slowly mixing topology: 20-node ring, node i uses interval/nonlinearity i mod 5",
     "data: input dim 10, w* ~ N(0, I), y = sigma_i(x w*) + N(0, 0.01^2), 1000 train + 200 test per node",
-    "inputs standardised per node (own training mean/std); targets from the raw inputs",
+    "inputs standardised with the pooled training mean/sd of all nodes (one shared transform); targets from "
+    "the raw inputs",
     "model MLP 10-64-64-1 with ReLU, MSE loss, batch 32, identical initial model on all nodes",
-    "step rule alpha0/sqrt(t+1) (the paper's 1/sqrt(t) shifted to avoid t = 0); alpha0 tuned per "
-    "(topology, tau, method) on a grid that contains the paper's 15",
+    "step rule alpha0/sqrt(t+1) (the paper's 1/sqrt(t) shifted to avoid t = 0); one alpha0 per "
+    "(topology, tau) shared by all three methods, chosen on a grid that contains the paper's 15",
     f"validation: {VALIDATION_FRACTION:.0%} of each node's training data, first seed only; criterion: "
-    f"mean own-model validation MSE over the last {TAIL:.0%} of evaluation points; diverged = +inf; "
-    "final runs train on the full training split",
+    f"global-model validation MSE over the last {TAIL:.0%} of evaluation points, mean over the three methods; "
+    "a value at which any method diverges is not eligible; final runs train on the full training split",
     "tau in {1, 5, 10} (the paper does not give tau)",
     "FedAvg = averaging of all n models every tau steps (full participation)",
     "DFL-GT tracker initialised with the first stochastic gradient (GNSD), not 0 (ALGORITHMS §3.3)",
     "'final' = mean over the last 10% of evaluation points; stationarity and consensus at the last point",
+    "global model = FedAvg's server model / the DFL node average theta_bar, on all nodes' test splits",
     "a test run whose training loss diverges at the tuned alpha0 is rerun with the next smaller grid value "
     "(recorded per seed as alpha0_used_per_seed)",
 ]
@@ -103,6 +111,11 @@ UNSPECIFIED = [
 class Diverged(RuntimeError):
     """A run left the finite range (the step size is too large for this method)."""
 
+
+INPUTS = "pooled-standardised"
+"""The input transform (part of every cached run's key)."""
+METRICS_VERSION = 2
+"""Bumped when a cached run's recorded metrics change (part of its key)."""
 
 _cache = RunCache(None)  # run() points it at <out>/cache
 RESUMABLE = True
@@ -113,7 +126,8 @@ def cached_run(method: str, tau: int, alpha0: float, iterations: int, seed: int,
                split: str = "test", eval_points: int = 20, with_stationarity: bool = True) -> dict[str, Any]:
     """:func:`run_method` through the run cache (divergences are cached too and re-raised)."""
     key = {"bench": NAME, "method": method, "tau": tau, "alpha0": alpha0, "iterations": iterations, "seed": seed,
-           "n": n, "split": split, "eval_points": eval_points, "stationarity": with_stationarity}
+           "n": n, "split": split, "eval_points": eval_points, "stationarity": with_stationarity,
+           "inputs": INPUTS, "metrics": METRICS_VERSION}
 
     def go() -> dict[str, Any]:
         try:
@@ -131,7 +145,7 @@ def cached_run(method: str, tau: int, alpha0: float, iterations: int, seed: int,
 def make_oracles(n: int, seed: int, split: str = "test") -> list[Any]:
     """The ``n`` nodes' oracles; ``split = "val"`` trains on 80 % and evaluates on the held-out 20 %."""
     problem = validation_task(PROBLEM) if split == "val" else PROBLEM
-    spec = ProblemSpec(problem, num_nodes=n, seed=seed, batch_size=BATCH, standardize=True)
+    spec = ProblemSpec(problem, num_nodes=n, seed=seed, batch_size=BATCH, pooled_standardize=True)
     return [make_oracle(i, spec) for i in range(n)]
 
 
@@ -149,15 +163,36 @@ def stationarity(oracles: list[Any], theta_bar: np.ndarray) -> float:
     return float(g @ g)
 
 
+def global_loss(oracles: list[Any], theta: np.ndarray) -> float:
+    """``(1/n) Σ_j f_j^test(θ)``: one model on every node's test split (the objective of eq. 10.1)."""
+    return float(np.mean([o.test_loss(theta) for o in oracles]))
+
+
+def exchanged_models_loss(oracles: list[Any], w: np.ndarray, thetas: list[np.ndarray]) -> float:
+    """Mean over nodes ``i`` of :func:`global_loss` at ``Σ_j W_ij θ_j``.
+
+    The models the nodes start their next local steps from (after the exchange); for FedAvg
+    (``W = (1/n) 1 1ᵀ``) every node's is the server model.
+    """
+    stacked = np.stack([np.asarray(t, np.float64) for t in thetas])
+    mixed = (w @ stacked).astype(np.float32)
+    return float(np.mean([global_loss(oracles, m) for m in mixed]))
+
+
 def run_method(method: str, tau: int, alpha0: float, iterations: int, seed: int, n: int,
                split: str = "test", eval_points: int = 20, with_stationarity: bool = True) -> dict[str, Any]:
-    """One run; raises :class:`Diverged` as soon as a loss is non-finite or above 1e6."""
+    """One run; raises :class:`Diverged` as soon as a loss is non-finite or above 1e6.
+
+    ``with_stationarity`` also records, at the evaluation points, the stationarity and the
+    exchanged node models' global loss (:func:`exchanged_models_loss`).
+    """
     w = mixing(method, n)
     algo = registry.create("dfl-sgd" if method == "fedavg" else method, tau=tau, alpha0=alpha0)
     oracles = make_oracles(n, seed, split)
     rounds = iterations // tau
     eval_every = max(1, rounds // eval_points)
     stat: dict[int, float] = {}
+    exchanged: dict[int, float] = {}
 
     def on_step(t: int, states: list[NodeState]) -> None:
         if not all(math.isfinite(s.loss) and s.loss < 1e6 for s in states):
@@ -166,15 +201,17 @@ def run_method(method: str, tau: int, alpha0: float, iterations: int, seed: int,
         if with_stationarity and (last or ((t + 1) % tau == 0 and ((t // tau) + 1) % eval_every == 0)):
             theta_bar = np.mean([np.asarray(s.theta, np.float64) for s in states], axis=0).astype(np.float32)
             stat[t + 1] = stationarity(oracles, theta_bar)
+            exchanged[t + 1] = exchanged_models_loss(oracles, w, [s.theta for s in states])
 
     t0 = time.perf_counter()
     res = run_network_inprocess(algo, oracles, w, iterations, eval_every=eval_every,
                                 bytes_model="server" if method == "fedavg" else "gossip", on_step=on_step)
     curve = [{"round": c["round"], "t": c["t"], "test_loss": c["test_loss"],
               "avg_model_test_loss": c["avg_model_test_loss"], "stationarity": stat.get(c["t"]),
+              "exchanged_models_test_loss": exchanged.get(c["t"]),
               "consensus": c["consensus"], "bytes": c["bytes"], "seconds": c["seconds"]}
              for c in res.curve if "test_loss" in c]
-    if not all(math.isfinite(c["test_loss"]) and c["test_loss"] < 1e6 for c in curve):
+    if not all(math.isfinite(c[k]) and c[k] < 1e6 for c in curve for k in ("test_loss", "avg_model_test_loss")):
         raise Diverged(f"{method}, tau={tau}, alpha0={alpha0}: test loss non-finite")
     return {"curve": curve, "seconds": time.perf_counter() - t0, "final": summarize(curve)}
 
@@ -207,33 +244,44 @@ def summarize(curve: list[dict[str, Any]]) -> dict[str, Any]:
             "test_loss_over_run": float(np.mean([c["test_loss"] for c in curve])),
             "avg_model_test_loss": tail_mean(curve, "avg_model_test_loss"),
             "avg_model_over_run": float(np.mean([c["avg_model_test_loss"] for c in curve])),
+            "exchanged_models_test_loss": (tail_mean(curve, "exchanged_models_test_loss")
+                                           if any(c.get("exchanged_models_test_loss") is not None for c in curve)
+                                           else None),
             "stationarity": last.get("stationarity"), "consensus": last["consensus"],
             "rounds": last["round"], "bytes": last["bytes"]}
 
 
-def tune(method: str, tau: int, n: int, form: Form, seed: int) -> dict[str, Any]:
-    """``alpha0`` of ``method`` by validation loss (first seed, 20 % of the training data held out).
+def tune(tau: int, n: int, form: Form, seed: int) -> dict[str, Any]:
+    """One ``alpha0`` for all :data:`METHODS` at this (``n``-ring, ``tau``), by validation loss.
 
-    A winning edge of the grid is extended (×2 or ÷2, at most :data:`GRID_EXTENSIONS` steps,
-    :func:`~graphfl.bench.tuning.search_grid`); a diverging step never wins.
+    Criterion (ALGORITHMS §0.1 C1): the mean over the methods of the global-model validation MSE
+    (last 10 % of evaluation points; first seed, 20 % of the training data held out). A value at
+    which any method diverges is not eligible. A winning edge of the grid is extended (×2 or ÷2,
+    at most :data:`GRID_EXTENSIONS` steps, :func:`~graphfl.bench.tuning.search_grid`).
     """
     why: dict[str, str] = {}
+    per_method: dict[str, dict[str, float | None]] = {m: {} for m in METHODS}
 
     def score(a0: float) -> float | None:
-        try:
-            r = cached_run(method, tau, a0, form.iterations, seed, n, split="val",
-                           eval_points=form.eval_points, with_stationarity=False)
-        except Diverged as exc:
-            why[f"{a0:g}"] = str(exc)
-            return None
-        return float(r["final"]["test_loss"])
+        losses = []
+        for m in METHODS:
+            try:
+                r = cached_run(m, tau, a0, form.iterations, seed, n, split="val",
+                               eval_points=form.eval_points, with_stationarity=False)
+            except Diverged as exc:
+                why[f"{a0:g}"] = str(exc)
+                per_method[m][f"{a0:g}"] = None
+                return None
+            per_method[m][f"{a0:g}"] = float(r["final"]["avg_model_test_loss"])
+            losses.append(per_method[m][f"{a0:g}"])
+        return float(np.mean(losses))
 
     try:
         found = search_grid(score, form.grid, factor=2.0, max_extensions=GRID_EXTENSIONS)
     except RuntimeError:
-        raise RuntimeError(f"{method} tau={tau} n={n}: every alpha0 in {form.grid} diverged: {why}") from None
-    return {"grid_val_loss": found.grid_scores(), "diverged": why, "alpha0": found.chosen,
-            "at_grid_edge": found.at_edge, "extended": found.extended}
+        raise RuntimeError(f"tau={tau} n={n}: every alpha0 in {form.grid} diverged for some method: {why}") from None
+    return {"grid_val_loss": found.grid_scores(), "per_method_val_loss": per_method, "diverged": why,
+            "alpha0": found.chosen, "at_grid_edge": found.at_edge, "extended": found.extended}
 
 
 def _loss(v: float | None) -> str:
@@ -261,12 +309,12 @@ def _mean_curve(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     curve = []
     for k, c in enumerate(runs[0]["curve"]):
         row = dict(c)
-        for key in ("test_loss", "avg_model_test_loss", "stationarity", "consensus"):
+        for key in ("test_loss", "avg_model_test_loss", "exchanged_models_test_loss", "stationarity", "consensus"):
             vals = [r["curve"][k].get(key) for r in runs]
             if all(v is not None for v in vals):
                 row[key] = float(np.mean(vals))
-                if key == "test_loss":
-                    row["test_loss_sd"] = float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0
+                if key in ("test_loss", "avg_model_test_loss"):
+                    row[f"{key}_sd"] = float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0
         curve.append(row)
     return curve
 
@@ -290,16 +338,15 @@ def run(quick: bool, seed: int, out: Path) -> dict[str, Any]:
     for topo, n in TOPOLOGIES.items():
         tuning[topo], pairs[topo], ordering[topo] = {}, {}, {}
         for tau in TAUS:
-            tuned = {}
+            logger.info("B1 %s tau=%d: tuning the shared alpha0 on validation", topo, tau)
+            tuned = tune(tau, n, form, seed)
             finals: dict[str, list[dict[str, Any]]] = {}
             for m in METHODS:
-                logger.info("B1 %s tau=%d %s: tuning alpha0 on validation", topo, tau, m)
-                tuned[m] = tune(m, tau, n, form, seed)
                 runs: list[dict[str, Any]] = []
                 diverged = 0
                 used: list[float | None] = []
                 for s in seeds:
-                    r, a0 = run_with_backoff(m, tau, tuned[m]["alpha0"], form, s, n)
+                    r, a0 = run_with_backoff(m, tau, tuned["alpha0"], form, s, n)
                     used.append(a0)
                     if r is None:
                         diverged += 1
@@ -313,9 +360,9 @@ def run(quick: bool, seed: int, out: Path) -> dict[str, Any]:
                 finals[m] = per_seed if not diverged else []
                 final = {key: _pm([f[key] for f in per_seed])
                          for key in ("test_loss", "test_loss_over_run", "avg_model_test_loss", "avg_model_over_run",
-                                     "stationarity", "consensus")}
+                                     "exchanged_models_test_loss", "stationarity", "consensus")}
                 methods[label] = {
-                    "topology": topo, "nodes": n, "tau": tau, "method": m, "alpha0": tuned[m]["alpha0"],
+                    "topology": topo, "nodes": n, "tau": tau, "method": m, "alpha0": tuned["alpha0"],
                     "alpha0_used_per_seed": used,
                     "final": {**{k: v["mean"] for k, v in final.items()},
                               **{f"{k}_sd": v["sd"] for k, v in final.items()},
@@ -326,28 +373,31 @@ def run(quick: bool, seed: int, out: Path) -> dict[str, Any]:
                 }
             tuning[topo][str(tau)] = tuned
             if all(finals.get(m) for m in METHODS):
-                keys = ("test_loss", "test_loss_over_run", "avg_model_test_loss", "stationarity")
+                keys = ("avg_model_test_loss", "avg_model_over_run", "exchanged_models_test_loss", "test_loss",
+                        "test_loss_over_run", "stationarity")
                 pairs[topo][str(tau)] = {
                     "gt_minus_sgd": {k: paired(finals["dfl-gt"], finals["dfl-sgd"], k) for k in keys},
                     "fedavg_minus_gt": {k: paired(finals["fedavg"], finals["dfl-gt"], k) for k in keys},
                     "fedavg_minus_sgd": {k: paired(finals["fedavg"], finals["dfl-sgd"], k) for k in keys},
                 }
                 means = {m: methods[f"{topo} {m} tau={tau}"]["final"] for m in METHODS}
-                by_speed = sorted(METHODS, key=lambda m: means[m]["test_loss_over_run"])
-                by_final = sorted(METHODS, key=lambda m: means[m]["test_loss"])
-                by_avg = sorted(METHODS, key=lambda m: means[m]["avg_model_test_loss"])
+                by_speed = sorted(METHODS, key=lambda m: means[m]["avg_model_over_run"])
+                by_final = sorted(METHODS, key=lambda m: means[m]["avg_model_test_loss"])
+                by_own = sorted(METHODS, key=lambda m: means[m]["test_loss"])
                 paper = ["fedavg", "dfl-gt", "dfl-sgd"]
                 ordering[topo][str(tau)] = {
-                    "own_model_by_mean_over_run": by_speed, "own_model_by_final": by_final,
-                    "avg_model_by_final": by_avg,
+                    "global_model_by_mean_over_run": by_speed, "global_model_by_final": by_final,
+                    "own_model_by_final": by_own,
                     "paper_order_by_speed": by_speed == paper, "paper_order_by_final": by_final == paper,
                 }
     doc = {
         "name": NAME,
         "config": {"quick": quick, "seeds": seeds, "topologies": TOPOLOGIES, "taus": list(TAUS),
                    "iterations": form.iterations, "alpha0_grid": list(form.grid), "eval_points": form.eval_points,
-                   "batch_size": BATCH, "model": "MLP 10-64-64-1 (ReLU)", "step": "alpha0/sqrt(t+1)",
-                   "inputs": "standardised per node (own training mean/std)", "tuning_seed": seed,
+                   "batch_size": BATCH, "model": "MLP 10-64-64-1 (ReLU)",
+                   "step": "alpha0/sqrt(t+1), one alpha0 per (topology, tau) for all methods",
+                   "inputs": "standardised with the pooled training mean/sd of all nodes", "tuning_seed": seed,
+                   "primary_metric": "global model (FedAvg server model / DFL node average) test MSE",
                    "validation_fraction": VALIDATION_FRACTION, "paper_alpha0": PAPER_ALPHA0},
         "unspecified_settings": UNSPECIFIED,
         "paper": {"figure": "seed 000 Fig. 10.1 (test loss vs communication rounds, 5 nodes)",
@@ -368,22 +418,25 @@ def run(quick: bool, seed: int, out: Path) -> dict[str, Any]:
 
 
 def verdict(doc: dict[str, Any]) -> list[str]:
-    """One line per (topology, tau): does the paper's ordering appear, with the paired numbers."""
+    """One line per (topology, tau): does the paper's ordering appear on the global model, with the paired numbers."""
     lines = []
     for topo, per_tau in doc["paired"].items():
         for tau, p in per_tau.items():
             o = doc["ordering"][topo][tau]
-            gs = p["gt_minus_sgd"]
-            fg = p["fedavg_minus_gt"]
+            gs, fg = p["gt_minus_sgd"], p["fedavg_minus_gt"]
+
+            def cnt(d: dict[str, Any]) -> str:
+                return f"{d['first_better']}/{d['seeds']}"
+
             lines.append(
-                f"{topo} tau={tau}: speed order {' < '.join(o['own_model_by_mean_over_run'])}, final order "
-                f"{' < '.join(o['own_model_by_final'])} (paper: fedavg < dfl-gt < dfl-sgd); GT-SGD own-model final "
-                f"{_fmt_pm(gs['test_loss'])} (GT better in {gs['test_loss']['first_better']}/{gs['test_loss']['seeds']} "
-                f"seeds), avg-model {_fmt_pm(gs['avg_model_test_loss'])} ({gs['avg_model_test_loss']['first_better']}/"
-                f"{gs['avg_model_test_loss']['seeds']}), stationarity {_fmt_pm(gs['stationarity'])} "
-                f"({gs['stationarity']['first_better']}/{gs['stationarity']['seeds']}); FedAvg-GT own-model over run "
-                f"{_fmt_pm(fg['test_loss_over_run'])} ({fg['test_loss_over_run']['first_better']}/"
-                f"{fg['test_loss_over_run']['seeds']})")
+                f"{topo} tau={tau}: global model, speed order {' < '.join(o['global_model_by_mean_over_run'])}, "
+                f"final order {' < '.join(o['global_model_by_final'])} (paper: fedavg < dfl-gt < dfl-sgd); "
+                f"GT-SGD global model over run {_fmt_pm(gs['avg_model_over_run'])} (GT better in "
+                f"{cnt(gs['avg_model_over_run'])} seeds), final {_fmt_pm(gs['avg_model_test_loss'])} "
+                f"({cnt(gs['avg_model_test_loss'])}), stationarity {_fmt_pm(gs['stationarity'])} "
+                f"({cnt(gs['stationarity'])}); FedAvg-GT global model over run {_fmt_pm(fg['avg_model_over_run'])} "
+                f"({cnt(fg['avg_model_over_run'])}); personalisation (own model after local steps) GT-SGD final "
+                f"{_fmt_pm(gs['test_loss'])} ({cnt(gs['test_loss'])})")
     return lines
 
 
@@ -397,12 +450,14 @@ def render_markdown(doc: dict[str, Any]) -> str:
     cfg = doc["config"]
     lines = [
         "# B1: FedAvg vs DFL-SGD vs DFL-GT (seed 000 Fig. 10.1)", "",
-        f"{cfg['iterations']} iterations, seeds {cfg['seeds']}, step alpha0/sqrt(t+1) with alpha0 tuned per "
-        f"(topology, tau, method) on the validation split (grid {cfg['alpha0_grid']}, seed {cfg['tuning_seed']}); "
-        "inputs standardised per node. Test split, mean ± sd over seeds. Own = node i's model on node i's test "
-        "split; avg = the average model θ̄ on all test splits; stationarity = ‖(1/n) Σ ∇f_i(θ̄)‖² (full batch, "
-        "training data); final = mean of the last 10% of evaluation points, over run = mean of all of them "
-        "(lower = faster).", "",
+        f"{cfg['iterations']} iterations, seeds {cfg['seeds']}, step alpha0/sqrt(t+1) with one alpha0 per "
+        f"(topology, tau) for all methods, chosen on the validation split (grid {cfg['alpha0_grid']}, seed "
+        f"{cfg['tuning_seed']}); inputs standardised with the pooled training mean/sd of all nodes. Test split, "
+        "mean ± sd over seeds. **Global** = the global model (FedAvg's server model, the DFL node average θ̄) on "
+        "every node's test split, the primary metric; exchanged = each node's model after the exchange (its "
+        "next starting point) on every node's test split; own = node i's model after its local steps on node "
+        "i's test split (personalisation); stationarity = ‖(1/n) Σ ∇f_i(θ̄)‖² (full batch, training data); "
+        "final = mean of the last 10% of evaluation points, over run = mean of all of them (lower = faster).", "",
         "## Results (test)", "",
     ]
     rows = []
@@ -413,12 +468,15 @@ def render_markdown(doc: dict[str, Any]) -> str:
         a0 = res["alpha0"] if all(u == res["alpha0"] for u in res["alpha0_used_per_seed"]) else \
             f"{res['alpha0']:g} (used {', '.join('–' if u is None else f'{u:g}' for u in res['alpha0_used_per_seed'])})"
         rows.append([res["topology"], res["tau"], res["method"], a0,
-                     _pm_str(f["test_loss"], f["test_loss_sd"]), _pm_str(f["test_loss_over_run"], f["test_loss_over_run_sd"]),
                      _pm_str(f["avg_model_test_loss"], f["avg_model_test_loss_sd"]),
+                     _pm_str(f["avg_model_over_run"], f["avg_model_over_run_sd"]),
+                     _pm_str(f["exchanged_models_test_loss"], f["exchanged_models_test_loss_sd"]),
+                     _pm_str(f["test_loss"], f["test_loss_sd"]),
                      _pm_str(f["stationarity"], f["stationarity_sd"]), _pm_str(f["consensus"], f["consensus_sd"]),
                      f["rounds"], f["diverged"]])
-    lines += [markdown_table(rows, ["topology", "tau", "method", "alpha0", "own final", "own over run", "avg model final",
-                                    "stationarity", "consensus", "rounds", "diverged"]), ""]
+    lines += [markdown_table(rows, ["topology", "tau", "method", "alpha0", "global final", "global over run",
+                                    "exchanged final", "own final", "stationarity", "consensus", "rounds",
+                                    "diverged"]), ""]
     lines += ["## Paired per seed (negative = first method better; count = seeds where it is better)", ""]
     prow = []
     for topo, per_tau in doc["paired"].items():
@@ -427,21 +485,22 @@ def render_markdown(doc: dict[str, Any]) -> str:
                               ("FedAvg − SGD", "fedavg_minus_sgd")):
                 d = p[key]
                 prow.append([topo, tau, name] + [f"{_fmt_pm(d[k])} ({d[k]['first_better']}/{d[k]['seeds']})"
-                                                 for k in ("test_loss", "test_loss_over_run", "avg_model_test_loss",
+                                                 for k in ("avg_model_test_loss", "avg_model_over_run",
+                                                           "exchanged_models_test_loss", "test_loss",
                                                            "stationarity")])
-    lines += [markdown_table(prow, ["topology", "tau", "pair", "own final", "own over run", "avg model final",
-                                    "stationarity"]), ""]
-    lines += ["## Tuning (validation MSE per alpha0; – = diverged)", ""]
+    lines += [markdown_table(prow, ["topology", "tau", "pair", "global final", "global over run", "exchanged final",
+                                    "own final", "stationarity"]), ""]
+    lines += ["## Tuning (validation global-model MSE per alpha0, mean over the methods; – = some method diverged)",
+              ""]
     trow = []
     grid = [f"{a:g}" for a in cfg["alpha0_grid"]]
     for topo, per_tau in doc["tuning"].items():
-        for tau, per_m in per_tau.items():
-            for m, t in per_m.items():
-                trow.append([topo, tau, m] + [t["grid_val_loss"].get(a) for a in grid]
-                            + [t["alpha0"], "yes" if t["at_grid_edge"] else "",
-                               ", ".join(f"{x:g}: {_loss(t['grid_val_loss'].get(f'{x:g}'))}"
-                                         for x in t.get("extended", []))])
-    lines += [markdown_table(trow, ["topology", "tau", "method"] + [f"a0={a}" for a in grid]
+        for tau, t in per_tau.items():
+            trow.append([topo, tau] + [t["grid_val_loss"].get(a) for a in grid]
+                        + [t["alpha0"], "yes" if t["at_grid_edge"] else "",
+                           ", ".join(f"{x:g}: {_loss(t['grid_val_loss'].get(f'{x:g}'))}"
+                                     for x in t.get("extended", []))])
+    lines += [markdown_table(trow, ["topology", "tau"] + [f"a0={a}" for a in grid]
                              + ["chosen", "edge", "extended (val MSE)"]), ""]
     lines += ["## Against the paper (Fig. 10.1: FedAvg fastest, DFL-GT faster than DFL-SGD)", ""]
     lines += [f"- {v}" for v in doc["verdict"]]
@@ -465,10 +524,13 @@ def plot(doc: dict[str, Any], path: Path) -> None:
         style = {label: {"linestyle": {"1": "-", "5": "--", "10": ":"}[label.split("=")[1]],
                          "color": {"fedavg": "C0", "dfl-sgd": "C1", "dfl-gt": "C2"}[label.split()[0]]}
                  for label in series}
+        panels.append({"x": "round", "y": "avg_model_test_loss", "xlabel": "communication rounds",
+                       "ylabel": "test MSE of the global model", "series": series, "logy": True, "style": style,
+                       "title": f"{topo}: global model (FedAvg server / DFL average)"})
         panels.append({"x": "round", "y": "test_loss", "xlabel": "communication rounds",
                        "ylabel": "mean local test MSE (own model)", "series": series, "logy": True, "style": style,
-                       "title": f"{topo}: own-model test loss"})
+                       "title": f"{topo}: own model after local steps (personalisation)"})
         panels.append({"x": "round", "y": "stationarity", "xlabel": "communication rounds",
                        "ylabel": "||mean grad f_i(theta_bar)||^2", "series": series, "logy": True, "style": style,
                        "title": f"{topo}: stationarity at the average model"})
-    plot_panels(path, panels, title="B1: FedAvg vs DFL-SGD vs DFL-GT (alpha0 tuned on validation)")
+    plot_panels(path, panels, title="B1: FedAvg vs DFL-SGD vs DFL-GT (one alpha0, tuned on validation)")

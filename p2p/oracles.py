@@ -27,6 +27,7 @@ produces the same gradients in any process.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -58,6 +59,11 @@ class ProblemSpec:
     dim: int = 10
     samples: int = 200
     standardize: bool = False
+    """Standardise each node's inputs with that node's own training mean/sd."""
+    pooled_standardize: bool = False
+    """Standardise every node's inputs with the mean/sd of all ``num_nodes`` nodes' training
+    inputs pooled: one transform shared by all nodes (a simulation setting: a real network
+    cannot pool its raw data). Excludes ``standardize``."""
     input_scale: float = 1.0
     device: str = "cpu"
     data_dir: str = ""
@@ -374,11 +380,11 @@ class TorchTaskOracle:
 
     Input handling (the targets are the task's, built from its raw inputs, and never change):
     with ``standardize`` each node's inputs are standardised with that node's own *training*
-    mean/std (the statistics come from the training split only, so a validation or test split
-    never leaks into them); with ``input_scale`` they are multiplied by that constant on every
-    node after the targets were built. ``graphfl bench dfl`` uses per-node standardisation; the
-    constant scale (0.01 there before) shrank the inputs of the nodes on ``[-1, 1]`` and
-    ``[-0.1, 0.1]`` to near-constants, which made the task nearly degenerate.
+    mean/std; with ``pooled_standardize`` every node uses the mean/std of the pooled training
+    inputs of all ``num_nodes`` nodes (one shared affine transform, so the nodes keep their
+    different input ranges: ALGORITHMS.md §0.1 C1); the statistics come from training splits
+    only, so a validation or test split never leaks into them. With ``input_scale`` the inputs
+    are multiplied by that constant on every node after the targets were built.
     """
 
     def __init__(self, node: int, spec: ProblemSpec, partition: int | None = None) -> None:
@@ -398,8 +404,13 @@ class TorchTaskOracle:
             dev = resolve_auto(torch.cuda.is_available(), sum(p.numel() for p in task.build_model().parameters()))
         self.device = torch.device(dev)
         x_train, x_test = data.x_train.astype(np.float32), data.x_test.astype(np.float32)
+        if spec.standardize and spec.pooled_standardize:
+            raise ConfigError("standardize (per node) and pooled_standardize exclude each other; choose one")
         if spec.standardize:
             mu, sd = x_train.mean(axis=0), x_train.std(axis=0) + 1e-8
+            x_train, x_test = (x_train - mu) / sd, (x_test - mu) / sd
+        elif spec.pooled_standardize:
+            mu, sd = pooled_input_stats(spec.problem, spec.num_nodes, spec.seed)
             x_train, x_test = (x_train - mu) / sd, (x_test - mu) / sd
         if spec.input_scale != 1.0:
             x_train, x_test = x_train * np.float32(spec.input_scale), x_test * np.float32(spec.input_scale)
@@ -461,6 +472,23 @@ class TorchTaskOracle:
         self._load(theta)
         with self.torch.no_grad():
             return float(self.loss_fn(self.model(self.x_test), self.y_test).item())
+
+
+@functools.lru_cache(maxsize=8)
+def pooled_input_stats(problem: str, num_nodes: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-feature mean and sd of the training inputs of all ``num_nodes`` partitions pooled.
+
+    Every partition's training rows count once (a larger partition weighs more); float64
+    sums, returned as float32 ``(mean, sd + 1e-8)``.
+    """
+    from graphfl.common.config import DataConfig
+    from graphfl.tasks import registry
+
+    task = registry.create(problem, data=DataConfig(), data_dir="", seed=seed)
+    xs = [np.asarray(task.client_data(pid, num_nodes).x_train, np.float64) for pid in range(num_nodes)]
+    pooled = np.concatenate(xs, axis=0)
+    mu, sd = pooled.mean(axis=0), pooled.std(axis=0)
+    return mu.astype(np.float32), (sd + 1e-8).astype(np.float32)
 
 
 def make_oracle(node: int, spec: ProblemSpec, partition: int | None = None) -> Any:

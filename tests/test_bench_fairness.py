@@ -130,24 +130,30 @@ def test_test_graph_is_homologous_but_new() -> None:
     assert not np.allclose(train.client_data(0, n).x_train, test.client_data(0, n).x_train)
 
 
-def test_b1_tuning_picks_by_validation_never_test(monkeypatch: pytest.MonkeyPatch) -> None:
-    val = {0.1: 0.5, 0.3: 0.2, 0.6: 0.25, 1.0: None}  # None = diverged; 0.6 = the step tried between 0.3 and 1
+def test_b1_tuning_picks_one_alpha0_by_validation_never_test(monkeypatch: pytest.MonkeyPatch) -> None:
+    # one alpha0 for all methods (ALGORITHMS §0.1 C1): the mean of the methods' global-model validation losses;
+    # a value at which any method diverges is not eligible
+    val = {0.1: 0.5, 0.3: 0.2, 0.6: 0.25, 1.0: 0.01}
+    diverges = {("dfl-sgd", 1.0)}
     test = {0.1: 0.1, 0.3: 0.9, 0.6: 0.0, 1.0: 0.0}  # would pick 0.6, 1.0 or 0.1
     splits: list[str] = []
 
     def fake(method: str, tau: int, alpha0: float, iterations: int, seed: int, n: int, split: str = "test",
              **_: Any) -> dict[str, Any]:
         splits.append(split)
-        loss = val[alpha0] if split == "val" else test[alpha0]
-        if loss is None:
+        if (method, alpha0) in diverges:
             raise b1.Diverged("boom")
-        return {"final": {"test_loss": loss}}
+        loss = val[alpha0] if split == "val" else test[alpha0]
+        loss += {"fedavg": 0.0, "dfl-sgd": 0.1, "dfl-gt": 0.2}[method]
+        return {"final": {"avg_model_test_loss": loss, "test_loss": 0.0}}
 
     monkeypatch.setattr(b1, "run_method", fake)
+    monkeypatch.setattr(b1, "_cache", b1.RunCache(None))
     form = b1.Form(iterations=10, seeds=1, grid=(0.1, 0.3, 1.0), eval_points=2)
-    t = b1.tune("dfl-gt", 1, 5, form, seed=0)
+    t = b1.tune(1, 5, form, seed=0)
     assert t["alpha0"] == 0.3
-    assert t["grid_val_loss"] == {"0.1": 0.5, "0.3": 0.2, "0.6": 0.25, "1": None}
+    assert t["grid_val_loss"] == pytest.approx({"0.1": 0.6, "0.3": 0.3, "0.6": 0.35, "1": None})
+    assert t["per_method_val_loss"]["dfl-gt"]["0.3"] == pytest.approx(0.4)
     assert t["extended"] == [0.6] and not t["at_grid_edge"]
     assert set(splits) == {"val"}
 

@@ -1,0 +1,67 @@
+"""B1 (``graphfl bench dfl``) follows ALGORITHMS.md §0.1 C1: shared input transform, one step rule, global model first."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from graphfl.bench import dfl as b1
+from graphfl.p2p.oracles import ProblemSpec, make_oracle
+
+
+def test_pooled_standardisation_is_one_transform_shared_by_all_nodes() -> None:
+    n = 5
+    oracles = b1.make_oracles(n, seed=0)
+    xs = [o.x.numpy().astype(np.float64) for o in oracles]
+    pooled = np.concatenate(xs)
+    np.testing.assert_allclose(pooled.mean(0), 0.0, atol=1e-4)
+    np.testing.assert_allclose(pooled.std(0), 1.0, atol=1e-3)
+    # the nodes keep their different input ranges (per-node standardisation would give each sd 1)
+    sds = sorted(float(x.std()) for x in xs)
+    assert sds[0] < 0.1 < 0.3 < sds[-1]
+    # the same affine map on every node: raw = mu + sd * standardised, with one (mu, sd)
+    raw = [make_oracle(i, ProblemSpec("synthetic-dfl", num_nodes=n, seed=0)).x.numpy() for i in range(n)]
+    mu, sd = raw[0].mean(0) - xs[0].mean(0) * raw[0].std(0) / xs[0].std(0), raw[0].std(0) / xs[0].std(0)
+    for r, x in zip(raw, xs):
+        np.testing.assert_allclose(r, mu + sd * x, rtol=1e-3, atol=1e-2)
+
+
+def test_per_node_and_pooled_standardisation_exclude_each_other() -> None:
+    from graphfl.common.config import ConfigError
+
+    with pytest.raises(ConfigError, match="exclude each other"):
+        make_oracle(0, ProblemSpec("synthetic-dfl", num_nodes=5, standardize=True, pooled_standardize=True))
+
+
+def test_exchanged_models_of_fedavg_are_the_server_model() -> None:
+    oracles = b1.make_oracles(5, seed=1)
+    rng = np.random.default_rng(0)
+    thetas = [o.initial_theta() + 0.05 * rng.standard_normal(o.dim).astype(np.float32) for o in oracles]
+    w = b1.mixing("fedavg", 5)
+    theta_bar = np.mean(np.stack(thetas).astype(np.float64), axis=0).astype(np.float32)
+    assert b1.exchanged_models_loss(oracles, w, thetas) == pytest.approx(b1.global_loss(oracles, theta_bar), rel=1e-5)
+    # on a ring the exchanged models differ from the average: their mean loss is not the average's
+    ring = b1.mixing("dfl-sgd", 5)
+    assert b1.exchanged_models_loss(oracles, ring, thetas) != pytest.approx(b1.global_loss(oracles, theta_bar),
+                                                                            rel=1e-6)
+
+
+def test_one_alpha0_is_tuned_for_all_methods_on_the_global_model(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(b1, "_cache", b1.RunCache(tmp_path / "cache"))
+    form = b1.Form(iterations=20, seeds=1, grid=(0.05, 0.1), eval_points=2)
+    tuned = b1.tune(5, 5, form, seed=0)
+    assert set(tuned["per_method_val_loss"]) == set(b1.METHODS)
+    chosen = f"{tuned['alpha0']:g}"
+    per = [tuned["per_method_val_loss"][m][chosen] for m in b1.METHODS]
+    assert tuned["grid_val_loss"][chosen] == pytest.approx(float(np.mean(per)))
+    # the criterion is the global model's validation loss of each method's run
+    run = b1.cached_run("dfl-gt", 5, tuned["alpha0"], 20, 0, 5, split="val", eval_points=2, with_stationarity=False)
+    assert tuned["per_method_val_loss"]["dfl-gt"][chosen] == pytest.approx(run["final"]["avg_model_test_loss"])
+
+
+def test_run_records_the_global_model_and_the_exchanged_models() -> None:
+    r = b1.run_method("dfl-sgd", 5, 0.1, 20, 0, 5, eval_points=2)
+    last = r["curve"][-1]
+    for key in ("avg_model_test_loss", "exchanged_models_test_loss", "test_loss", "stationarity"):
+        assert last[key] is not None and np.isfinite(last[key])
+    assert r["final"]["exchanged_models_test_loss"] is not None
