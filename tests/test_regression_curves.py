@@ -5,7 +5,10 @@
 --record FILE``. Each case re-runs the same config and must reproduce every recorded number:
 curves (test/train loss, accuracy, per-client losses, bytes), the cores' server metrics
 (assignments, ARI, UL loss, hypergradient norms) and a digest of the final server state, to
-``RTOL = 1e-12`` (the runs are deterministic, so in practice bit-identical).
+``RTOL = 1e-6`` relative (``ATOL = 1e-9`` absolute for values near 0). The runs pass through torch
+and BLAS, whose kernels differ between CPUs (AVX2 against AVX-512 moved a loss in its 8th digit):
+on one machine they are bit-identical, across machines only close. Integers (assignments, client
+counts, bytes) must be equal.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ import numpy as np
 import pytest
 
 DATA = Path(__file__).with_name("data") / "regression_curves.json"
-RTOL = 1e-12
+RTOL = 1e-6
+ATOL = 1e-9
 
 CASES: dict[str, dict[str, Any]] = {
     "fesem-synthetic": {"strategy": "fesem", "task": "synthetic-multicenter", "nodes": 6, "rounds": 3,
@@ -56,7 +60,7 @@ def run_case(values: dict[str, Any]) -> dict[str, Any]:
 
 
 def assert_same(got: Any, want: Any, where: str = "") -> None:
-    """Equal structure; floats within ``RTOL`` (relative) or exactly equal."""
+    """Equal structure; floats within ``RTOL`` (relative) or ``ATOL`` (absolute); everything else equal."""
     if isinstance(want, dict):
         assert isinstance(got, dict) and sorted(got) == sorted(want), f"{where}: keys {sorted(got)} != {sorted(want)}"
         for k in want:
@@ -67,7 +71,7 @@ def assert_same(got: Any, want: Any, where: str = "") -> None:
             assert_same(g, w, f"{where}[{i}]")
     elif isinstance(want, float) and not isinstance(want, bool):
         assert isinstance(got, (int, float)), f"{where}: {got!r} is not a number"
-        assert math.isclose(got, want, rel_tol=RTOL, abs_tol=0.0) or got == want, f"{where}: {got!r} != {want!r}"
+        assert math.isclose(got, want, rel_tol=RTOL, abs_tol=ATOL) or got == want, f"{where}: {got!r} != {want!r}"
     else:
         assert got == want, f"{where}: {got!r} != {want!r}"
 
