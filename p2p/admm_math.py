@@ -48,8 +48,10 @@ Invariants (derived, tested): after every edge step ``α_ij = −λ s_ij`` with
 Also here: M-estimation losses (:class:`MLoss` protocol, :class:`LeastSquaresLoss`,
 :class:`LogisticLoss`), local/global estimators (damped Newton), the step-size rule
 (:class:`StepSchedule`), edge selection (§6.9, :func:`select_edges`), randomly inaccessible
-devices (§6.10), λ by K-fold cross-validation (:func:`cross_validate_lambda`) and the all-nodes
-reference loop :func:`run_admm_reference`.
+devices (§6.10), λ by K-fold cross-validation (:func:`cross_validate_lambda`), the all-nodes
+reference loop :func:`run_admm_reference` and the same iteration on stacked arrays
+(:func:`run_admm_stacked`, for benchmarks). The edge test's covariance (:func:`local_statistics`)
+is the σ̂²-scaled Hessian form by default, or the sandwich with or without the HC3 correction.
 
 Reproducibility: all sums over neighbours run in ascending neighbour id; edge lists are kept in
 the canonical order of :func:`canonical_edges`; mini-batch indices are sorted before summing.
@@ -65,7 +67,7 @@ from typing import Literal, Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
-from scipy import special, stats
+from scipy import sparse, special, stats
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +80,9 @@ Dataset = tuple[FloatArray, FloatArray]
 ModelT = TypeVar("ModelT")
 
 PHIS: tuple[str, ...] = ("l1", "l2")
+Covariance = Literal["hessian", "sandwich-hc3", "sandwich"]
+COVARIANCES: tuple[str, ...] = ("hessian", "sandwich-hc3", "sandwich")
+"""Covariance estimators of the edge test (:func:`local_statistics`); the first is the default."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -136,6 +141,12 @@ class MLoss(Protocol):
     i.e. it evaluates ``M̂(θ) = (1/n) Σ_k m(z_k; θ)`` and its derivatives. ``scores`` returns the
     per-sample gradients ``ψ(z_k; θ) = ∇_θ m(z_k; θ)`` as rows (needed by the sandwich
     covariance of §6.9). Any loss with these four methods plugs into every function here.
+
+    Two optional methods refine the edge test's covariance (:func:`local_statistics`):
+    ``dispersion(θ, X, y, dof)`` — the scale ``σ̂²`` of the Hessian form ``σ̂²·Ĥ⁻¹`` (a loss
+    without it is taken as a negative log-likelihood with unit dispersion, ``σ̂² = 1``) — and
+    ``sample_curvatures(θ, X, y)`` — ``w_k`` with ``∇²m(z_k; θ) = w_k x_k x_kᵀ`` (needed for the
+    HC3 leverages).
     """
 
     def value(self, theta: FloatArray, X: FloatArray, y: FloatArray) -> float: ...
@@ -151,6 +162,7 @@ class LeastSquaresLoss:
     """``m((x, y); θ) = ½ (y − xᵀθ)²`` (§6.12 simulation loss).
 
     ``M̂ = (1/2n) ‖y − Xθ‖²``, ``∇M̂ = −Xᵀ(y − Xθ)/n``, ``∇²M̂ = XᵀX/n``, ``ψ_k = −(y_k − x_kᵀθ) x_k``.
+    Not a likelihood: the noise variance is estimated, ``σ̂² = RSS/dof`` (:meth:`dispersion`).
     """
 
     def value(self, theta: FloatArray, X: FloatArray, y: FloatArray) -> float:
@@ -174,6 +186,18 @@ class LeastSquaresLoss:
         r = yy - x @ th
         out: FloatArray = -r[:, None] * x
         return out
+
+    def dispersion(self, theta: FloatArray, X: FloatArray, y: FloatArray, dof: float) -> float:
+        """``σ̂² = RSS / dof`` with ``RSS = Σ_k (y_k − x_kᵀθ)²`` (``dof = n − p`` for an unpenalised fit)."""
+        th, x, yy = _check_xy(theta, X, y)
+        d = _check_positive("dof", dof)
+        r = yy - x @ th
+        return float(r @ r) / d
+
+    def sample_curvatures(self, theta: FloatArray, X: FloatArray, y: FloatArray) -> FloatArray:
+        """``w_k = 1``: ``∇²m(z_k; θ) = x_k x_kᵀ``."""
+        _, x, _ = _check_xy(theta, X, y)
+        return np.ones(x.shape[0])
 
 
 class LogisticLoss:
@@ -216,6 +240,19 @@ class LogisticLoss:
         self._check_labels(yy)
         r = special.expit(x @ th) - yy
         out: FloatArray = r[:, None] * x
+        return out
+
+    def dispersion(self, theta: FloatArray, X: FloatArray, y: FloatArray, dof: float) -> float:
+        """``1``: a Bernoulli negative log-likelihood has no free scale (Ω̂ = Ĥ⁻¹, seed 001 eq. 2)."""
+        _check_xy(theta, X, y)
+        return 1.0
+
+    def sample_curvatures(self, theta: FloatArray, X: FloatArray, y: FloatArray) -> FloatArray:
+        """``w_k = σ(z_k)(1 − σ(z_k))``: ``∇²m(z_k; θ) = w_k x_k x_kᵀ``."""
+        th, x, yy = _check_xy(theta, X, y)
+        self._check_labels(yy)
+        z = x @ th
+        out: FloatArray = special.expit(z) * special.expit(-z)
         return out
 
 
@@ -845,7 +882,8 @@ class AvailabilityTracker:
 @dataclass(frozen=True)
 class LocalStatistics:
     """What node ``u`` sends its neighbours once for edge selection (§6.9): ``θ̂_u`` and the
-    estimated covariance ``Ω̂_u / n_u`` of ``θ̂_u`` (``p + p²`` floats), plus ``n_u`` and the ridge used.
+    estimated covariance ``Ω̂_u / n_u`` of ``θ̂_u`` (``p + p²`` floats, :func:`local_statistics`),
+    plus ``n_u`` and the ridge used.
     """
 
     theta: FloatArray
@@ -859,18 +897,41 @@ def local_statistics(
     X: FloatArray,
     y: FloatArray,
     *,
-    covariance: Literal["sandwich", "hessian"] = "sandwich",
+    covariance: Covariance = "hessian",
     ridge: float | None = None,
     max_iter: int = 100,
 ) -> LocalStatistics:
-    """Local estimator and its covariance (§6.9)::
+    """Local estimator and the estimated covariance of it for the edge test (§6.9, ALGORITHMS §0.1 C3)::
 
         θ̂_u = argmin M̂_u(θ) (+ ridge/2 ‖θ‖²)
-        Ĥ_u = (1/n_u) Σ_k ∇²m(z_k; θ̂_u) (+ ridge·I),   Σ̂_u = (1/n_u) Σ_k ψ_k ψ_kᵀ at θ̂_u
-        Ω̂_u = Ĥ_u⁻¹ Σ̂_u Ĥ_u⁻ᵀ  (covariance="sandwich", original paper)
-        Ω̂_u = Ĥ_u⁻¹             (covariance="hessian", seed 001; valid for a negative log-likelihood,
-                                 e.g. logistic, or least squares with σ² = 1)
+        Ĥ_u = (1/n_u) Σ_k ∇²m(z_k; θ̂_u) (+ ridge·I),   ψ_k = ∇m(z_k; θ̂_u)
         returned cov = Ω̂_u / n_u
+
+    ``covariance`` picks ``Ω̂_u``:
+
+    ``"hessian"`` (default) — the Hessian form of seed 001 eq. 2, ``Ω̂_u/n_u = {n_u Ĥ_u}⁻¹``,
+        scaled by the loss's dispersion::
+
+            Ω̂_u = σ̂²_u Ĥ_u⁻¹,   σ̂²_u = RSS_u / (n_u − p_eff)   (least squares, RSS_u = Σ_k (y_k − x_kᵀθ̂_u)²)
+            Ω̂_u = Ĥ_u⁻¹                                       (logistic and other negative log-likelihoods)
+
+        ``p_eff = tr(Ĥ_u⁻¹ ∇²M̂_u)`` (``= p`` without a ridge; below ``p`` with one), and the
+        residual degrees of freedom ``n_u − p_eff`` are floored at 1. For least squares this is
+        the classical ``σ̂² (XᵀX)⁻¹``: exact under Gaussian noise up to the estimate of ``σ²``.
+    ``"sandwich-hc3"`` — the sandwich with MacKinnon–White's HC3 small-sample correction::
+
+            Ω̂_u = Ĥ_u⁻¹ Σ̃_u Ĥ_u⁻¹,   Σ̃_u = (1/n_u) Σ_k ψ_k ψ_kᵀ / (1 − h_k)²,
+            h_k = w_k x_kᵀ (n_u Ĥ_u)⁻¹ x_k                     (the leverage; ∇²m(z_k) = w_k x_k x_kᵀ)
+
+        For least squares: ``(XᵀX)⁻¹ Xᵀ diag(r_k²/(1 − h_k)²) X (XᵀX)⁻¹``. Robust to unequal
+        noise, conservative in small samples. Needs ``loss.sample_curvatures``; leverages are
+        clipped at ``1 − 1e-8`` (a sample of leverage 1 is fitted exactly).
+    ``"sandwich"`` — the plug-in sandwich of the original paper (HC0)::
+
+            Ω̂_u = Ĥ_u⁻¹ Σ̂_u Ĥ_u⁻¹,   Σ̂_u = (1/n_u) Σ_k ψ_k ψ_kᵀ
+
+        Consistent, but it underestimates the variance when ``p/n_u`` is not small (the residuals
+        are shrunk by ``1 − h_k``), so the test then drops true edges far beyond ``α``.
 
     ``ridge=None`` (automatic, §6.11): no ridge unless ``n_u < p``, ``Ĥ_u(0)`` is ill-conditioned
     (condition number > 1e10) or Newton fails to converge; then ``1e-6 · tr(Ĥ)/p``. ``Ĥ_u`` is
@@ -881,8 +942,12 @@ def local_statistics(
         raise ValueError(f"X must be a 2-D array (n, p), got shape {x.shape}")
     th0, x, yy = _check_xy(np.zeros(x.shape[1]), x, y)
     n, p = x.shape
-    if covariance not in ("sandwich", "hessian"):
-        raise ValueError(f"covariance must be 'sandwich' or 'hessian', got {covariance!r}")
+    if covariance not in COVARIANCES:
+        raise ValueError(f"covariance must be one of {list(COVARIANCES)}, got {covariance!r}")
+    curvatures = getattr(loss, "sample_curvatures", None)
+    if covariance == "sandwich-hc3" and curvatures is None:
+        raise ValueError(f"covariance 'sandwich-hc3' needs per-sample curvatures (leverages); "
+                         f"{type(loss).__name__} has no sample_curvatures method")
     if ridge is None:
         h0 = loss.hessian(th0, x, yy)
         lo, hi = hessian_spectrum(h0)
@@ -902,16 +967,50 @@ def local_statistics(
     else:
         r = _check_positive("ridge", ridge, allow_zero=True)
         theta = local_estimator(loss, x, yy, ridge=r, max_iter=max_iter)
-    h = loss.hessian(theta, x, yy) + r * np.eye(p)
-    h_inv = np.linalg.pinv(h, hermitian=True)
+    h_data = loss.hessian(theta, x, yy)
+    h_inv = np.linalg.pinv(h_data + r * np.eye(p), hermitian=True)
     if covariance == "hessian":
-        omega = h_inv
+        omega = dispersion(loss, theta, x, yy, n - float(np.trace(h_inv @ h_data))) * h_inv
     else:
         sc = loss.scores(theta, x, yy)
+        if covariance == "sandwich-hc3":
+            assert curvatures is not None
+            lev = hc3_leverages(np.asarray(curvatures(theta, x, yy), dtype=np.float64), x, h_inv)
+            sc = sc / (1.0 - lev)[:, None]
         sigma = (sc.T @ sc) / n
         omega = h_inv @ sigma @ h_inv.T
     cov: FloatArray = 0.5 * (omega + omega.T) / n
     return LocalStatistics(theta=theta, cov=cov, n=n, ridge=r)
+
+
+def dispersion(loss: MLoss, theta: FloatArray, X: FloatArray, y: FloatArray, dof: float) -> float:
+    """The scale ``σ̂²`` of the Hessian-form covariance ``σ̂²·Ĥ⁻¹`` (:func:`local_statistics`).
+
+    ``loss.dispersion(θ, X, y, max(dof, 1))`` when the loss has that method (least squares:
+    ``RSS/dof``), else 1 (a negative log-likelihood). ``dof`` is the residual degrees of freedom
+    ``n − p_eff``; below 1 (``n ≤ p``, the fit interpolates) it is floored at 1 with a warning.
+    """
+    method = getattr(loss, "dispersion", None)
+    if method is None:
+        return 1.0
+    d = float(dof)
+    if not d >= 1.0:
+        logger.warning("local_statistics: %.3g residual degrees of freedom (n <= p); sigma^2 uses 1", d)
+        d = 1.0
+    return float(method(theta, X, y, d))
+
+
+def hc3_leverages(curvatures: FloatArray, X: FloatArray, hessian_inv: FloatArray) -> FloatArray:
+    """Leverages ``h_k = w_k x_kᵀ (n Ĥ)⁻¹ x_k`` of HC3 (``hessian_inv`` = ``Ĥ⁻¹`` of the averaged loss).
+
+    For least squares (``w_k = 1``, ``Ĥ = XᵀX/n``) the diagonal of the hat matrix
+    ``X(XᵀX)⁻¹Xᵀ``; for a GLM the working-weight leverages. Clipped to ``[0, 1 − 1e-8]``.
+    """
+    x = np.asarray(X, dtype=np.float64)
+    w = _as_vector("curvatures", curvatures, x.shape[0])
+    h = w * np.einsum("kj,jl,kl->k", x, np.asarray(hessian_inv, dtype=np.float64), x) / x.shape[0]
+    out: FloatArray = np.clip(h, 0.0, 1.0 - 1e-8)
+    return out
 
 
 def wald_statistic(a: LocalStatistics, b: LocalStatistics) -> tuple[float, int]:
@@ -1164,6 +1263,114 @@ def run_admm_reference(
 
     theta_avg = np.stack([a.mean() for a in averages])
     return ADMMResult(theta, theta_avg, primal, dual, halves, tuple(es))
+
+
+def run_admm_stacked(
+    loss: MLoss | Sequence[MLoss],
+    data: Sequence[Dataset],
+    edges: Iterable[Sequence[int]],
+    *,
+    lam: float,
+    rho: float = 1.0,
+    phi: Phi = "l1",
+    n_iter: int = 600,
+    step: StepSchedule | None = None,
+    batch_size: int | None = None,
+    seed: int = 0,
+    theta0: FloatArray | None = None,
+    on_iteration: Callable[[int, FloatArray], None] | None = None,
+) -> ADMMResult:
+    """:func:`run_admm_reference` (Algorithm 1, every device always available, no projection) on
+    stacked arrays: one iteration is a few array operations over all nodes and all edges.
+
+    The same iteration, initialisation, step schedule and mini-batch draws (node ``u`` draws from
+    ``SeedSequence(seed).spawn(V + 1)[u]`` in node order); only the order of floating-point sums
+    differs (the coupling ``Σ_j (ρ(θ_i − β_ij) − α_ij)`` is one sparse product, the
+    full-batch least-squares gradients of equal-size nodes with one ``einsum``), so the iterates
+    agree with the reference to rounding (tested to 1e-9 relative), not bit for bit. Half-edges are
+    rows of two ``(2|E|, p)`` arrays: row ``k`` is the owner's half ``(i, j)`` of canonical edge ``k``,
+    row ``|E| + k`` the other half ``(j, i)``.
+    """
+    d, p = _check_data(data)
+    n_nodes = len(d)
+    losses = _per_node_losses(loss, n_nodes)
+    lam = _check_positive("lam", lam, allow_zero=True)
+    rho = _check_positive("rho", rho)
+    phi = _check_phi(phi)
+    if n_iter < 1:
+        raise ValueError(f"n_iter must be >= 1, got {n_iter}")
+    es = canonical_edges(edges, n_nodes)
+    n_edges = len(es)
+    owner = np.asarray([i for i, _ in es], dtype=np.int64)
+    other = np.asarray([j for _, j in es], dtype=np.int64)
+    holder = np.concatenate([owner, other])  # the node that holds half-row h
+    degree = np.bincount(holder, minlength=n_nodes)
+    gather = sparse.csr_matrix((np.ones(2 * n_edges), (holder, np.arange(2 * n_edges))), shape=(n_nodes, 2 * n_edges))
+
+    if theta0 is None:
+        theta = np.zeros((n_nodes, p))
+    else:
+        init = np.asarray(theta0, dtype=np.float64)
+        if init.shape == (p,):
+            theta = np.tile(init, (n_nodes, 1))
+        elif init.shape == (n_nodes, p):
+            theta = init.copy()
+        else:
+            raise ValueError(f"theta0 must have shape ({p},) or ({n_nodes}, {p}), got {init.shape}")
+    if step is None:
+        step = default_step_schedule([m.hessian(theta[u], x, yy) for u, (m, (x, yy)) in enumerate(zip(losses, d))])
+        logger.info("run_admm_stacked: default step c=%g t0=%g", step.c, step.t0)
+    children = np.random.SeedSequence(seed).spawn(n_nodes + 1)
+    node_rngs = [np.random.default_rng(c) for c in children[:n_nodes]]
+    full = batch_size is None or all(batch_size >= x.shape[0] for x, _ in d)
+    stacked = (full and all(isinstance(m, LeastSquaresLoss) for m in losses)
+               and len({x.shape for x, _ in d}) == 1)
+    if stacked:
+        xs = np.stack([x for x, _ in d])
+        ys = np.stack([yy for _, yy in d])
+
+    beta = theta[holder].copy()  # β_ij(0) = θ_i(0)
+    alpha = np.zeros((2 * n_edges, p))
+    total = np.zeros((n_nodes, p))
+    primal = np.zeros(n_iter)
+    dual = np.zeros(n_iter)
+    tau = 2.0 * lam / rho
+    for t in range(n_iter):
+        total += theta
+        if stacked:
+            resid = np.einsum("vnp,vp->vn", xs, theta) - ys
+            grad = np.einsum("vnp,vn->vp", xs, resid) / xs.shape[1]
+        else:
+            grad = np.stack([minibatch_gradient(losses[u], theta[u], x, yy, batch_size=batch_size, rng=node_rngs[u])
+                             for u, (x, yy) in enumerate(d)])
+        coupling = gather @ (rho * (theta[holder] - beta) - alpha) if n_edges else np.zeros((n_nodes, p))
+        base = step.base(t)
+        eta = base / (1.0 + rho * degree * base)  # StepSchedule.eta for every node
+        theta = theta - eta[:, None] * (grad + coupling)
+        if n_edges:
+            a = theta[owner] - alpha[:n_edges] / rho
+            b = theta[other] - alpha[n_edges:] / rho
+            mid = 0.5 * (a + b)
+            e = a - b
+            if phi == "l1":
+                delta = np.sign(e) * np.maximum(np.abs(e) - tau, 0.0)
+            else:
+                norm = np.sqrt(np.sum(e * e, axis=1, keepdims=True))
+                delta = np.where(norm > tau, (1.0 - tau / np.where(norm > 0, norm, 1.0)) * e, 0.0)
+            new_beta = np.concatenate([mid + 0.5 * delta, mid - 0.5 * delta])
+            r = theta[holder] - new_beta
+            alpha = alpha - rho * r
+            primal[t] = math.sqrt(float(np.sum(r * r)))
+            dual[t] = rho * math.sqrt(float(np.sum((new_beta - beta) ** 2)))
+            beta = new_beta
+        if on_iteration is not None:
+            on_iteration(t, theta.copy())
+
+    halves: dict[Edge, EdgeState] = {}
+    for k, (i, j) in enumerate(es):
+        halves[(i, j)] = EdgeState(beta[k].copy(), alpha[k].copy())
+        halves[(j, i)] = EdgeState(beta[n_edges + k].copy(), alpha[n_edges + k].copy())
+    return ADMMResult(theta, total / n_iter, primal, dual, halves, tuple(es))
 
 
 # ---------------------------------------------------------------------------------------------

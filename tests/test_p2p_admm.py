@@ -214,7 +214,8 @@ def test_settings_are_checked():
     for bad, match in [({"lam": "-1"}, ">= 0"), ({"lam": "x"}, "number"), ({"rho": 0}, "rho"),
                        ({"availability": "0"}, r"\(0, 1\]"), ({"ipw": "sometimes"}, "ipw"),
                        ({"edge-selection": "all"}, "edge-selection"), ({"loss": "hinge"}, "loss"),
-                       ({"es-alpha": 1.5}, "es-alpha")]:
+                       ({"es-alpha": 1.5}, "es-alpha"),
+                       ({"es-covariance": "hc0"}, r"es-covariance = 'hc0' is not valid; choose one of \[.*'sandwich-hc3'")]:
         with pytest.raises(ConfigError, match=match):
             parse_p2p_config({"algorithm": "admm", **bad})
     with pytest.raises(ConfigError, match="3 values for 4 nodes"):

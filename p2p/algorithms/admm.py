@@ -21,9 +21,9 @@ One iteration ``t`` of node ``i``
 With edge selection, iteration ``t = 0`` starts with two one-off phases:
 
 ``stats``: every node sends ``(θ̂_i, Ω̂_i/n_i, n_i)`` (:func:`~graphfl.p2p.admm_math.local_statistics`,
-  computed in ``init``) to its neighbours; the owner of each edge computes ``W²`` and keeps the
-  edge iff ``W² ≤ χ²_df.isf(α/|E|)`` (Bonferroni over the ``|E|`` tested edges: the given
-  graph's, or all ``n(n−1)/2`` pairs for Local-ES), exactly as
+  computed in ``init`` with the ``es-covariance`` estimator) to its neighbours; the owner of
+  each edge computes ``W²`` and keeps the edge iff ``W² ≤ χ²_df.isf(α/|E|)`` (Bonferroni over
+  the ``|E|`` tested edges: the given graph's, or all ``n(n−1)/2`` pairs for Local-ES), exactly as
   :func:`~graphfl.p2p.admm_math.select_edges`.
 ``select``: the owner sends its decision ``(kept, W², df, p-value)`` to the other endpoint. A
   dropped edge leaves both nodes' state (and every later exchange) for the rest of the run.
@@ -87,7 +87,7 @@ import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -117,7 +117,7 @@ PENALTIES = ("l1", "l2")
 STEPS = ("auto", "decay", "constant")
 IPW_MODES = ("known", "estimated", "none")
 SELECTIONS = ("none", "given", "complete")
-COVARIANCES = ("sandwich", "hessian")
+COVARIANCES = ("hessian", "sandwich-hc3", "sandwich")  # = admm_math.COVARIANCES (not imported: scipy)
 
 STATS, SELECT, EDGE = "stats", "select", "edge"
 STATS_PHASE = Phase("stats", (STATS,))
@@ -177,7 +177,12 @@ class ADMMParams:
     es_alpha
         Family-wise level ``α`` of the Bonferroni test (default 0.05).
     es_covariance
-        ``sandwich`` (``Ĥ⁻¹Σ̂Ĥ⁻¹``, default) | ``hessian`` (``Ĥ⁻¹``; a likelihood with σ² = 1).
+        The covariance ``Ω̂_i/n_i`` of the local estimator in the edge test
+        (:func:`~graphfl.p2p.admm_math.local_statistics`, ALGORITHMS §0.1 C3): ``hessian``
+        (default; seed 001 eq. 2's ``{n_i Ĥ_i}⁻¹``, times ``σ̂²_i = RSS_i/(n_i − p)`` for least
+        squares) | ``sandwich-hc3`` (``Ĥ⁻¹Σ̃Ĥ⁻¹`` with HC3's ``ψ_k/(1 − h_k)``: robust to unequal
+        noise, conservative) | ``sandwich`` (the plug-in ``Ĥ⁻¹Σ̂Ĥ⁻¹``; anti-conservative unless
+        ``p/n_i`` is small: it drops true edges).
     cv_folds, cv_grid
         ``lam = "cv"``: folds (default 5) and the comma-separated λ grid.
     """
@@ -195,7 +200,7 @@ class ADMMParams:
     ipw: str = field(default="known", metadata={"choices": IPW_MODES})
     edge_selection: str = field(default="none", metadata={"choices": SELECTIONS})
     es_alpha: float = field(default=0.05, metadata={"min": 0.0, "max": 1.0})
-    es_covariance: str = field(default="sandwich", metadata={"choices": COVARIANCES})
+    es_covariance: str = field(default="hessian", metadata={"choices": COVARIANCES})
     cv_folds: int = field(default=5, metadata={"min": 2})
     cv_grid: str = "0.0001,0.001,0.01,0.1,1"
 
@@ -243,8 +248,11 @@ class ADMMParams:
         return am.LogisticLoss() if self.loss == "logistic" else am.LeastSquaresLoss()
 
     @property
-    def covariance(self) -> Literal["sandwich", "hessian"]:
-        return "hessian" if self.es_covariance == "hessian" else "sandwich"
+    def covariance(self) -> am.Covariance:
+        """``es-covariance`` as :func:`~graphfl.p2p.admm_math.local_statistics` names it."""
+        if self.es_covariance == "sandwich":
+            return "sandwich"
+        return "sandwich-hc3" if self.es_covariance == "sandwich-hc3" else "hessian"
 
     @property
     def phi(self) -> am.Phi:
