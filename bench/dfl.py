@@ -71,6 +71,8 @@ BATCH = 32
 GRID_EXTENSIONS = 2
 """Most alpha0 values tried beyond the grid when an edge wins (×2 or ÷2 each)."""
 TAIL = 0.1  # fraction of evaluation points averaged for "final"
+BACKOFF_HALVINGS = 3
+"""Steps below the grid a diverging test run may back off to (each half the one before)."""
 
 
 @dataclass(frozen=True)
@@ -103,8 +105,8 @@ UNSPECIFIED = [
     "DFL-GT tracker initialised with the first stochastic gradient (GNSD), not 0 (ALGORITHMS §3.3)",
     "'final' = mean over the last 10% of evaluation points; stationarity and consensus at the last point",
     "global model = FedAvg's server model / the DFL node average theta_bar, on all nodes' test splits",
-    "a test run whose training loss diverges at the tuned alpha0 is rerun with the next smaller grid value "
-    "(recorded per seed as alpha0_used_per_seed)",
+    "a test run whose training loss diverges at the tuned alpha0 is rerun with the next smaller grid value, "
+    f"then with up to {BACKOFF_HALVINGS} halvings of the smallest (recorded per seed as alpha0_used_per_seed)",
 ]
 
 
@@ -218,12 +220,15 @@ def run_method(method: str, tau: int, alpha0: float, iterations: int, seed: int,
 
 def run_with_backoff(method: str, tau: int, alpha0: float, form: Form, seed: int,
                      n: int) -> tuple[dict[str, Any] | None, float | None]:
-    """The test run at the tuned ``alpha0``; if its *training* loss diverges, the next smaller grid step.
+    """The test run at the tuned ``alpha0``; if its *training* loss diverges, the next smaller step.
 
-    Divergence is detected on the minibatch training loss only, so this uses no test data. Returns
-    ``(run, alpha0 used)`` or ``(None, None)`` when every smaller step diverges too.
+    The smaller steps are the grid's, then halvings of its smallest value (:data:`BACKOFF_HALVINGS`
+    of them). Divergence is detected on the minibatch training loss only, so this uses no test
+    data. Returns ``(run, alpha0 used)`` or ``(None, None)`` when every smaller step diverges too.
     """
-    for a0 in sorted({alpha0, *(a for a in form.grid if a <= alpha0)}, reverse=True):
+    smallest = min(form.grid)
+    below = [smallest / 2**k for k in range(1, BACKOFF_HALVINGS + 1)]
+    for a0 in sorted({alpha0, *(a for a in form.grid if a <= alpha0), *below}, reverse=True):
         try:
             return cached_run(method, tau, a0, form.iterations, seed, n, eval_points=form.eval_points), a0
         except Diverged as exc:

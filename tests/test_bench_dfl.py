@@ -65,3 +65,23 @@ def test_run_records_the_global_model_and_the_exchanged_models() -> None:
     for key in ("avg_model_test_loss", "exchanged_models_test_loss", "test_loss", "stationarity"):
         assert last[key] is not None and np.isfinite(last[key])
     assert r["final"]["exchanged_models_test_loss"] is not None
+
+
+def test_a_diverging_test_run_backs_off_below_the_grid(monkeypatch: pytest.MonkeyPatch) -> None:
+    tried: list[float] = []
+
+    def fake(method: str, tau: int, alpha0: float, iterations: int, seed: int, n: int, **_: object) -> dict:
+        tried.append(alpha0)
+        if alpha0 > 0.03:
+            raise b1.Diverged("boom")
+        return {"final": {}, "curve": []}
+
+    monkeypatch.setattr(b1, "run_method", fake)
+    monkeypatch.setattr(b1, "_cache", b1.RunCache(None))
+    form = b1.Form(iterations=10, seeds=1, grid=(0.1, 0.2, 15.0), eval_points=2)
+    run, used = b1.run_with_backoff("dfl-sgd", 1, 0.2, form, seed=2, n=5)
+    assert run is not None and used == pytest.approx(0.025)
+    assert tried == pytest.approx([0.2, 0.1, 0.05, 0.025])
+    tried.clear()
+    monkeypatch.setattr(b1, "run_method", lambda *a, **k: (_ for _ in ()).throw(b1.Diverged("always")))
+    assert b1.run_with_backoff("dfl-sgd", 1, 0.2, form, seed=2, n=5) == (None, None)
