@@ -1,9 +1,10 @@
-"""Client halves of APFL, FedGATE and APFLGate (ALGORITHMS.md §9; seed 004).
+"""Client halves of APFL, FedGATE and APFLGate (ALGORITHMS.md §9, §0.1 C5/C6; seed 004).
 
 One local loop, three switches (``personal``: APFL's personal model, ``tracking``: FedGATE's
 correction). Per round, with ``w`` the received global model, ``R = train.local-steps``::
 
-    (tracking) on receipt: δ_i ← δ_i + (u_i − ū)/(η τ) if this client's last upload is in ū
+    (tracking) on receipt: δ_i ← δ_i + (u_i − ū)/(η τ) if this client's last upload is in ū,
+               τ from (tau, tau-mode, R' = the local steps run in that round), τ > R'/2
     w_i ← w
     repeat R times, minibatch (x, y):
         w_i ← w_i − η (∇ℓ(h(w_i; x), y) − δ_i)                       (δ_i = 0 without tracking)
@@ -11,12 +12,17 @@ correction). Per round, with ``w`` the received global model, ``R = train.local-
                    v_i ← v_i − η ∇_{v_i} ℓ(ŷ, y)
                    (adaptive α) α_i ← clip_[0,1](α_i − η_α ∂ℓ(ŷ)/∂α)
     upload w_i;  keep u_i = w − Q(w_i) (what the server decodes) for the next δ update
+    (personal) keep w_i itself (the locally trained copy, C6) for the personal output
 
 Persistent client state (``context.state`` in Flower, keyed by the SuperNode's partition):
-``model.*`` = ``v_i``, ``apfl.alpha`` = ``α_i``, ``gate.delta/*`` = ``δ_i``, ``gate.up/*`` =
-``u_i`` with ``gate.up-round`` / ``gate.up-steps``. Evaluation: ``test_loss``/``test_acc`` of
-the mixture ``α_i h(v_i) + (1 − α_i) h(w)`` (personal) or of ``w`` (FedGATE); personal
-clients report the global model's numbers beside it as ``global_test_*`` and ``α_i``.
+``model.*`` = ``v_i``, ``apfl.alpha`` = ``α_i``, ``apfl.w-local/*`` = the locally trained
+``w_i`` of the client's last round, ``gate.delta/*`` = ``δ_i``, ``gate.up/*`` = ``u_i`` with
+``gate.up-round`` / ``gate.up-steps``. Evaluation: FedGATE reports ``test_*`` of ``w``; personal
+clients report ``test_*`` of the configured personal output
+(``personal-output``: ``local-copy`` = ``α_i h(v_i) + (1 − α_i) h(w_i)``, ``aggregated`` = the
+same with the received ``w``), both forms as ``mix_local_test_*`` / ``mix_aggregated_test_*``,
+the global model alone as ``global_test_*`` and ``α_i``. Before a client has trained, its
+local copy is the received ``w``.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from graphfl.common.core import ClientContext, ClientTrainer
 from graphfl.common.registry import ClientSpec, register_client
 from graphfl.common.types import Arrays, ClientData, ClientState, FitResult, Payload
 from graphfl.strategies.apfl import APFLParams
-from graphfl.strategies.apfl_math import alpha_step, client_update, delta_update
+from graphfl.strategies.apfl_math import alpha_step, client_update, delta_update, effective_tau, tau_problem
 from graphfl.strategies.apflgate import APFLGateParams
 from graphfl.strategies.fedgate import ACCEPTED_KEY, ROUND_KEY, U_PREFIX, FedGATEParams
 from graphfl.tasks.partition import client_rng
@@ -44,6 +50,8 @@ DELTA_PREFIX = "gate.delta/"
 UP_PREFIX = "gate.up/"
 UP_ROUND_KEY = "gate.up-round"
 UP_STEPS_KEY = "gate.up-steps"
+LOCAL_PREFIX = "apfl.w-local/"
+"""State keys of the locally trained copy ``w_i`` (all model arrays) the personal output mixes with."""
 
 
 class OutputMixture(nn.Module):
@@ -143,10 +151,28 @@ class GateTrainer(ClientTrainer[Any]):
         u_bar = {k: payload.arrays[U_PREFIX + k] for k in keys}
         old = {k: np.asarray(state[DELTA_PREFIX + k], dtype=np.float64) if DELTA_PREFIX + k in state
                else np.zeros(np.shape(u_i[k])) for k in keys}
-        tau = float(self.params.tau) or steps
+        tau = self.tau(int(steps))
         for k, v in delta_update(old, u_i, u_bar, self.ctx.config.train.lr, tau).items():
             state[DELTA_PREFIX + k] = v
         return True
+
+    def tau(self, steps: int) -> float:
+        """``τ`` of the δ update after ``steps`` local steps (``tau``, ``tau-mode``; C5).
+
+        Raises ``ValueError`` naming the key when ``τ ≤ steps/2`` (the run's preflight refuses
+        such a configuration before any client starts; this guards other entry points).
+        """
+        tau, mode = float(self.params.tau), str(self.params.tau_mode)
+        problem = tau_problem(f"{self.ctx.config.strategy}.tau", tau, mode, steps)
+        if problem:
+            raise ValueError(problem)
+        return effective_tau(tau, mode, steps)
+
+    @staticmethod
+    def local_copy(state: ClientState) -> Arrays | None:
+        """The locally trained ``w_i`` of the client's last round (C6), or ``None`` before it trained."""
+        out = {k[len(LOCAL_PREFIX):]: v for k, v in state.items() if k.startswith(LOCAL_PREFIX)}
+        return out or None
 
     # -- protocol ------------------------------------------------------------------------
 
@@ -178,7 +204,9 @@ class GateTrainer(ClientTrainer[Any]):
         alpha_lr = float(getattr(self.params, "alpha_lr", 0.0)) or tc.lr
         rng = client_rng(self.ctx.config.seed, 3, self.ctx.partition_id, server_round)
         total_w = total_v = 0.0
+        ran = 0
         for x, y in minibatches(self.ctx.data, tc.local_steps, tc.batch_size, rng, device):
+            ran += 1
             for p in params_w:
                 p.grad = None
             loss = self.loss_fn(model_w(x), y)
@@ -195,19 +223,25 @@ class GateTrainer(ClientTrainer[Any]):
                 lv, alpha = personal_step(model_v, h_w, x, y, alpha, self.loss_fn, tc.lr, bufs_v, adaptive,
                                           alpha_lr, tc.momentum, tc.weight_decay)
                 total_v += lv
-        steps = max(tc.local_steps, 1)
+        steps = max(ran, 1)
         metrics = {"train_loss": total_w / steps}
+        trained = get_arrays(model_w)
         if model_v is not None:
             store_model(state, get_arrays(model_v))
             state[ALPHA_KEY] = np.asarray(alpha, dtype=np.float64)
+            for k, v in trained.items():
+                state[LOCAL_PREFIX + k] = v
             metrics.update(personal_loss=total_v / steps, alpha=alpha)
         if self.tracking:
+            state[UP_STEPS_KEY] = np.asarray(ran, dtype=np.int64)      # R of this round's δ update
             metrics["delta_updated"] = float(moved)
-        return FitResult(get_arrays(model_w), self.ctx.data.num_train, metrics)
+        return FitResult(trained, self.ctx.data.num_train, metrics)
 
     def after_upload(self, phase: str, server_round: int, payload: Payload, uploaded: Arrays,
                      state: ClientState) -> None:
-        """Keep ``u_i = w − Q(w_i)`` (trainable keys) for the δ update of the next round."""
+        """Keep ``u_i = w − Q(w_i)`` (trainable keys) for the δ update of the next round (``fit``
+        has stored the number of local steps it ran beside it).
+        """
         if not self.tracking:
             return
         w = self.model_arrays(payload)
@@ -216,7 +250,6 @@ class GateTrainer(ClientTrainer[Any]):
         for k in keys:
             state[UP_PREFIX + k] = u_i[k]
         state[UP_ROUND_KEY] = np.asarray(server_round, dtype=np.int64)
-        state[UP_STEPS_KEY] = np.asarray(self.ctx.config.train.local_steps, dtype=np.int64)
 
     def evaluate(self, payload: Payload, state: ClientState) -> dict[str, float]:
         task, d, dev = self.ctx.task, self.ctx.data, self.ctx.device
@@ -226,10 +259,23 @@ class GateTrainer(ClientTrainer[Any]):
             return evaluate_client(model_w, task, d, self.loss_fn, device=dev)
         model_v = task.build_model()
         set_arrays(model_v, state_model(state) or self.model_arrays(payload))
-        out = evaluate_client(OutputMixture(model_v, model_w, self.alpha(state)), task, d, self.loss_fn, device=dev)
+        alpha = self.alpha(state)
+        forms = {"aggregated": evaluate_client(OutputMixture(model_v, model_w, alpha), task, d, self.loss_fn,
+                                               device=dev)}
+        local = self.local_copy(state)
+        if local is None:                    # not trained yet: the local copy is the received w
+            forms["local-copy"] = forms["aggregated"]
+        else:
+            model_l = task.build_model()
+            set_arrays(model_l, local)
+            forms["local-copy"] = evaluate_client(OutputMixture(model_v, model_l, alpha), task, d, self.loss_fn,
+                                                  device=dev)
+        out = dict(forms[str(self.params.personal_output)])
+        for name, prefix in (("local-copy", "mix_local_"), ("aggregated", "mix_aggregated_")):
+            out.update({f"{prefix}{k}": v for k, v in forms[name].items() if k != "num_test"})
         glob = evaluate_client(model_w, task, d, self.loss_fn, device=dev)
         out.update({f"global_{k}": v for k, v in glob.items() if k != "num_test"})
-        out["alpha"] = self.alpha(state)
+        out["alpha"] = alpha
         return out
 
 

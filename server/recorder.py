@@ -26,9 +26,13 @@ from graphfl.server.exchange import Reply
 logger = logging.getLogger(__name__)
 
 
-EVAL_KEYS = ("test_loss", "test_acc", "local_test_loss", "local_test_acc", "test_auc", "test_mae")
+_TEST_KEYS = ("test_loss", "test_acc", "test_auc", "test_mae")
+EVAL_KEYS = ("test_loss", "test_acc", "local_test_loss", "local_test_acc", "test_auc", "test_mae",
+             *(f"{view}_{k}" for view in ("global", "mix_local", "mix_aggregated") for k in _TEST_KEYS))
 """Client evaluation metrics the curve records (mean and per client); ``test_auc`` / ``test_mae``
-come from tasks that report them (:meth:`~graphfl.tasks.base.Task.metrics`)."""
+come from tasks that report them (:meth:`~graphfl.tasks.base.Task.metrics`). ``global_*`` and
+``mix_*`` are second views that personalised algorithms report beside their main numbers (APFL's
+global model alone and both forms of its output mixture, ALGORITHMS.md §0.1 C6)."""
 
 TASK_FINAL_KEYS = ("test_auc", "test_mae")
 """Task metrics copied into the ``final`` summary when the run reports them."""

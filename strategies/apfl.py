@@ -5,7 +5,11 @@ step trains its copy ``w_i`` of the global model by plain SGD and ``v_i`` on the
 output mixture ``ŷ = α_i h(v_i; x) + (1 − α_i) h(w_i; x)`` (``w_i`` not updated by it), and,
 with ``adaptive_alpha``, ``α_i ← clip_[0,1](α_i − η_α ∂ℓ(ŷ)/∂α)``. The server averages the
 ``w_i`` (:class:`~graphfl.strategies.fedgate.GateCore` with ``γ = 1`` and no ``ū`` broadcast).
-Inference: the mixture of ``v_i`` and the current ``w``.
+
+Inference (ALGORITHMS.md §0.1 C6): ``ŷ = α_i h(v_i; x) + (1 − α_i) h(w_i; x)`` with ``w_i`` the
+client's locally trained copy after its last round's local steps, before aggregation, as
+FedTorch evaluates it (``personal-output = local-copy``, the default); ``aggregated`` mixes
+with the server's current ``w`` instead. The evaluation reports both forms.
 """
 
 from __future__ import annotations
@@ -14,6 +18,9 @@ from dataclasses import dataclass, field
 
 from graphfl.common.registry import AlgorithmSpec, register
 from graphfl.strategies.fedgate import GateCore
+
+PERSONAL_OUTPUTS = ("local-copy", "aggregated")
+"""Which global-model copy the personal output mixes with (module doc)."""
 
 
 @dataclass(frozen=True)
@@ -28,11 +35,15 @@ class APFLParams:
         Update ``α_i`` by gradient descent every local step (paper rule, output mixing).
     alpha_lr
         Step size ``η_α`` of the α update; 0 = ``train.lr``.
+    personal_output
+        ``local-copy``: ``α_i h(v_i) + (1 − α_i) h(w_i)`` with the locally trained ``w_i``;
+        ``aggregated``: with the server's ``w`` (module doc).
     """
 
     alpha: float = field(default=0.5, metadata={"min": 0.0, "max": 1.0})
     adaptive_alpha: bool = False
     alpha_lr: float = field(default=0.0, metadata={"min": 0.0})
+    personal_output: str = field(default="local-copy", metadata={"choices": PERSONAL_OUTPUTS})
 
     @property
     def gamma(self) -> float:

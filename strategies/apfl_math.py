@@ -5,16 +5,64 @@ numpy only; the client halves (``client/gate_trainer.py``) and the server core
 
 Notation (§9): ``w`` global model, ``w_i`` client i's copy of it during a round, ``v_i`` its
 personal model, ``α_i`` its mixing weight, ``δ_i`` its gradient-tracking correction,
-``η`` the local step size, ``γ`` the server step, ``τ`` the variance-reduction parameter.
+``η`` the local step size, ``γ`` the server step, ``τ`` the variance-reduction parameter,
+``R`` the number of local steps a client ran in the round.
+
+Stability of the δ update (ALGORITHMS.md §0.1 C5, derived): with a gradient that changes little
+over the round, ``u_i ≈ ηR(g_i − δ_i)``, so ``δ_i ← δ_i + (u_i − ū)/(ητ)`` becomes
+``δ_i ← (1 − R/τ) δ_i + (R/τ)(g_i − ḡ)``: a linear recursion with factor ``1 − R/τ``, which
+converges only for ``|1 − R/τ| < 1``, i.e. ``τ > R/2``. ``τ = R`` (FedTorch: it divides by the
+local steps run) sets ``δ_i`` to the last round's gradient difference in one step.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from graphfl.common.types import Arrays
+
+TAU_MODES = ("absolute", "multiple-of-steps")
+"""How a configured ``tau`` is read: as ``τ`` itself, or as a factor of the local steps ``R``."""
+
+
+def effective_tau(tau: float, mode: str, steps: int) -> float:
+    """``τ`` of the δ update for a configured ``tau`` after ``steps`` (= R) local steps.
+
+    ``tau = 0`` means ``τ = R`` in both modes (FedTorch's rule); otherwise ``τ = tau``
+    (``absolute``) or ``τ = tau · R`` (``multiple-of-steps``). Raises ``ValueError`` for an
+    unknown mode or ``R < 1``.
+    """
+    if mode not in TAU_MODES:
+        raise ValueError(f"tau mode {mode!r} is not valid; choose one of {list(TAU_MODES)}")
+    if steps < 1:
+        raise ValueError(f"the δ update needs at least one local step, got R = {steps}")
+    if tau == 0:
+        return float(steps)
+    return float(tau) * steps if mode == "multiple-of-steps" else float(tau)
+
+
+def delta_contraction(tau: float, steps: int) -> float:
+    """Factor ``1 − R/τ`` of the linearised δ recursion (module doc); stable iff ``|·| < 1``."""
+    return 1.0 - steps / tau
+
+
+def tau_problem(key: str, tau: float, mode: str, steps: int) -> str | None:
+    """Why ``key = tau`` (read as ``mode``) is refused after ``steps`` local steps, or ``None``.
+
+    Refused: ``τ ≤ R/2`` (``τ`` from :func:`effective_tau`), where ``|1 − R/τ| ≥ 1`` and the
+    δ recursion does not converge (module doc; ALGORITHMS.md §0.1 C5).
+    """
+    t = effective_tau(tau, mode, steps)
+    if t > steps / 2.0 and math.isfinite(t):
+        return None
+    shown = f"{tau:g} × R = {t:g}" if mode == "multiple-of-steps" else f"{t:g}"
+    return (f"{key} = {tau:g} ({mode}) gives τ = {shown} with R = train.local-steps = {steps}, "
+            f"but τ must exceed R/2 = {steps / 2.0:g}: the δ update δ ← (1 − R/τ)δ + (R/τ)(g_i − ḡ) "
+            f"has factor 1 − R/τ = {delta_contraction(t, steps):g} and is unstable by construction; "
+            "set it above the bound, or to 0 for τ = R (the local steps run)")
 
 
 def client_update(w: Mapping[str, np.ndarray], w_i: Mapping[str, np.ndarray]) -> Arrays:

@@ -7,6 +7,12 @@ Round ``t`` (§9.2, §9.3)::
     server:        u_i = w − w_i;  ū = (1/|S|) Σ_{i∈S} u_i;  w ← w − γ ū;  broadcast ū and w
     client i ∈ S:  δ_i ← δ_i + (u_i − ū) / (η τ)          (on receipt of ū, next round)
 
+``τ`` defaults to the local steps ``R`` the client ran (FedTorch divides by them); a configured
+``τ`` must exceed ``R/2``, below which the δ recursion is unstable by construction
+(:mod:`graphfl.strategies.apfl_math`, ALGORITHMS.md §0.1 C5): :func:`check_tau` refuses such a
+run before it starts, naming the key. ``tau-mode = multiple-of-steps`` reads ``tau`` as a
+factor of ``R``.
+
 Clients upload their model ``w_i`` and the server forms ``u_i = w − w_i`` (so the kernel's
 upload compression, which codes the change against the payload, codes exactly ``−u_i``,
 and ``Q`` acts on the update as in FedCOMGATE). The payload of round ``t+1`` holds ``w``
@@ -27,10 +33,11 @@ from typing import Protocol, TypeVar
 
 import numpy as np
 
+from graphfl.common.config import ConfigError, RunConfig
 from graphfl.common.core import ServerContext, ServerCore
 from graphfl.common.registry import AlgorithmSpec, register
 from graphfl.common.types import Arrays, ClientUpdate, MetricValue, Payload
-from graphfl.strategies.apfl_math import client_update, mean_update, server_step
+from graphfl.strategies.apfl_math import TAU_MODES, client_update, mean_update, server_step, tau_problem
 
 logger = logging.getLogger(__name__)
 
@@ -51,12 +58,16 @@ class FedGATEParams:
     gamma
         Server step ``γ`` (FedTorch ``lr_scale_at_sync``, 1.0).
     tau
-        ``τ`` of the δ update ``δ_i += (u_i − ū)/(η τ)``; 0 = the number of local steps the
-        client ran (FedTorch), > 0 = the free variance-reduction parameter of seed 004.
+        ``τ`` of the δ update ``δ_i += (u_i − ū)/(η τ)``; 0 = the number of local steps ``R``
+        the client ran (FedTorch), > 0 = seed 004's variance-reduction parameter, which must give
+        ``τ > R/2`` (:func:`check_tau`).
+    tau_mode
+        ``absolute``: ``τ = tau``; ``multiple-of-steps``: ``τ = tau · R``.
     """
 
     gamma: float = field(default=1.0, metadata={"min": 0.0})
     tau: float = field(default=0.0, metadata={"min": 0.0})
+    tau_mode: str = field(default="absolute", metadata={"choices": TAU_MODES})
 
 
 class GateParams(Protocol):
@@ -67,6 +78,18 @@ class GateParams(Protocol):
 
 
 G = TypeVar("G", bound=GateParams)
+
+
+def check_tau(cfg: RunConfig, initial_arrays: Arrays, param_keys: tuple[str, ...]) -> None:
+    """Preflight of ``fedgate`` / ``apflgate``: refuse ``τ ≤ R/2`` with ``R = train.local-steps``.
+
+    Raises :class:`~graphfl.common.config.ConfigError` naming ``<strategy>.tau``, its value, the
+    mode, ``R`` and the bound (:func:`~graphfl.strategies.apfl_math.tau_problem`).
+    """
+    p = cfg.params
+    problem = tau_problem(f"{cfg.strategy}.tau", float(p.tau), str(p.tau_mode), cfg.train.local_steps)
+    if problem:
+        raise ConfigError(problem)
 
 
 class GateCore(ServerCore[G]):
@@ -125,4 +148,5 @@ class GateCore(ServerCore[G]):
 register(AlgorithmSpec(
     "fedgate", FedGATEParams, GateCore[FedGATEParams],
     "FedGATE: local SGD with gradient-tracking correction delta_i, server step gamma (uploads compressible)",
+    preflight=check_tau,
 ))

@@ -20,10 +20,13 @@ from graphfl.strategies.apfl_math import (
     alpha_gradient,
     alpha_step,
     client_update,
+    delta_contraction,
     delta_update,
+    effective_tau,
     mean_update,
     mix_outputs,
     server_step,
+    tau_problem,
 )
 
 # ---------------------------------------------------------------------------------------
@@ -45,6 +48,58 @@ def test_server_step_and_delta_update_by_hand():
     np.testing.assert_allclose(d["a"], [0.1 + 0.5 / 0.5, 0.0 - 1.0 / 0.5])
     with pytest.raises(ValueError, match="η·τ > 0"):
         delta_update(d, u[0], u_bar, eta=0.1, tau=0.0)
+
+
+def _quadratic_fedgate(tau: float, steps: int = 10, rounds: int = 150) -> tuple[float, float]:
+    """FedGATE on f_i(w) = a_i/2 ‖w − c_i‖² (4 clients) through the pure rules; (‖w − w*‖, max |δ|)."""
+    rng = np.random.default_rng(0)
+    a, c, eta = np.array([0.5, 1.0, 2.0, 4.0]), rng.normal(size=(4, 3)) * 3.0, 0.02
+    w_star = (a[:, None] * c).sum(0) / a.sum()              # minimiser of Σ_i f_i
+    w = {"w": np.zeros(3)}
+    delta = [{"w": np.zeros(3)} for _ in a]
+    with np.errstate(over="ignore", invalid="ignore"):
+        for _ in range(rounds):
+            ups = []
+            for i in range(4):
+                w_i = w["w"].copy()
+                for _ in range(steps):
+                    w_i = w_i - eta * (a[i] * (w_i - c[i]) - delta[i]["w"])
+                ups.append(client_update(w, {"w": w_i}))
+            u_bar = mean_update(ups)
+            w = server_step(w, u_bar, 1.0)
+            delta = [delta_update(delta[i], ups[i], u_bar, eta, tau) for i in range(4)]
+    err = float(np.linalg.norm(w["w"] - w_star))
+    return (err if np.isfinite(err) else np.inf), max(float(np.abs(d["w"]).max()) for d in delta)
+
+
+def test_delta_recursion_stability_boundary_is_tau_half_the_local_steps():
+    """C5: δ ← (1 − R/τ)δ + (R/τ)(g_i − ḡ): τ = 0.4R diverges, 0.6R and R converge to w*; the
+    rule refuses exactly the unstable side."""
+    R = 10
+    err, size = _quadratic_fedgate(0.4 * R, R)
+    assert not err < 1e3 and not size < 1e6                 # diverged (or overflowed to inf/nan)
+    for factor in (0.6, 1.0):
+        err, size = _quadratic_fedgate(factor * R, R)
+        assert err < 1e-8 and size < 100, factor              # converged to the minimiser of Σ f_i
+    assert delta_contraction(0.4 * R, R) == pytest.approx(-1.5) and delta_contraction(0.6 * R, R) == pytest.approx(-2 / 3)
+    assert tau_problem("fedgate.tau", 0.4 * R, "absolute", R) is not None
+    assert tau_problem("fedgate.tau", 0.5 * R, "absolute", R) is not None           # |1 − R/τ| = 1: no contraction
+    assert tau_problem("fedgate.tau", 0.6 * R, "absolute", R) is None
+    assert tau_problem("fedgate.tau", 0.4, "multiple-of-steps", R) is not None
+    assert tau_problem("fedgate.tau", 0.6, "multiple-of-steps", R) is None
+    assert tau_problem("fedgate.tau", 0.0, "absolute", R) is None                   # 0 = R
+
+
+def test_tau_defaults_to_the_local_steps_and_reads_multiples_of_them():
+    assert effective_tau(0.0, "absolute", 7) == 7.0 and effective_tau(0.0, "multiple-of-steps", 7) == 7.0
+    assert effective_tau(10.0, "absolute", 7) == 10.0
+    assert effective_tau(10.0, "multiple-of-steps", 7) == 70.0
+    assert effective_tau(0.1, "multiple-of-steps", 4) == pytest.approx(0.4)
+    with pytest.raises(ValueError, match="choose one of"):
+        effective_tau(1.0, "relative", 7)
+    for name in ("fedgate", "apflgate"):
+        params = parse_run_config({"strategy": name}).params
+        assert params.tau == 0.0 and params.tau_mode == "absolute"
 
 
 def test_mixing_and_alpha_step_clip():
@@ -179,6 +234,91 @@ def test_compress_config_errors_name_the_key_and_choices():
 # ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("strategy", ["fedgate", "apflgate"])
+def test_a_tau_below_half_the_local_steps_is_refused_naming_the_key(strategy):
+    with pytest.raises(ConfigError, match=rf"{strategy}\.tau = 1 \(absolute\) gives τ = 1 with R = "
+                                          r"train\.local-steps = 3, but τ must exceed R/2 = 1\.5"):
+        _run(strategy, **{f"{strategy}.tau": 1.0})
+    with pytest.raises(ConfigError, match=rf"{strategy}\.tau = 0\.1 \(multiple-of-steps\) gives τ = 0\.1 × R = 0\.3"):
+        _run(strategy, **{f"{strategy}.tau": 0.1, f"{strategy}.tau-mode": "multiple-of-steps"})
+    with pytest.raises(ConfigError, match=rf"{strategy}\.tau-mode = 'relative' is not valid; choose one of "
+                                          r"\['absolute', 'multiple-of-steps'\]"):
+        parse_run_config({"strategy": strategy, f"{strategy}.tau-mode": "relative"})
+    from graphfl.strategies.fedgate import check_tau
+
+    spec = registry.get(strategy)
+    assert spec.preflight is check_tau                       # deployments refuse it before any process starts
+    ok = parse_run_config({"strategy": strategy, "train.local-steps": 3, f"{strategy}.tau": 0.6,
+                           f"{strategy}.tau-mode": "multiple-of-steps"})
+    check_tau(ok, {}, ())
+
+
+@pytest.mark.parametrize("strategy", ["fedgate", "apflgate"])
+def test_delta_update_divides_by_the_local_steps_run_by_default(strategy):
+    """With the default τ, the δ a client applies in round 2 is (u_i − ū)/(η R), R = 3 steps run."""
+    exchange, _, core = _run(strategy, rounds=1)
+    pid = 1
+    state = dict(exchange.states[pid])
+    assert int(state["gate.up-steps"]) == 3
+    u_i = {k[len("gate.up/"):]: v for k, v in state.items() if k.startswith("gate.up/")}
+    trainer = exchange.runtime(pid).trainer
+    trainer.fit(2, core.configure_train(2, pid), state)
+    for k, u in u_i.items():
+        expect = (u.astype(np.float64) - core.u_bar[k].astype(np.float64)) / (0.05 * 3)
+        np.testing.assert_allclose(state["gate.delta/" + k], expect, rtol=1e-5, atol=1e-6, err_msg=k)
+    assert max(float(np.abs(state["gate.delta/" + k]).max()) for k in u_i) > 1e-3
+
+
+@pytest.mark.parametrize("strategy", ["apfl", "apflgate"])
+def test_personal_output_mixes_with_the_locally_trained_copy(strategy):
+    """C6: ŷ = α h(v_i) + (1 − α) h(w_i) with w_i the copy after this round's local steps (the fit
+    result, before aggregation); ``personal-output = aggregated`` mixes with the server's w."""
+    from graphfl.client.gate_trainer import OutputMixture
+    from graphfl.client.training import evaluate_client, set_arrays
+
+    exchange, curve, core = _run(strategy, rounds=2)
+    pid = 2
+    runtime = exchange.runtime(pid)
+    trainer, task, data = runtime.trainer, runtime.ctx.task, runtime.ctx.data
+    state = dict(exchange.states[pid])
+    fit = trainer.fit(3, core.configure_train(3, pid), state)           # the locally trained w_i of round 3
+    core.aggregate_train(3, {p: _update(p, exchange, core, 3) if p != pid else _fitted(pid, fit) for p in range(4)})
+    payload = core.evaluation_payload(pid)
+    got = trainer.evaluate(payload, state)
+
+    def mixture(w_arrays):
+        v, w = task.build_model(), task.build_model()
+        set_arrays(v, {k[len("model."):]: a for k, a in state.items() if k.startswith("model.")})
+        set_arrays(w, w_arrays)
+        return evaluate_client(OutputMixture(v, w, float(state["apfl.alpha"])), task, data, trainer.loss_fn)
+
+    local, aggregated = mixture(fit.arrays), mixture(trainer.model_arrays(payload))
+    assert abs(local["test_loss"] - aggregated["test_loss"]) > 1e-4          # the two forms differ here
+    assert got["test_loss"] == pytest.approx(local["test_loss"], rel=1e-6)
+    assert got["mix_local_test_loss"] == pytest.approx(local["test_loss"], rel=1e-6)
+    assert got["mix_aggregated_test_loss"] == pytest.approx(aggregated["test_loss"], rel=1e-6)
+    # the curve carries both forms; the main numbers are the configured one
+    assert curve[2]["test_acc"] == pytest.approx(curve[2]["mix_local_test_acc"], rel=1e-9)
+    assert curve[2]["mix_aggregated_test_acc"] is not None and curve[2]["global_test_acc"] is not None
+    _, agg_curve, _ = _run(strategy, rounds=2, **{f"{strategy}.personal-output": "aggregated"})
+    assert agg_curve[2]["test_acc"] == pytest.approx(agg_curve[2]["mix_aggregated_test_acc"], rel=1e-9)
+    assert agg_curve[2]["mix_local_test_loss"] == pytest.approx(curve[2]["mix_local_test_loss"], rel=1e-6)
+    with pytest.raises(ConfigError, match=rf"{strategy}\.personal-output = 'global' is not valid; choose one of "
+                                          r"\['aggregated', 'local-copy'\]"):
+        parse_run_config({"strategy": strategy, f"{strategy}.personal-output": "global"})
+
+
+def _fitted(pid, fit):
+    from graphfl.common.types import ClientUpdate
+
+    return ClientUpdate(pid, fit.arrays, fit.num_examples, fit.metrics)
+
+
+def _update(pid, exchange, core, server_round):
+    state = dict(exchange.states[pid])
+    return _fitted(pid, exchange.runtime(pid).trainer.fit(server_round, core.configure_train(server_round, pid), state))
+
+
 def _run(strategy: str, rounds: int = 3, **extra):
     values = {"strategy": strategy, "task": "digits", "nodes": 4, "rounds": rounds, "engine": "inprocess",
               "train.local-steps": 3, "train.lr": 0.05, "data.max-samples": 600, **extra}
@@ -197,7 +337,7 @@ def _delta_sum(exchange) -> tuple[float, float]:
     return total, size
 
 
-@pytest.mark.parametrize("strategy,extra", [("fedgate", {}), ("apflgate", {"apflgate.tau": 1.0}),
+@pytest.mark.parametrize("strategy,extra", [("fedgate", {}), ("apflgate", {"apflgate.tau": 2.0}),
                                             ("fedgate", {"compress.kind": "topk", "compress.k": 0.05})])
 def test_fedgate_invariant_sum_of_deltas_is_zero_with_full_participation(strategy, extra):
     exchange, curve, _ = _run(strategy, **extra)
