@@ -238,6 +238,10 @@ def _flower_common(row: Row, run: FlowerRun, rounds: int, expect_completed: bool
     return curve
 
 
+DROPOUT_EXTRA_ROUNDS = 6
+"""Rounds ``flower-dropout`` runs beyond the scale's, so the kill never lands after the last round began."""
+
+
 def flower_dropout(out: Path, scale: Scale, seed: int) -> Row:
     """Kill SuperNode ``nodes-1`` (SIGKILL, its process group) right after round 1 ends, i.e. during round 2."""
     row = Row("flower-dropout", "flower", "client dropout mid-round: SuperNode SIGKILLed during round 2")
@@ -251,8 +255,12 @@ def flower_dropout(out: Path, scale: Scale, seed: int) -> Row:
 
     rt = scale.round_timeout
     bound = 2 * rt + 15.0  # the round with the dead node: a train and an evaluate phase, each at most round-timeout
-    run = run_flower(flower_values(scale, out, seed), on_round, run_timeout=120 + (scale.flower_rounds + 2) * 2 * rt)
-    curve = _flower_common(row, run, scale.flower_rounds)
+    # the kill follows the round-1 event, which the launcher reads from progress.jsonl while the next rounds
+    # (about 0.5 s each) go on: DROPOUT_EXTRA_ROUNDS more rounds keep a round after the kill in the run
+    rounds = scale.flower_rounds + DROPOUT_EXTRA_ROUNDS
+    run = run_flower(flower_values(scale, out, seed, rounds=rounds), on_round,
+                     run_timeout=120 + (rounds + 2) * 2 * rt)
+    curve = _flower_common(row, run, rounds)
     times = _round_times(run)
     row.bound_s = bound
     hit = first_failed_round(curve, victim, after=1)
