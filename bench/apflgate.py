@@ -1,22 +1,32 @@
-"""Benchmark B8 (ALGORITHMS.md §9.3, §11; seed 004 Tables 1–2): APFLGate's α × τ grid beside APFL and FedGATE.
+"""Benchmark B8 (ALGORITHMS.md §9.3, §0.1 C5–C7, §11; seed 004 Tables 1–2): APFLGate's α × τ grid beside APFL and FedGATE.
 
 Task-agnostic: ``graphfl bench apflgate --task T`` runs on any registered task (the paper's are
 ``bbbp``, ROC-AUC, and ``ciao``, MAE). The metric is the first of ``test_auc``, ``test_mae``,
 ``test_acc``, ``test_loss`` that the task's evaluation reports (higher is better for AUC and
 accuracy, lower for MAE and loss).
 
-Protocol (fair comparison, issue 10 rules):
+Protocol (fair comparison):
 
-* one optimiser for every method: plain SGD (momentum 0), ``local-steps`` per round, batch 32,
-  a constant step per *method*, chosen on the validation split (:mod:`graphfl.tasks.holdout`,
+* one optimiser for every method: plain SGD (momentum 0), ``local-steps`` (R) per round, batch
+  32, a constant step per *method*, chosen on the validation split (:mod:`graphfl.tasks.holdout`,
   20 % of each client's training data, first seed) at the method's reference setting —
-  APFL α = 0.5, FedGATE τ = 10, APFLGate (α = 0.5, τ = 10) — and then used for every cell of
-  that method's grid (tuning each of the 20 cells separately would multiply the cost by 20);
+  APFL α = 0.5, FedGATE τ = R, APFLGate (α = 0.5, τ = R), FedAvg, local-only — and then used
+  for every cell of that method's grid (the grid of steps tried and their validation scores are
+  in the result);
+* τ is read as a multiple of R (``tau-mode = multiple-of-steps``, C5): the poster's printed δ
+  rule is unstable for τ ≤ R/2, and its BBBP rows for τ = 0.1, 1, 100 differ by 0.0007, so its
+  τ cannot have been the printed one. A cell whose τ is ≤ R/2 even so (τ = 0.1 R) is not run
+  and is reported "refused: unstable by construction" with the reason;
 * the grid: APFL over α, FedGATE over τ, APFLGate over α × τ (poster: α ∈ {0.1, 0.25, 0.5,
-  0.75, 0.9}, τ ∈ {0.1, 1, 10, 100}); FedAvg (tuned the same way) as the reference;
+  0.75, 0.9}, τ ∈ {0.1, 1, 10, 100}); FedAvg (where the form runs it) and local-only (tuned the
+  same way) as references;
+* trivial baselines beside them (C7), no training: a constant predictor (the pooled training
+  mean, or majority class) and each client's own constant (its training median, or majority
+  class) — a method at their level has learned nothing the data's marginal does not give;
 * every cell: ≥ 3 seeds (data split, initialisation, minibatches), mean ± sd of the final test
   metric (the model after the last round: APFL/APFLGate evaluate the personalised mixture
-  ``α h(v_i) + (1 − α) h(w)``, FedGATE/FedAvg the global model), averaged over clients;
+  ``α h(v_i) + (1 − α) h(w_i)`` with the locally trained ``w_i`` (C6), and report the mixture
+  with the aggregated ``w`` beside it; FedGATE/FedAvg the global model), averaged over clients;
 * compression row: APFLGate at its reference cell with uploads compressed
   (``compress.kind = quant`` 8 and 4 bits, ``topk`` 10 % with error memory), same step and
   seeds; reported: upload bytes over the run and the metric's change against uncompressed.
@@ -47,8 +57,14 @@ METRICS = (("test_auc", True), ("test_mae", False), ("test_acc", True), ("test_l
 """(metric, higher is better), in order of preference."""
 PAPER_ALPHAS = (0.1, 0.25, 0.5, 0.75, 0.9)
 PAPER_TAUS = (0.1, 1.0, 10.0, 100.0)
-REFERENCE = {"apfl": {"apfl.alpha": 0.5}, "fedgate": {"fedgate.tau": 10.0},
-             "apflgate": {"apflgate.alpha": 0.5, "apflgate.tau": 10.0}, "fedavg": {}}
+REFERENCE_TAU = 1.0
+"""The reference τ, as a multiple of R: τ = R, the methods' default (FedTorch)."""
+REFERENCE = {"apfl": {"apfl.alpha": 0.5}, "fedgate": {"fedgate.tau": REFERENCE_TAU},
+             "apflgate": {"apflgate.alpha": 0.5, "apflgate.tau": REFERENCE_TAU}, "fedavg": {}, "local": {}}
+REFERENCE_CELL = f"0.5,{REFERENCE_TAU:g}"
+"""Key of APFLGate's reference cell (α, τ) in the result's grid."""
+VIEWS = ("mix_aggregated", "global")
+"""Second views of a personalised run kept per cell: the mixture with the aggregated w, the global model."""
 COMPRESSIONS: dict[str, dict[str, Any]] = {
     "quant-8bit": {"compress.kind": "quant", "compress.bits": 8},
     "quant-4bit": {"compress.kind": "quant", "compress.bits": 4},
@@ -84,7 +100,11 @@ class Form:
     """Also run FedAvg (tuned the same way) as a reference; the poster has no FedAvg column."""
     cells: tuple[tuple[float, float], ...] = ()
     """APFLGate's (α, τ) cells; empty = every pair of ``alphas`` × ``taus``. APFL runs over
-    ``alphas``, FedGATE over ``taus``; the reference cell (0.5, 10) must be among them."""
+    ``alphas``, FedGATE over ``taus``."""
+    tau_mode: str = "multiple-of-steps"
+    """How every τ of the form is read (``fedgate.tau-mode``): as a multiple of R (C5) or absolute."""
+    local: bool = True
+    """Also run local-only training (tuned the same way) as a reference."""
 
     def apflgate_cells(self) -> tuple[tuple[float, float], ...]:
         """The (α, τ) pairs APFLGate runs."""
@@ -99,17 +119,17 @@ QUICK_BY_TASK: dict[str, Form] = {
     # Measured on the shared 2-core machine (docs/apflgate.md): a GIN step on 32 molecules costs
     # ~11 ms CPU (digits' MLP: <1 ms) and the bench got a quarter of a core, ~9 s per round of 16
     # clients x 5 steps. So: the paper's 16 clients, 5 rounds x 4 steps, a 2-point step grid, the
-    # cells the poster reports (τ = 10 and α = 0.1 across τ, not the full 5 x 4 product), one
-    # codec, no FedAvg.
-    "bbbp": Form(rounds=5, local_steps=4, seeds=3, lr_grid=(0.1, 0.3), alphas=(0.1, 0.5), taus=(10.0, 100.0),
+    # cells the poster reports (α = 0.1 across its τ grid, and the reference α = 0.5; not the
+    # full 5 x 4 product), one codec, no FedAvg.
+    "bbbp": Form(rounds=5, local_steps=4, seeds=3, lr_grid=(0.1, 0.3), alphas=(0.1, 0.5), taus=PAPER_TAUS,
                  nodes=0, codecs=("quant-4bit",), fedavg=False,
-                 cells=((0.1, 1.0), (0.1, 10.0), (0.1, 100.0), (0.5, 10.0))),
+                 cells=((0.1, 0.1), (0.1, 1.0), (0.1, 10.0), (0.1, 100.0), (0.5, 1.0), (0.5, 10.0))),
     # the paper's 28 clients (one per category) on a random 20,000 of the 283,319 ratings: a step
     # costs a GCN pass over the client's whole graph (0.5 s CPU for all 28 clients on all ratings,
     # 0.14 s on 60,000); the reference configuration subsamples too (ego networks, ALGORITHMS.md §9.3)
-    "ciao": Form(rounds=6, local_steps=4, seeds=3, lr_grid=(0.1, 0.3), alphas=(0.1, 0.5), taus=(10.0, 100.0),
+    "ciao": Form(rounds=6, local_steps=4, seeds=3, lr_grid=(0.1, 0.3), alphas=(0.1, 0.5), taus=(1.0, 10.0, 100.0),
                  nodes=0, batch_size=256, codecs=("quant-4bit",),
-                 cells=((0.1, 1.0), (0.1, 10.0), (0.1, 100.0), (0.5, 10.0)),
+                 cells=((0.1, 1.0), (0.1, 10.0), (0.1, 100.0), (0.5, 1.0), (0.5, 10.0)),
                  settings=(("data.max-samples", 20000),)),
 }
 """Quick forms of the paper's GNN tasks: a GNN step costs 10-100x an MLP step on ``digits``,
@@ -135,10 +155,16 @@ def unspecified(form: Form, task: str, nodes: int) -> list[str]:
         + ", ".join(f"{m}: {v or 'defaults'}" for m, v in REFERENCE.items()) + "; the same step for every cell",
         "APFL and APFLGate: output mixing, fixed α (adaptive α off, as in the poster's tables); the personal "
         "model v_i starts from the initial global model and shares the minibatch and step with w_i",
-        "FedGATE τ and APFLGate τ: the free variance-reduction parameter of the δ update δ += (u_i − ū)/(η τ)",
+        "FedGATE τ and APFLGate τ: the variance-reduction parameter of the δ update δ += (u_i − ū)/(η τ), "
+        + ("read as a multiple of R (tau-mode = multiple-of-steps; the poster's printed rule is unstable for "
+           "τ ≤ R/2, ALGORITHMS.md §0.1 C5)" if form.tau_mode == "multiple-of-steps" else "read as τ itself")
+        + "; a τ ≤ R/2 is refused, not run",
+        "APFL and APFLGate report the mixture with the locally trained w_i (C6) as the metric, the mixture with "
+        "the aggregated w and the global model alone beside it",
         f"APFL α {list(form.alphas)}, FedGATE τ {list(form.taus)}, APFLGate (α, τ) "
         f"{[list(c) for c in form.apflgate_cells()]}; {form.seeds} seeds (mean ± sd); final-round metric",
-        f"compression {list(form.codecs)}: APFLGate at its reference cell; quant = unbiased stochastic b-bit per "
+        f"compression {list(form.codecs)}: APFLGate at its reference cell ({REFERENCE_CELL}); quant = unbiased "
+        "stochastic b-bit per "
         "array of the update, topk = 10 % largest entries per array with per-client error memory",
     ]
 
@@ -156,11 +182,26 @@ def pick_metric(row: dict[str, Any]) -> tuple[str, bool]:
     raise RuntimeError(f"the run's evaluation has none of {[m for m, _ in METRICS]}")
 
 
+def tau_mode_setting(strategy: str, form: Form) -> dict[str, Any]:
+    """``<strategy>.tau-mode`` of the form for the strategies that have a τ, else nothing."""
+    return {f"{strategy}.tau-mode": form.tau_mode} if strategy in ("fedgate", "apflgate") else {}
+
+
+def refusal(strategy: str, form: Form, extra: dict[str, Any]) -> str | None:
+    """Why a cell is not run (its τ is ≤ R/2: unstable by construction, C5), or ``None``."""
+    from graphfl.strategies.apfl_math import tau_problem
+
+    key = f"{strategy}.tau"
+    if key not in extra:
+        return None
+    return tau_problem(key, float(extra[key]), form.tau_mode, form.local_steps)
+
+
 def run_one(strategy: str, task: str, nodes: int, form: Form, seed: int, lr: float, extra: dict[str, Any],
             data_dir: str) -> dict[str, Any]:
     """One in-process run (through the run cache): final metric row, total upload bytes, curve."""
     overrides = {"train.local-steps": form.local_steps, "train.batch-size": form.batch_size, "train.momentum": 0.0,
-                 "train.lr": lr, **dict(form.settings), **extra}
+                 "train.lr": lr, **dict(form.settings), **tau_mode_setting(strategy, form), **extra}
     key = {"bench": NAME, "strategy": strategy, "task": task, "nodes": nodes, "rounds": form.rounds, "seed": seed,
            "overrides": overrides, "data_dir": data_dir}
 
@@ -174,7 +215,8 @@ def run_one(strategy: str, task: str, nodes: int, form: Form, seed: int, lr: flo
         t0 = time.perf_counter()
         doc, _ = run_federated_inprocess(cfg)
         curve = doc["methods"][strategy]["curve"]
-        keep = ("round", "test_loss", "test_acc", "test_auc", "test_mae", "bytes_up", "bytes_up_decoded")
+        tests = ("test_loss", "test_acc", "test_auc", "test_mae")
+        keep = ("round", *tests, *(f"{v}_{k}" for v in VIEWS for k in tests), "bytes_up", "bytes_up_decoded")
         return {"curve": [{k: row[k] for k in keep if k in row} for row in curve],
                 "bytes_up": int(sum(row.get("bytes_up", 0) or 0 for row in curve)),
                 "wall_seconds": time.perf_counter() - t0}
@@ -233,8 +275,18 @@ def tune(strategy: str, task: str, nodes: int, form: Form, seed: int, data_dir: 
 
 def cell(strategy: str, task: str, nodes: int, form: Form, seeds: list[int], lr: float, extra: dict[str, Any],
          metric: str, data_dir: str) -> dict[str, Any]:
-    """Mean ± sd over ``seeds`` of the final test metric (and upload bytes) of one setting."""
+    """Mean ± sd over ``seeds`` of the final test metric (and upload bytes) of one setting.
+
+    A setting :func:`refusal` refuses is not run: its entry has ``refused`` (the reason) and no
+    values. Personalised runs also give the final metric of each of :data:`VIEWS` (``views``).
+    """
+    why = refusal(strategy, form, extra)
+    if why is not None:
+        logger.info("%s %s refused: %s", strategy, extra, why)
+        return {"mean": None, "sd": None, "values": [], "failed": 0, "refused": why,
+                "settings": {**extra, "train.lr": lr}, "bytes_up": None}
     values: list[float | None] = []
+    views: dict[str, list[float | None]] = {v: [] for v in VIEWS}
     bytes_up: list[int] = []
     curves: list[list[float | None]] = []
     for s in seeds:
@@ -245,10 +297,13 @@ def cell(strategy: str, task: str, nodes: int, form: Form, seeds: list[int], lr:
             values.append(None)
             continue
         values.append(final_value(r, metric))
+        for v in VIEWS:
+            views[v].append(final_value(r, f"{v}_{metric}"))
         bytes_up.append(r["bytes_up"])
         curves.append([row.get(metric) for row in r["curve"]])
     out = _stats(values)
     out["settings"] = {**extra, "train.lr": lr}
+    out["views"] = {v: _stats(vals) for v, vals in views.items() if any(x is not None for x in vals)}
     out["bytes_up"] = float(np.mean(bytes_up)) if bytes_up else None
     if curves:
         arr = np.array([[np.nan if v is None else v for v in c] for c in curves], dtype=float)
@@ -267,10 +322,10 @@ def run(quick: bool = False, seed: int = 0, out: Path | str = Path("runs/bench")
     ----------
     quick
         15 rounds of 10 local steps, 8 clients, 3 seeds, a 3-point step grid, α ∈ {0.1, 0.5, 0.9}
-        × the poster's 4 τ values; ``bbbp`` and ``ciao`` use their own, cheaper quick forms
-        (:data:`QUICK_BY_TASK`: the task's clients, 8 rounds of 5 steps, two codecs). The full
-        form: 50 rounds of 20 steps, the task's default number of clients, 3 seeds, a 4-point
-        step grid, the poster's 5 × 4 grid.
+        × the poster's 4 τ values (as multiples of R); ``bbbp`` and ``ciao`` use their own, cheaper
+        quick forms (:data:`QUICK_BY_TASK`: the task's clients, 5–6 rounds of 4 steps, chosen
+        cells, one codec). The full form: 50 rounds of 20 steps, the task's default number of
+        clients, 3 seeds, a 4-point step grid, the poster's 5 × 4 grid.
     seed
         First seed (also the tuning seed); seeds are ``seed, seed+1, ...``.
     out
@@ -294,7 +349,7 @@ def run(quick: bool = False, seed: int = 0, out: Path | str = Path("runs/bench")
     nodes = form.nodes or task_registry.get(task).spec.default_nodes
     seeds = [seed + i for i in range(form.seeds)]
 
-    methods = ("fedavg", "apfl", "fedgate", "apflgate") if form.fedavg else ("apfl", "fedgate", "apflgate")
+    methods = (("fedavg",) if form.fedavg else ()) + (("local",) if form.local else ()) + ("apfl", "fedgate", "apflgate")
     tuning = {m: tune(m, task, nodes, form, seed, data_dir) for m in methods}
     metric = tuning["apflgate"]["metric"]
     higher = dict(METRICS)[metric]
@@ -302,6 +357,8 @@ def run(quick: bool = False, seed: int = 0, out: Path | str = Path("runs/bench")
     logger.info("tuned steps: %s (validation %s)", lr, metric)
 
     fedavg = cell("fedavg", task, nodes, form, seeds, lr["fedavg"], {}, metric, data_dir) if form.fedavg else None
+    local = cell("local", task, nodes, form, seeds, lr["local"], {}, metric, data_dir) if form.local else None
+    trivial = trivial_baselines(task, nodes, form, seeds, data_dir, metric)
     apfl = {f"{a:g}": cell("apfl", task, nodes, form, seeds, lr["apfl"], {"apfl.alpha": a}, metric, data_dir)
             for a in form.alphas}
     fedgate = {f"{t:g}": cell("fedgate", task, nodes, form, seeds, lr["fedgate"], {"fedgate.tau": t}, metric, data_dir)
@@ -327,7 +384,8 @@ def run(quick: bool = False, seed: int = 0, out: Path | str = Path("runs/bench")
         "name": NAME, "task": task, "nodes": nodes, "metric": metric, "higher_is_better": higher,
         "form": {"quick": quick, **asdict(form), "seeds_used": seeds}, "unspecified_settings": unspecified(form, task, nodes),
         "paper": PAPER.get(task), "tuning": tuning,
-        "methods": {"fedavg": fedavg, "apfl": apfl, "fedgate": fedgate, "apflgate": grid},
+        "tau_mode": form.tau_mode, "reference_cell": REFERENCE_CELL, "trivial": trivial,
+        "methods": {"fedavg": fedavg, "local": local, "apfl": apfl, "fedgate": fedgate, "apflgate": grid},
         "compression": compression, "env": env_info(), "wall_seconds": time.perf_counter() - t_start,
     }
     doc["best"] = best_cells(doc)
@@ -338,6 +396,59 @@ def run(quick: bool = False, seed: int = 0, out: Path | str = Path("runs/bench")
     except Exception:  # the JSON/MD are already written
         logger.exception("could not draw %s.png", NAME)
     return doc
+
+
+def trivial_baselines(task: str, nodes: int, form: Form, seeds: list[int], data_dir: str,
+                      metric: str) -> dict[str, Any]:
+    """Constant predictors' test ``metric`` (mean over clients, mean ± sd over ``seeds``; C7).
+
+    Regression: every client predicts the pooled training mean (``pooled``), or its own training
+    median (``per-client``); classification: the pooled majority class, or the client's own.
+    No training; the data (split, ``form.settings``) are those of the runs of the same seed.
+    """
+    import torch
+
+    from graphfl.common.config import parse_run_config
+    from graphfl.tasks import registry as tasks
+
+    values: dict[str, list[float | None]] = {"pooled": [], "per-client": []}
+    for s in seeds:
+        cfg = parse_run_config({"strategy": "fedavg", "task": task, "nodes": nodes, "seed": s, "data-dir": data_dir,
+                                "engine": "inprocess", **dict(form.settings)})
+        t = tasks.create(cfg.task, data=cfg.data, data_dir=cfg.data_dir, seed=s)
+        data = [t.client_data(p, nodes) for p in range(nodes)]
+        classification = t.kind == "classification"
+        pooled_y = np.concatenate([np.asarray(d.y_train).reshape(-1) for d in data])
+        if classification:
+            classes = int(max(pooled_y.max(), *(np.asarray(d.y_test).max(initial=0) for d in data))) + 1
+            pooled: float = float(np.bincount(pooled_y.astype(np.int64), minlength=classes).argmax())
+        else:
+            pooled = float(pooled_y.mean())
+        loss_fn = t.loss_fn()
+        for name in values:
+            per_client: list[float] = []
+            for d in data:
+                y = np.asarray(d.y_test)
+                if len(y) == 0:
+                    continue
+                if classification:
+                    own = np.bincount(np.asarray(d.y_train, np.int64).reshape(-1), minlength=classes).argmax()
+                    c = int(pooled if name == "pooled" else own)
+                    outputs = np.zeros((len(y), classes), np.float32)
+                    outputs[:, c] = 1.0
+                    m = {"test_acc": float(np.mean(y == c))}
+                else:
+                    c_r = pooled if name == "pooled" else float(np.median(np.asarray(d.y_train)))
+                    outputs = np.full(y.shape, c_r, np.float32)
+                    m = {}
+                m["test_loss"] = float(loss_fn(torch.as_tensor(outputs), torch.as_tensor(y)))
+                m.update(t.metrics(outputs, y))
+                if metric in m and np.isfinite(m[metric]):
+                    per_client.append(float(m[metric]))
+            values[name].append(float(np.mean(per_client)) if per_client else None)
+    what = ({"pooled": "the pooled majority class", "per-client": "each client's own majority class"} if classification
+            else {"pooled": "the pooled training mean", "per-client": "each client's own training median"})
+    return {name: {**_stats(v), "predicts": what[name]} for name, v in values.items()}
 
 
 def best_cells(doc: dict[str, Any]) -> dict[str, Any]:
@@ -359,6 +470,8 @@ def _grid_axes(doc: dict[str, Any]) -> tuple[list[str], list[str]]:
 
 
 def _pm(c: dict[str, Any] | None) -> str:
+    if c and c.get("refused"):
+        return "refused (τ ≤ R/2)"
     if not c or c.get("mean") is None:
         return "failed"
     sd = c.get("sd")
@@ -366,7 +479,9 @@ def _pm(c: dict[str, Any] | None) -> str:
 
 
 def render_markdown(doc: dict[str, Any]) -> str:
-    """Tables: APFLGate α × τ, APFL per α, FedGATE per τ, FedAvg, compression; tuning; settings."""
+    """Tables: APFLGate α × τ, baselines (constants, FedAvg, local, APFL per α, FedGATE per τ), both
+    personal output forms, compression; tuning; settings.
+    """
     m, form = doc["metric"], doc["form"]
     better = "higher" if doc["higher_is_better"] else "lower"
     lines = [f"# B8: APFLGate vs APFL and FedGATE on `{doc['task']}` ({doc['nodes']} clients)", "",
@@ -374,19 +489,42 @@ def render_markdown(doc: dict[str, Any]) -> str:
              f"{form['rounds']} rounds × {form['local_steps']} local steps"
              + (" (quick form)." if form["quick"] else "."), ""]
     alphas, taus = _grid_axes(doc)
-    lines += ["## APFLGate (rows α, columns τ)", "", "| α \\ τ | " + " | ".join(taus) + " |",
+    unit = " (× R)" if doc.get("tau_mode") == "multiple-of-steps" else ""
+    if unit:
+        lines += [f"τ is read as a multiple of R = {form['local_steps']} local steps (`tau-mode = multiple-of-steps`); "
+                  "a τ ≤ R/2 is refused, not run: the δ update is unstable by construction there "
+                  "(ALGORITHMS.md §0.1 C5).", ""]
+    lines += [f"## APFLGate (rows α, columns τ{unit})", "", f"| α \\ τ{unit} | " + " | ".join(taus) + " |",
               "|---|" + "---|" * len(taus)]
     for a in alphas:
         lines.append(f"| {a} | " + " | ".join(_pm(doc["methods"]["apflgate"][f"{a},{t}"])
                                               if f"{a},{t}" in doc["methods"]["apflgate"] else "not run"
                                               for t in taus) + " |")
-    lines += ["", "## Baselines", "", "| method | setting | " + m + " |", "|---|---|---|",
-              f"| FedAvg | — | {_pm(doc['methods']['fedavg']) if doc['methods']['fedavg'] else 'not run'} |"]
+    lines += ["", "## Baselines", "", "| method | setting | " + m + " |", "|---|---|---|"]
+    for name, c in doc.get("trivial", {}).items():
+        lines.append(f"| constant ({name}) | predicts {c['predicts']} | {_pm(c)} |")
+    lines += [f"| FedAvg | — | {_pm(doc['methods']['fedavg']) if doc['methods']['fedavg'] else 'not run'} |",
+              f"| local only | — | {_pm(doc['methods'].get('local')) if doc['methods'].get('local') else 'not run'} |"]
     lines += [f"| APFL | α = {a} | {_pm(c)} |" for a, c in doc["methods"]["apfl"].items()]
-    lines += [f"| FedGATE | τ = {t} | {_pm(c)} |" for t, c in doc["methods"]["fedgate"].items()]
+    lines += [f"| FedGATE | τ = {t}{unit} | {_pm(c)} |" for t, c in doc["methods"]["fedgate"].items()]
+    lines += ["", "## Personal output: mixture with the locally trained w_i (the metric above) vs the aggregated w",
+              "", "| method | setting | local-copy mixture | aggregated-w mixture | global model alone |",
+              "|---|---|---|---|---|"]
+    for meth, label, fmt in (("apfl", "APFL", "α = {}"), ("apflgate", "APFLGate", "(α, τ{}) = ({})")):
+        for k, c in doc["methods"][meth].items():
+            if c.get("refused"):
+                continue
+            views = c.get("views", {})
+            setting = fmt.format(k) if meth == "apfl" else fmt.format(unit, k)
+            lines.append(f"| {label} | {setting} | {_pm(c)} | {_pm(views.get('mix_aggregated'))} | "
+                         f"{_pm(views.get('global'))} |")
+    refused = [c["refused"] for meth in ("fedgate", "apflgate") for c in doc["methods"][meth].values()
+               if c.get("refused")]
+    if refused:
+        lines += ["", f"Refused cells ({len(refused)}), e.g.: {refused[0]}"]
     lines += ["", "Best cell of each method by mean test metric (descriptive): "
               + "; ".join(f"{k} {v['cell']}: {v['mean']:.4f}" for k, v in doc["best"].items()), ""]
-    lines += ["## Compression of uploads (APFLGate, α = 0.5, τ = 10)", "",
+    lines += [f"## Compression of uploads (APFLGate at (α, τ{unit}) = ({doc.get('reference_cell', REFERENCE_CELL)}))", "",
               f"| upload codec | {m} | change vs none (paired) | upload bytes per run | bytes saved |",
               "|---|---|---|---|---|"]
     for name, c in doc["compression"].items():
@@ -423,28 +561,37 @@ def plot(doc: dict[str, Any], path: Path) -> None:
     m = doc["metric"]
     alphas, taus = _grid_axes(doc)
     cells = doc["methods"]["apflgate"]
-    grid = np.array([[(cells[f"{a},{t}"]["mean"] if f"{a},{t}" in cells else None) or np.nan for t in taus]
-                     for a in alphas], float)
+    grid = np.array([[np.nan if (c := cells.get(f"{a},{t}")) is None or c["mean"] is None else c["mean"]
+                      for t in taus] for a in alphas], float)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     ax = axes[0]
     im = ax.imshow(grid, cmap="viridis" if doc["higher_is_better"] else "viridis_r", aspect="auto")
     ax.set_xticks(range(len(taus)), taus)
     ax.set_yticks(range(len(alphas)), alphas)
-    ax.set_xlabel("τ")
+    ax.set_xlabel("τ (× R)" if doc.get("tau_mode") == "multiple-of-steps" else "τ")
     ax.set_ylabel("α")
     ax.set_title(f"APFLGate: final {m} (mean over seeds)")
     for i in range(len(alphas)):
         for j in range(len(taus)):
             if np.isfinite(grid[i, j]):
                 ax.text(j, i, f"{grid[i, j]:.3f}", ha="center", va="center", color="w", fontsize=8)
+            elif (cells.get(f"{alphas[i]},{taus[j]}") or {}).get("refused"):
+                ax.text(j, i, "refused\nτ ≤ R/2", ha="center", va="center", color="k", fontsize=7)
     fig.colorbar(im, ax=ax)
     ax = axes[1]
-    series = {"FedAvg": doc["methods"]["fedavg"], "APFL α=0.5": doc["methods"]["apfl"].get("0.5"),
-              "FedGATE τ=10": doc["methods"]["fedgate"].get("10"), "APFLGate (0.5, 10)": doc["methods"]["apflgate"].get("0.5,10")}
+    ref = doc.get("reference_cell", REFERENCE_CELL)
+    tau_ref = ref.split(",")[1]
+    series = {"FedAvg": doc["methods"]["fedavg"], "local only": doc["methods"].get("local"),
+              "APFL α=0.5": doc["methods"]["apfl"].get("0.5"),
+              f"FedGATE τ={tau_ref}": doc["methods"]["fedgate"].get(tau_ref),
+              f"APFLGate ({ref})": doc["methods"]["apflgate"].get(ref)}
     for name, c in series.items():
-        if c and c.get("curve_mean"):  # FedAvg is None when the form leaves it out
+        if c and c.get("curve_mean"):  # FedAvg / local are None when the form leaves them out
             ys = [np.nan if v is None else v for v in c["curve_mean"]]
             ax.plot(range(len(ys)), ys, label=name)
+    for (name, c), style in zip(doc.get("trivial", {}).items(), (":", "-.")):
+        if c.get("mean") is not None:
+            ax.axhline(c["mean"], color="grey", linestyle=style, label=f"constant ({name})")
     ax.set_xlabel("round")
     ax.set_ylabel(m)
     ax.set_title(f"{doc['task']}: mean {m} over seeds per round")
