@@ -3,9 +3,10 @@
 In deployment every message starts a fresh ``flwr-clientapp`` process, so module-level
 imports stay light (torch and the task are imported inside the handlers). The client's
 partition comes from ``context.node_config`` (``partition-id``, ``num-partitions``,
-optional ``device``, optional ``state-dir``); its persistent state lives in ``context.state`` (kept
-by the SuperNode across rounds) and, with a ``state-dir``, is mirrored to disk so that it survives a
-``--resume`` and a SuperNode restart (:mod:`graphfl.client.state_store`).
+optional ``device``, optional ``state-dir``, optional ``data-dir``: this SuperNode's own data
+folder); its persistent state lives in ``context.state`` (kept by the SuperNode across rounds)
+and, with a ``state-dir``, is mirrored to disk so that it survives a ``--resume`` and a SuperNode
+restart (:mod:`graphfl.client.state_store`).
 """
 
 from __future__ import annotations
@@ -132,7 +133,9 @@ def _serve(msg: Message, context: Context, default_kind: str) -> Message:
         raise ValueError(f"this SuperNode has no '{wire.NODE_PARTITION_ID}'/'{wire.NODE_NUM_PARTITIONS}' "
                          "in its --node-config")
     device = str(node[wire.NODE_DEVICE]) if wire.NODE_DEVICE in node else None
-    runtime = build_runtime(cfg, int(node[wire.NODE_PARTITION_ID]), int(node[wire.NODE_NUM_PARTITIONS]), device)
+    data_dir = str(node[wire.NODE_DATA_DIR]) if wire.NODE_DATA_DIR in node else None
+    runtime = build_runtime(cfg, int(node[wire.NODE_PARTITION_ID]), int(node[wire.NODE_NUM_PARTITIONS]), device,
+                            data_dir)
 
     request = read_request(msg.content.config_records.get(wire.CONFIG), default_kind)
     payload = Payload(get_arrays(msg.content, wire.ARRAYS) or {}, request.payload_config)

@@ -32,11 +32,13 @@ class ClientRuntime:
     trainer: ClientTrainer[Any]
 
 
-def build_runtime(cfg: RunConfig, partition_id: int, num_partitions: int, device: str | None = None) -> ClientRuntime:
+def build_runtime(cfg: RunConfig, partition_id: int, num_partitions: int, device: str | None = None,
+                  data_dir: str | None = None) -> ClientRuntime:
     """Load the task's data for ``partition_id`` and build the algorithm's trainer.
 
     The client's neighbourhood comes from the run's client graph (``graph-file`` if set, which
-    must then exist on this client's machine too, else the task's graph).
+    must then exist on this client's machine too, else the task's graph). ``data_dir`` (the
+    SuperNode's ``data-dir``) replaces the run's ``data-dir`` for this client: its own data folder.
     """
     from graphfl.client.training import pick_device
     from graphfl.common import registry
@@ -49,7 +51,7 @@ def build_runtime(cfg: RunConfig, partition_id: int, num_partitions: int, device
         )
     if not 0 <= partition_id < num_partitions:
         raise ValueError(f"partition-id {partition_id} is outside 0..{num_partitions - 1}")
-    task = tasks.create(cfg.task, data=cfg.data, data_dir=cfg.data_dir, seed=cfg.seed)
+    task = tasks.create(cfg.task, data=cfg.data, data_dir=data_dir or cfg.data_dir, seed=cfg.seed)
     data = task.client_data(partition_id, num_partitions)
     graph, _ = resolve_client_graph(num_partitions, task.client_graph(num_partitions), cfg.graph_file, cfg.task)
     requested = device or cfg.device

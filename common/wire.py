@@ -57,6 +57,8 @@ NODE_NUM_PARTITIONS = "num-partitions"
 NODE_DEVICE = "device"
 NODE_STATE_DIR = "state-dir"
 """Folder where the client mirrors its persistent state (:mod:`graphfl.client.state_store`)."""
+NODE_DATA_DIR = "data-dir"
+"""This SuperNode's data folder (its own files, e.g. ``device-<id>.csv``); overrides the run's ``data-dir``."""
 
 # Noisy uplink channel (seed 002; graphfl.client.noisy_channel)
 MASK_PREFIX = "graphfl-mask/"

@@ -84,7 +84,8 @@ def supernode_argv(superlink: str, port: int, partition_id: int, num_partitions:
                    ca_cert: Path | None, device: str | None = None, auth_key: Path | None = None,
                    max_wait_time: float | None = None, host: str = "127.0.0.1",
                    clientapp_mode: str = "cold", polls: str | None = None,
-                   trace: Path | None = None, state_dir: Path | None = None) -> list[str]:
+                   trace: Path | None = None, state_dir: Path | None = None,
+                   data_dir: Path | None = None) -> list[str]:
     """Command line of a SuperNode serving partition ``partition_id`` of ``num_partitions``.
 
     ``clientapp_mode="cold"`` with stock polls (the defaults) is the stock ``flower-supernode``;
@@ -93,6 +94,8 @@ def supernode_argv(superlink: str, port: int, partition_id: int, num_partitions:
     sleep). ``trace`` (warm) collects per-task timings as JSON lines. ``state_dir`` goes into the
     node config as ``state-dir``: the ClientApp mirrors its state there (absolute path, keyed by
     the run's ``run-key`` and the partition id) so it survives a restart and a ``--resume``.
+    ``data_dir`` goes into the node config as ``data-dir``: this SuperNode's own data folder, which
+    replaces the run's ``data-dir`` for its client (e.g. a folder holding only its ``device-<id>.csv``).
     """
     if clientapp_mode not in CLIENTAPP_MODES:
         raise ValueError(f"clientapp mode must be one of {CLIENTAPP_MODES}, got {clientapp_mode!r}")
@@ -107,6 +110,11 @@ def supernode_argv(superlink: str, port: int, partition_id: int, num_partitions:
         if "'" in folder or any(c.isspace() for c in folder):
             raise ValueError(f"state dir {folder!r}: a node-config path cannot hold quotes or spaces")
         node_config += f" state-dir='{folder}'"
+    if data_dir is not None:
+        folder = str(Path(data_dir).resolve())
+        if "'" in folder or any(c.isspace() for c in folder):
+            raise ValueError(f"data dir {folder!r}: a node-config path cannot hold quotes or spaces")
+        node_config += f" data-dir='{folder}'"
     argv = ["--superlink", superlink, "--host", host, "--port", str(port), "--node-config", node_config]
     argv += ["--insecure"] if ca_cert is None else ["--root-certificates", str(ca_cert)]
     if auth_key is not None:
@@ -302,7 +310,8 @@ class LocalFederation:
     context at start-up); ``polls`` overrides the SuperNode poll mode (``fast``/``stock``,
     for measurements); ``superlink_middleware`` picks graphfl's path-gated SuperLink (``gated``,
     the default) or the stock ``flower-superlink`` (see :data:`SUPERLINK_MIDDLEWARE`);
-    ``state_dir`` (every SuperNode's ``state-dir``) persists client state. ``superlink_host``
+    ``state_dir`` (every SuperNode's ``state-dir``) persists client state; ``data_dirs`` maps a
+    partition id to its SuperNode's own ``data-dir`` (node config). ``superlink_host``
     is the address the SuperLink binds and everyone here dials (127.0.0.1; the network bench's
     namespaces use their bridge's address), ``tls_hosts`` extra names in its certificate.
     Warm SuperNodes write per-task timings to ``logs/warm-<i>.jsonl``;
@@ -326,6 +335,7 @@ class LocalFederation:
     tls_hosts: tuple[str, ...] = ()
     warm_timeout: float = 300.0
     state_dir: Path | None = None
+    data_dirs: dict[int, Path] = field(default_factory=dict)
     group: ProcessGroup = field(init=False)
     tls_files: ServerTlsFiles | None = field(init=False, default=None)
     _warm: set[str] = field(init=False, default_factory=set)
@@ -388,7 +398,7 @@ class LocalFederation:
         argv = supernode_argv(
             self.supernode_superlink(partition_id), free_port(), partition_id, self.nodes, ca, device=self.device,
             auth_key=auth_key, max_wait_time=self.start_timeout, clientapp_mode=mode, polls=self.polls, trace=trace,
-            state_dir=self.state_dir)
+            state_dir=self.state_dir, data_dir=self.data_dirs.get(partition_id))
         proc = self.group.start(name, [*self.supernode_prefix(partition_id), *argv])
         if mode == "warm":
             self._warm.add(name)

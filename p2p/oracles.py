@@ -30,7 +30,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -245,96 +245,40 @@ def clusters_problem(node: int, spec: ProblemSpec, logistic: bool = False) -> Ta
 
 def device_file(path: str | Path, device: int) -> Path:
     """The CSV of ``device``: ``path`` itself if it is a file, else ``path/device-<device>.csv``."""
-    from graphfl.tasks.tabular import DEVICE_FILE
+    from graphfl.tasks.tabular import device_path
 
-    p = Path(path)
-    return p if p.is_file() else p / DEVICE_FILE.format(id=device)
+    return device_path(path, device)
 
 
 def feature_columns(path: str | Path, device: int = 0, response: str | None = None) -> tuple[str, ...]:
-    """The feature columns of a device file, in file order (every column except the response)."""
+    """The feature columns of a device file, in file order (every column except the response; header only)."""
     from graphfl.tasks.base import DataError
-    from graphfl.tasks.tabular import read_numeric_csv, resolve_settings
+    from graphfl.tasks.tabular import read_header, resolve_settings
 
     f = device_file(path, device)
     settings = resolve_settings(f.parent, response=response)
-    header, _ = read_numeric_csv(f)
+    header = read_header(f)
     if settings.response not in header:
         raise DataError(f"{f}: no response column {settings.response!r} in the header {list(header)} "
                         f"(set 'response' in dataset.toml)")
     return tuple(c for c in header if c != settings.response)
 
 
-def _columns(path: Path, header: tuple[str, ...], wanted: Sequence[str], response: str | None) -> list[int]:
-    from graphfl.tasks.base import DataError
-
-    expected = set(wanted) | ({response} if response else set())
-    if set(header) != expected:
-        raise DataError(f"{path}: columns differ from the network's: missing {sorted(expected - set(header))}, "
-                        f"extra {sorted(set(header) - expected)} (every device needs the same columns; "
-                        f"[run] features = {','.join(wanted)!r})")
-    col = {c: k for k, c in enumerate(header)}
-    return [col[c] for c in wanted]
-
-
 def load_device(path: str | Path, device: int, *, features: Sequence[str] = (),
                 split_seed: int = 0) -> tuple[Any, FloatArray | None, tuple[str, ...]]:
-    """One device's data from its own CSV (docs/data.md rules, :mod:`graphfl.tasks.tabular`).
+    """One device's data from its own CSV (:func:`graphfl.tasks.tabular.load_device`, docs/data.md).
 
     ``path`` is the device's file or the folder holding ``device-<device>.csv``; the settings
-    (``dataset.toml``) and ``shared.csv`` are read from the file's folder. ``features`` fixes the
-    feature columns and their order (every device of a network must use the same; ``()`` = the
-    file's order). The split uses ``split_seed`` unless ``dataset.toml`` sets ``split-seed``.
-    Returns ``(DeviceData, D' in raw units or None, feature names)``; the same arrays as
+    (``dataset.toml``) and ``shared.csv`` are read from the file's folder, no other device's file
+    is opened. ``features`` fixes the feature columns and their order (every device of a network
+    must use the same; ``()`` = ``dataset.toml``'s ``features``, else the sorted columns). The
+    split uses ``split_seed`` unless ``dataset.toml`` sets ``split-seed``. Returns ``(DeviceData,
+    D' in raw units or None, feature names)``; the same arrays as
     :func:`graphfl.tasks.tabular.load_tabular` gives for that device.
     """
-    from graphfl.tasks.base import DataError
-    from graphfl.tasks.tabular import (
-        INTERCEPT_COLUMN,
-        SHARED_FILE,
-        DeviceData,
-        read_numeric_csv,
-        resolve_settings,
-        split_rows,
-    )
+    from graphfl.tasks.tabular import load_device as load_own
 
-    f = device_file(path, device)
-    if not f.is_file():
-        raise DataError(f"{f} not found: device {device} needs its CSV (a folder with device-{device}.csv, or the "
-                        f"file itself as the peer's data; see docs/data.md)")
-    settings = resolve_settings(f.parent, base={"split_seed": split_seed})
-    header, values = read_numeric_csv(f)
-    if settings.response not in header:
-        raise DataError(f"{f}: no response column {settings.response!r} in the header {list(header)} "
-                        f"(set 'response' in {f.parent / 'dataset.toml'})")
-    raw = tuple(features) or tuple(c for c in header if c != settings.response)
-    if not raw:
-        raise DataError(f"{f}: no feature columns besides the response {settings.response!r}")
-    x = values[:, _columns(f, header, raw, settings.response)]
-    y = values[:, header.index(settings.response)]
-    tr, te = split_rows(len(y), settings.test_fraction, settings.split_seed, device)
-    p = x.shape[1]
-    if settings.standardize == "none":
-        mean, sd = np.zeros(p), np.ones(p)
-    else:  # the training rows' mean and sd (ddof 0); a constant feature is only centred
-        mean, sd = x[tr].mean(axis=0), x[tr].std(axis=0)
-        flat = sd <= 1e-12 * np.maximum(1.0, np.abs(mean))
-        if np.any(flat):
-            logger.warning("%s: feature(s) %s are constant on the training rows; centred only (sd taken as 1)",
-                           f, [raw[k] for k in np.flatnonzero(flat)])
-            sd = np.where(flat, 1.0, sd)
-    proto = DeviceData(device, f, x[tr], y[tr], x[te], y[te], mean, sd, settings.intercept)
-    dev = replace(proto, x_train=proto.transform(x[tr]), x_test=proto.transform(x[te]))
-    shared: FloatArray | None = None
-    sf = f.parent / SHARED_FILE
-    if sf.is_file():
-        sh_header, sh_values = read_numeric_csv(sf)
-        if settings.response in sh_header:
-            raise DataError(f"{sf}: has the response column {settings.response!r}; the shared set D' is unlabelled, "
-                            f"so give only the feature columns {list(raw)}")
-        shared = sh_values[:, _columns(sf, sh_header, raw, None)]
-    names = raw + ((INTERCEPT_COLUMN,) if settings.intercept else ())
-    return dev, shared, names
+    return load_own(path, device, features=tuple(features), base={"split_seed": split_seed})
 
 
 def csv_problem(node: int, spec: ProblemSpec, partition: int | None = None) -> TabularOracle:

@@ -12,7 +12,15 @@ Rules
 * Every device file has a header row naming its columns; every other non-blank row holds one
   number per column. One column is the response (``response`` setting, default ``y``); every
   other column is a feature. All devices must have the same set of columns (the order may
-  differ; device 0's order is used). Empty cells, ``nan``/``inf`` and non-numbers are errors.
+  differ). Every cell is a plain decimal number (``12``, ``-0.5``, ``3e-4``; spaces around it
+  are ignored); empty cells, ``nan``/``inf``, values beyond float64 and other spellings Python
+  would accept (``1_0``, ``0x10``) are errors naming file, line and column.
+* Feature order (the model's input columns): ``features`` in ``dataset.toml`` when given (each
+  device's columns must then be exactly those plus the response), else every column except the
+  response sorted by name. Either way a device knows the order from its own file and settings.
+* Each device is read from its own file alone (:func:`load_device`): no other device's file is
+  opened, so a machine needs only its own ``device-<id>.csv``. :func:`load_tabular` reads a whole
+  folder (and checks that the devices' columns agree).
 * ``shared.csv`` has exactly the feature columns (no response column: D' is unlabelled).
 * The edge list is parsed by :func:`graphfl.common.graph.read_edge_list` (ids checked against
   the number of devices).
@@ -41,6 +49,7 @@ import math
 import os
 import re
 import tomllib
+from array import array
 from dataclasses import dataclass, field, fields, replace
 from functools import lru_cache
 from pathlib import Path
@@ -84,6 +93,10 @@ class TabularSettings:
         ``"device"`` (each device's training mean/sd) or ``"none"``.
     intercept
         Append a column of ones after standardisation.
+    features
+        The feature columns in model order (the schema every device shares); ``()`` = every
+        column except the response, sorted by name. A list of names, or one comma-separated
+        string, in ``dataset.toml``.
     """
 
     response: str = "y"
@@ -91,6 +104,7 @@ class TabularSettings:
     split_seed: int = 0
     standardize: Literal["device", "none"] = "device"
     intercept: bool = False
+    features: tuple[str, ...] = ()
 
     def check(self, source: str) -> TabularSettings:
         """Validate the values; ``source`` names where they came from in the error."""
@@ -105,7 +119,22 @@ class TabularSettings:
             raise DataError(f"{source}: standardize must be one of {list(_STANDARDIZE)}, got {self.standardize!r}")
         if not isinstance(self.intercept, bool):
             raise DataError(f"{source}: intercept must be true or false, got {self.intercept!r}")
-        return replace(self, response=self.response.strip(), test_fraction=float(tf))
+        return replace(self, response=self.response.strip(), test_fraction=float(tf),
+                       features=_feature_list(source, self.features, self.response.strip()))
+
+
+def _feature_list(source: str, value: Any, response: str) -> tuple[str, ...]:
+    """``features`` as a tuple of distinct, non-empty names without the response."""
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not all(isinstance(c, str) for c in items):
+        raise DataError(f"{source}: features must be a list of column names, got {value!r}")
+    names = tuple(c.strip() for c in items if c.strip())
+    dup = sorted({c for c in names if names.count(c) > 1})
+    if dup:
+        raise DataError(f"{source}: features names {dup} more than once")
+    if response in names:
+        raise DataError(f"{source}: features lists the response column {response!r}")
+    return names
 
 
 @dataclass(frozen=True)
@@ -255,23 +284,40 @@ def device_files(root: str | Path) -> list[Path]:
     return [ids[i] for i in range(n)]
 
 
+_NUMBER_RE = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+"""A plain decimal number: optional sign, digits with an optional decimal point, optional
+exponent. Python's other spellings (``1_0``, ``nan``, ``inf``, ``0x1p3``, non-ASCII digits) are not."""
+
+
 def _parse_number(path: Path, line: int, column: str, cell: str) -> float:
-    text = cell.strip()
+    """The value of one cell: a plain decimal number (:data:`_NUMBER_RE`), spaces around it ignored.
+
+    Raises
+    ------
+    DataError
+        An empty cell, anything else than a plain decimal number (naming ``nan``/``inf``), or a
+        number too large for a float64; the message names file, line and column.
+    """
+    text = cell.strip(" \t")
     if not text:
         raise DataError(f"{path}:{line}: column {column!r} is empty (every cell needs a number)")
-    try:
-        value = float(text)
-    except ValueError:
-        raise DataError(f"{path}:{line}: column {column!r} has {cell!r}, which is not a number") from None
+    if not _NUMBER_RE.fullmatch(text):
+        if text.lstrip("+-").lower() in ("nan", "inf", "infinity"):
+            raise DataError(f"{path}:{line}: column {column!r} has {cell!r}; NaN and infinite values are not allowed")
+        raise DataError(f"{path}:{line}: column {column!r} has {cell!r}, which is not a number "
+                        f"(plain decimal numbers only, such as 12, -0.5 or 3e-4)")
+    value = float(text)
     if not math.isfinite(value):
-        raise DataError(f"{path}:{line}: column {column!r} has {cell!r}; NaN and infinite values are not allowed")
+        raise DataError(f"{path}:{line}: column {column!r} has {cell!r}, which is beyond the range of a float64 "
+                        f"(about 1.8e308)")
     return value
 
 
 def read_numeric_csv(path: str | Path) -> tuple[tuple[str, ...], FloatArray]:
     """Header and values of a numeric CSV (comma separated, UTF-8, optional BOM).
 
-    Blank lines are skipped; line numbers in errors are the file's physical lines.
+    Blank lines are skipped; line numbers in errors are the file's physical lines. Values are
+    collected in one flat float64 buffer (8 bytes a cell while reading).
 
     Raises
     ------
@@ -279,14 +325,30 @@ def read_numeric_csv(path: str | Path) -> tuple[tuple[str, ...], FloatArray]:
         Missing/unreadable file, no header, an empty or duplicate column name, a row with the
         wrong number of cells, an empty, non-numeric or non-finite cell, or no data rows.
     """
-    p = Path(path)
+    header, values = _read_csv(Path(path), header_only=False)
+    return header, values
+
+
+def read_header(path: str | Path) -> tuple[str, ...]:
+    """The column names of a CSV: its first non-blank line only (no data row is read).
+
+    Raises
+    ------
+    DataError
+        As :func:`read_numeric_csv` for the header (missing file, empty, an unnamed or repeated column).
+    """
+    return _read_csv(Path(path), header_only=True)[0]
+
+
+def _read_csv(p: Path, header_only: bool) -> tuple[tuple[str, ...], FloatArray]:
     if not p.is_file():
         raise DataError(f"{p} not found")
+    flat = array("d")
+    n_rows = 0
+    header: list[str] | None = None
     try:
         with p.open(newline="", encoding="utf-8-sig") as fh:
             reader = csv.reader(fh)
-            header: list[str] | None = None
-            rows: list[list[float]] = []
             for cells in reader:
                 if not cells or all(not c.strip() for c in cells):
                     continue
@@ -297,11 +359,14 @@ def read_numeric_csv(path: str | Path) -> tuple[tuple[str, ...], FloatArray]:
                             raise DataError(f"{p}:{reader.line_num}: header column {k + 1} has no name")
                         if name in header[:k]:
                             raise DataError(f"{p}:{reader.line_num}: column {name!r} appears twice in the header")
+                    if header_only:
+                        break
                     continue
                 if len(cells) != len(header):
                     raise DataError(f"{p}:{reader.line_num}: expected {len(header)} cells (one per header column), "
                                     f"got {len(cells)}")
-                rows.append([_parse_number(p, reader.line_num, name, c) for name, c in zip(header, cells)])
+                flat.extend([_parse_number(p, reader.line_num, name, c) for name, c in zip(header, cells)])
+                n_rows += 1
     except UnicodeDecodeError as exc:
         raise DataError(f"{p}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     except csv.Error as exc:
@@ -310,17 +375,20 @@ def read_numeric_csv(path: str | Path) -> tuple[tuple[str, ...], FloatArray]:
         raise DataError(f"{p}: cannot be read: {exc}") from None
     if header is None:
         raise DataError(f"{p}: the file is empty; it needs a header row naming the columns")
-    if not rows:
+    if header_only:
+        return tuple(header), np.zeros((0, len(header)))
+    if not n_rows:
         raise DataError(f"{p}: no data rows after the header (every device needs at least one row)")
-    return tuple(header), np.asarray(rows, dtype=np.float64)
+    values: FloatArray = np.frombuffer(flat, dtype=np.float64).reshape(n_rows, len(header))
+    return tuple(header), values
 
 
-def _check_columns(path: Path, header: tuple[str, ...], expected: set[str], reference: Path) -> None:
+def _check_columns(path: Path, header: tuple[str, ...], expected: set[str], reference: str) -> None:
     got = set(header)
     if got != expected:
         missing = sorted(expected - got)
         extra = sorted(got - expected)
-        raise DataError(f"{path}: columns differ from {reference.name}: missing {missing}, extra {extra} "
+        raise DataError(f"{path}: columns differ from {reference}: missing {missing}, extra {extra} "
                         f"(every device needs the same columns)")
 
 
@@ -350,6 +418,117 @@ def _standardiser(path: Path, x_train: FloatArray, names: tuple[str, ...], mode:
     return mean, sd
 
 
+def feature_order(path: Path, header: tuple[str, ...], settings: TabularSettings) -> tuple[str, ...]:
+    """The raw feature columns of a file with ``header``, in model order.
+
+    ``settings.features`` when given (the file must then have exactly those columns plus the
+    response); otherwise every column except the response, sorted by name, so that devices
+    agree on the order whatever order their files list the columns in.
+
+    Raises
+    ------
+    DataError
+        No response column, no feature column, or columns other than ``settings.features``.
+    """
+    if settings.response not in header:
+        raise DataError(f"{path}: no response column {settings.response!r} in the header {list(header)} "
+                        f"(set 'response' in {SETTINGS_FILE} or pass response=...)")
+    if settings.features:
+        _check_columns(path, header, {*settings.features, settings.response},
+                       f"the feature list {list(settings.features)} (features)")
+        return settings.features
+    raw = tuple(sorted(c for c in header if c != settings.response))
+    if not raw:
+        raise DataError(f"{path}: no feature columns besides the response {settings.response!r}")
+    return raw
+
+
+def _device(path: Path, device: int, header: tuple[str, ...], values: FloatArray, raw: tuple[str, ...],
+            settings: TabularSettings) -> DeviceData:
+    """Split and standardise one device's rows (module docstring)."""
+    col = {name: k for k, name in enumerate(header)}
+    x = values[:, [col[c] for c in raw]]
+    y = values[:, col[settings.response]]
+    tr, te = split_rows(len(y), settings.test_fraction, settings.split_seed, device)
+    if len(te) == 0 and settings.test_fraction > 0:
+        logger.warning("%s: only %d row(s); no test rows for this device", path, len(y))
+    mean, scale = _standardiser(path, x[tr], raw, settings.standardize)
+    proto = DeviceData(device, path, x[tr], y[tr], x[te], y[te], mean, scale, settings.intercept)
+    return replace(proto, x_train=proto.transform(x[tr]), x_test=proto.transform(x[te]))
+
+
+def _shared(folder: Path, settings: TabularSettings, raw: tuple[str, ...]) -> FloatArray | None:
+    """D' (``shared.csv``) in raw units, columns in ``raw`` order; ``None`` without the file."""
+    shared_path = folder / SHARED_FILE
+    if not shared_path.is_file():
+        return None
+    header, values = read_numeric_csv(shared_path)
+    if settings.response in header:
+        raise DataError(f"{shared_path}: has the response column {settings.response!r}; the shared set D' "
+                        f"is unlabelled, so give only the feature columns {list(raw)}")
+    _check_columns(shared_path, header, set(raw), f"the devices' feature columns {sorted(raw)}")
+    col = {name: k for k, name in enumerate(header)}
+    out: FloatArray = values[:, [col[c] for c in raw]]
+    return out
+
+
+def device_path(source: str | Path, device: int) -> Path:
+    """The CSV of ``device``: ``source`` itself if it is a file, else ``source/device-<device>.csv``."""
+    p = Path(source)
+    return p if p.is_file() else p / DEVICE_FILE.format(id=device)
+
+
+def load_device(
+    source: str | Path,
+    device: int,
+    *,
+    features: tuple[str, ...] | list[str] = (),
+    with_shared: bool = True,
+    base: dict[str, Any] | None = None,
+    **explicit: Any,
+) -> tuple[DeviceData, FloatArray | None, tuple[str, ...]]:
+    """One device's data from its own file alone (no other device's file is opened).
+
+    Parameters
+    ----------
+    source
+        The device's CSV, or the folder holding ``device-<device>.csv``. ``dataset.toml`` and
+        ``shared.csv`` are read from the file's folder.
+    device
+        The device id (it seeds the split).
+    features
+        The feature columns in model order (overrides ``dataset.toml``'s ``features``; ``()`` =
+        the file's settings, else the sorted columns, :func:`feature_order`).
+    with_shared
+        Read ``shared.csv`` when present (FedRelax's D'); ``False`` skips it.
+    base, explicit
+        Settings as in :func:`resolve_settings` (``explicit`` keys: ``response``,
+        ``test_fraction``, ``split_seed``, ``standardize``, ``intercept``).
+
+    Returns
+    -------
+    ``(DeviceData, D' in raw units or None, feature names)`` — for a device of a folder, the same
+    arrays as :func:`load_tabular` gives (names include ``(intercept)`` when enabled).
+
+    Raises
+    ------
+    DataError
+        The device's file is missing or malformed, or its columns differ from ``features``.
+    """
+    f = device_path(source, device)
+    if not f.is_file():
+        raise DataError(f"{f} not found: device {device} needs its own CSV (a folder holding "
+                        f"{DEVICE_FILE.format(id=device)}, or the file itself; see docs/data.md)")
+    settings = resolve_settings(f.parent, base, **explicit)
+    if features:
+        settings = replace(settings, features=_feature_list("features", tuple(features), settings.response))
+    header, values = read_numeric_csv(f)
+    raw = feature_order(f, header, settings)
+    dev = _device(f, device, header, values, raw, settings)
+    shared = _shared(f.parent, settings, raw) if with_shared else None
+    return dev, shared, raw + ((INTERCEPT_COLUMN,) if settings.intercept else ())
+
+
 def load_tabular(
     root: str | Path,
     *,
@@ -360,7 +539,10 @@ def load_tabular(
     intercept: bool | None = None,
     base: dict[str, Any] | None = None,
 ) -> TabularDataset:
-    """Read a folder of device CSVs (module docstring): split, standardise, graph and D'.
+    """Read a whole folder of device CSVs (module docstring): split, standardise, graph and D'.
+
+    For a process that holds every device's data (the p2p in-process engine, analyses); a client
+    uses :func:`load_device`, which gives the same arrays for its device from its own file.
 
     Parameters
     ----------
@@ -387,40 +569,18 @@ def load_tabular(
     devices: list[DeviceData] = []
     for dev, path in enumerate(files):
         header, values = read_numeric_csv(path)
-        if settings.response not in header:
-            raise DataError(f"{path}: no response column {settings.response!r} in the header {list(header)} "
-                            f"(set 'response' in {SETTINGS_FILE} or pass response=...)")
+        if first_header is not None and settings.response in header and not settings.features:
+            _check_columns(path, header, set(first_header), files[0].name)
+        raw = feature_order(path, header, settings)
         if first_header is None:
-            first_header = header
-            raw_features = tuple(c for c in header if c != settings.response)
-            if not raw_features:
-                raise DataError(f"{path}: no feature columns besides the response {settings.response!r}")
-        else:
-            _check_columns(path, header, set(first_header), files[0])
-        col = {name: k for k, name in enumerate(header)}
-        x = values[:, [col[c] for c in raw_features]]
-        y = values[:, col[settings.response]]
-        tr, te = split_rows(len(y), settings.test_fraction, settings.split_seed, dev)
-        if len(te) == 0 and settings.test_fraction > 0:
-            logger.warning("%s: only %d row(s); no test rows for this device", path, len(y))
-        mean, scale = _standardiser(path, x[tr], raw_features, settings.standardize)
-        proto = DeviceData(dev, path, x[tr], y[tr], x[te], y[te], mean, scale, settings.intercept)
-        devices.append(replace(proto, x_train=proto.transform(x[tr]), x_test=proto.transform(x[te])))
+            first_header, raw_features = header, raw
+        devices.append(_device(path, dev, header, values, raw, settings))
     assert first_header is not None
     adjacency: FloatArray | None = None
     edges_path = folder / EDGES_FILE
     if edges_path.exists():
         adjacency = adjacency_from_edges(len(files), read_edge_list(edges_path, len(files)).edges)
-    shared: FloatArray | None = None
-    shared_path = folder / SHARED_FILE
-    if shared_path.exists():
-        header, values = read_numeric_csv(shared_path)
-        if settings.response in header:
-            raise DataError(f"{shared_path}: has the response column {settings.response!r}; the shared set D' "
-                            f"is unlabelled, so give only the feature columns {list(raw_features)}")
-        _check_columns(shared_path, header, set(raw_features), files[0])
-        col = {name: k for k, name in enumerate(header)}
-        shared = values[:, [col[c] for c in raw_features]]
+    shared = _shared(folder, settings, raw_features)
     features = raw_features + ((INTERCEPT_COLUMN,) if settings.intercept else ())
     logger.info("loaded %d devices from %s: %d features, response %r, %d edges, D' %s", len(devices), folder,
                 len(features), settings.response, 0 if adjacency is None else int(np.count_nonzero(adjacency) // 2),
@@ -438,30 +598,55 @@ def device_arrays(root: str | Path, **settings: Any) -> list[tuple[FloatArray, F
 # ---------------------------------------------------------------------------------------------
 
 
-def _stamp(folder: Path) -> tuple[tuple[str, int, int], ...]:
-    """Names, sizes and mtimes of the folder's files (cache key: an edited file reloads)."""
-    out = []
-    for p in sorted(folder.iterdir()):
-        if p.is_file():
+def device_ids(folder: Path) -> dict[int, Path]:
+    """The ``device-<id>.csv`` files present in ``folder`` by id (names only: no file is opened)."""
+    out: dict[int, Path] = {}
+    if not folder.is_dir():
+        return out
+    for path in folder.iterdir():
+        m = _DEVICE_RE.match(path.name)
+        if m and m.group(1).isdigit() and (len(m.group(1)) == 1 or not m.group(1).startswith("0")):
+            out[int(m.group(1))] = path
+    return out
+
+
+def _file_stamp(*paths: Path) -> tuple[tuple[str, int, int] | None, ...]:
+    """Size and mtime of each path (``None`` when absent): a cache key that reloads an edited file."""
+    out: list[tuple[str, int, int] | None] = []
+    for p in paths:
+        try:
             st = p.stat()
-            out.append((p.name, st.st_size, st.st_mtime_ns))
+        except OSError:
+            out.append(None)
+            continue
+        out.append((p.name, st.st_size, st.st_mtime_ns))
     return tuple(out)
 
 
 @lru_cache(maxsize=4)
-def _load_cached(folder: str, stamp: tuple[tuple[str, int, int], ...], base: tuple[tuple[str, Any], ...],
-                 explicit: tuple[tuple[str, Any], ...]) -> TabularDataset:
+def _device_cached(folder: str, device: int, stamp: tuple[tuple[str, int, int] | None, ...],
+                   base: tuple[tuple[str, Any], ...], explicit: tuple[tuple[str, Any], ...]) -> tuple[DeviceData,
+                                                                                                   tuple[str, ...]]:
     del stamp  # part of the key only
-    return load_tabular(folder, base=dict(base), **dict(explicit))
+    dev, _, names = load_device(Path(folder), device, with_shared=False, base=dict(base),
+                                **{k: v for k, v in explicit if v is not None})
+    return dev, names
 
 
 class CSVTask(Task):
     """Task ``csv``: the folder ``--data-dir`` (else ``$GRAPHFL_DATA``) of device CSVs.
 
-    Client ``i`` is device ``i``; the run must have exactly as many clients as device files.
-    Regression with a linear model (``torch.nn.Linear(features, 1)``) and MSE. The client
-    graph is ``edges.txt`` when present. Test fraction and split seed default to the run's
-    ``data.test-fraction`` and ``seed``; ``dataset.toml`` and keyword options override them.
+    Client ``i`` is device ``i`` and reads only ``device-<i>.csv`` (plus ``dataset.toml`` and
+    ``edges.txt``) from its folder, so a machine needs no other device's file
+    (:func:`load_device`). Regression with a linear model (``torch.nn.Linear(features, 1)``)
+    and MSE. The client graph is ``edges.txt`` when present. Test fraction and split seed
+    default to the run's ``data.test-fraction`` and ``seed``; ``dataset.toml`` and keyword
+    options override them.
+
+    The model's input size (:meth:`feature_names`) comes from, in order: the client's own loaded
+    file; ``features`` in ``dataset.toml``; the headers (first lines only) of the device files the
+    folder holds, which must agree. A server holds no device rows: its folder needs
+    ``dataset.toml`` with ``features``, or device files whose headers it reads.
     """
 
     spec = TaskSpec("csv", "regression", default_nodes=4, needs_data_dir=True,
@@ -472,6 +657,7 @@ class CSVTask(Task):
         super().__init__(*args, **kwargs)
         self._explicit = tuple(sorted({"response": response, "standardize": standardize,
                                        "intercept": intercept}.items()))
+        self._own_features: tuple[str, ...] | None = None
 
     def folder(self) -> Path:
         if self.data_dir:
@@ -482,32 +668,90 @@ class CSVTask(Task):
         raise DataError("task csv needs a data folder: give --data-dir DIR (a folder holding device-0.csv, "
                         "device-1.csv, ...; see docs/data.md) or set $GRAPHFL_DATA")
 
+    def _base(self) -> tuple[tuple[str, Any], ...]:
+        return (("split_seed", self.seed), ("test_fraction", float(self.data.test_fraction)))
+
+    def settings(self) -> TabularSettings:
+        """The folder's settings (``dataset.toml`` over the run's seed and test fraction)."""
+        return resolve_settings(self.folder(), dict(self._base()),
+                                **{k: v for k, v in self._explicit if v is not None})
+
+    def _check_folder(self, folder: Path, num_partitions: int) -> None:
+        if not folder.is_dir():
+            raise DataError(f"data folder {folder} not found: give --data-dir DIR (a folder holding "
+                            f"{DEVICE_FILE.format(id=0)}, {DEVICE_FILE.format(id=1)}, ...; see docs/data.md)")
+        beyond = sorted(i for i in device_ids(folder) if i >= num_partitions)
+        if beyond:
+            raise DataError(f"{folder} holds {DEVICE_FILE.format(id=beyond[-1])} but the run has {num_partitions} "
+                            f"clients (devices 0..{num_partitions - 1}); use --nodes {beyond[-1] + 1}")
+
     def dataset(self) -> TabularDataset:
-        """The loaded folder (cached until a file in it changes)."""
-        folder = self.folder()
-        device_files(folder)  # clear error before anything else
-        base = (("split_seed", self.seed), ("test_fraction", float(self.data.test_fraction)))
-        return _load_cached(str(folder), _stamp(folder), base, self._explicit)
+        """The whole folder (every device file): for analyses on a machine that holds them all."""
+        return load_tabular(self.folder(), base=dict(self._base()),
+                            **{k: v for k, v in self._explicit if v is not None})
 
     def client_data(self, partition_id: int, num_partitions: int) -> ClientData:
+        """Device ``partition_id``'s split, read from ``device-<partition_id>.csv`` alone (cached
+        until that file or ``dataset.toml`` changes).
+        """
         self.check_num_partitions(num_partitions)
-        ds = self.dataset()
-        if num_partitions != ds.num_devices:
-            raise DataError(f"{ds.root} holds {ds.num_devices} device files but the run has {num_partitions} "
-                            f"clients; use --nodes {ds.num_devices}")
         if not 0 <= partition_id < num_partitions:
             raise ValueError(f"partition id {partition_id} outside 0..{num_partitions - 1}")
-        d = ds.devices[partition_id]
+        folder = self.folder()
+        self._check_folder(folder, num_partitions)
+        own = folder / DEVICE_FILE.format(id=partition_id)
+        d, names = _device_cached(str(folder), partition_id, _file_stamp(own, folder / SETTINGS_FILE),
+                                  self._base(), self._explicit)
+        self._own_features = names
         f32 = np.float32
         return ClientData(d.x_train.astype(f32), d.y_train[:, None].astype(f32),
                           d.x_test.astype(f32), d.y_test[:, None].astype(f32))
 
+    def feature_names(self) -> tuple[str, ...]:
+        """The model's input columns (with ``(intercept)`` when enabled); see the class docstring.
+
+        Raises
+        ------
+        DataError
+            The folder has neither ``features`` in ``dataset.toml`` nor a device file, or the
+            device files' headers name different columns (naming both files).
+        """
+        if self._own_features is not None:
+            return self._own_features
+        folder = self.folder()
+        settings = self.settings()
+        tail = (INTERCEPT_COLUMN,) if settings.intercept else ()
+        if settings.features:
+            return settings.features + tail
+        present = sorted(device_ids(folder).items())
+        if not present:
+            raise DataError(f"task csv: {folder} holds neither {SETTINGS_FILE} with 'features' nor a device file, so "
+                            f"the model's input columns are unknown; put features = [\"col1\", \"col2\", ...] "
+                            f"in {folder / SETTINGS_FILE} (see docs/data.md)")
+        raw: tuple[str, ...] | None = None
+        first: Path | None = None
+        for _, path in present:
+            header = read_header(path)
+            if first is not None:
+                _check_columns(path, header, {*(raw or ()), settings.response}, first.name)
+            names = feature_order(path, header, settings)
+            if raw is None:
+                raw, first = names, path
+        assert raw is not None
+        return raw + tail
+
     def client_graph(self, num_partitions: int) -> np.ndarray | None:
-        return self.dataset().adjacency
+        """``edges.txt`` of the folder (ids checked against ``num_partitions``), else ``None``."""
+        folder = self.folder()
+        path = folder / EDGES_FILE
+        if not path.is_file():
+            return None
+        self._check_folder(folder, num_partitions)
+        return adjacency_from_edges(num_partitions, read_edge_list(path, num_partitions).edges)
 
     def build_model(self) -> torch.nn.Module:
         import torch
 
         from graphfl.tasks.models import seeded
 
-        return seeded(self.seed, torch.nn.Linear, self.dataset().num_features, 1)
+        return seeded(self.seed, torch.nn.Linear, len(self.feature_names()), 1)

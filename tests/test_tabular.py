@@ -160,7 +160,9 @@ def test_csv_task_for_flower(tmp_path):
     np.testing.assert_allclose(cd.y_test[:, 0], ref.y_test, rtol=1e-6)
     assert task.client_graph(3)[1, 2] == 1.0
     assert task.build_model()(torch.as_tensor(cd.x_train)).shape == (7, 1)
-    with pytest.raises(DataError, match="holds 3 device files but the run has 4 clients"):
-        task.client_data(0, 4)
+    with pytest.raises(DataError, match=r"device-3\.csv not found: device 3 needs its own CSV"):
+        task.client_data(3, 4)
+    with pytest.raises(DataError, match=r"holds device-2\.csv but the run has 2 clients .*use --nodes 3"):
+        task.client_data(0, 2)
     with pytest.raises(DataError, match="not found"):
         registry.create("csv", data_dir=str(tmp_path / "nowhere")).client_data(0, 3)
