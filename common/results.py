@@ -6,7 +6,10 @@ Schema (DESIGN.md "Result files")::
      "env": {...}}
 
 Writes are atomic (temp file + rename), so a crash never leaves a truncated file, and a
-run writes its JSON after every round: data already written is never lost.
+run writes its JSON after every round: data already written is never lost. A write that fails
+(a full disk, a quota, a file-size limit, a read-only file system) removes its temporary file
+and raises :class:`ResultsWriteError`, which names the file and the errno, and leaves the
+previous version of the file in place.
 
 This is the one report writer of graphfl: Flower runs, p2p runs and every benchmark write
 their JSON with :func:`write_json`, their tables with :func:`markdown_table` and their plots
@@ -15,6 +18,7 @@ with :func:`plot_panels` (or :func:`plot_curves` for the standard document shape
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import math
@@ -27,6 +31,9 @@ from typing import Any, BinaryIO
 logger = logging.getLogger(__name__)
 
 CURVE_KEYS = ("test_loss", "test_acc")
+SERVER_CURVE_KEYS = ("shrink_ratio", "graph_cv")
+"""Per-round server metrics drawn as curves in run.png when a method logs them (JGESR's collapse
+diagnostics: docs/jgesr.md)."""
 
 
 def clean_json(value: Any) -> Any:
@@ -45,16 +52,69 @@ def clean_json(value: Any) -> Any:
     return value
 
 
+STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO, errno.EACCES,
+                            errno.EPERM, errno.ENOTDIR, errno.EISDIR})
+"""Errnos of a write that failed because of where it writes (space, quota, size limit, read-only,
+permissions, a path that is not a folder), not because of what graphfl does."""
+
+
+class ResultsWriteError(OSError):
+    """A result file could not be written; ``str()`` names the file, the errno's text and name.
+
+    ``path`` is the file that was being written, ``errno`` / ``strerror`` those of the cause.
+    """
+
+    def __init__(self, path: Path, cause: OSError) -> None:
+        super().__init__(cause.errno, cause.strerror or str(cause))
+        self.path = Path(path)
+        self.filename = str(path)
+
+    def __str__(self) -> str:
+        name = errno.errorcode.get(self.errno or 0)
+        return f"cannot write {self.path}: {self.strerror}{f' ({name})' if name else ''}"
+
+
+def how_to_fix(exc: OSError, folder: Path | str) -> str:
+    """What a person does about a failed write into ``folder`` (one sentence, by errno)."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"free space on the file system that holds {folder} (or raise its quota)"
+    if exc.errno == errno.EFBIG:
+        return "raise the file-size limit of the process (ulimit -f) or of the file system"
+    if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return f"make {folder} writable"
+    return f"fix what stops writing into {folder}"
+
+
+def _write_failed(path: Path, tmp: str, exc: BaseException) -> None:
+    """Remove the temporary file of a failed atomic write; an OSError becomes a :class:`ResultsWriteError`."""
+    Path(tmp).unlink(missing_ok=True)
+    if isinstance(exc, OSError) and not isinstance(exc, ResultsWriteError):
+        raise ResultsWriteError(path, exc) from exc
+
+
+def _temp_file(path: Path) -> tuple[int, str]:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:
+        raise ResultsWriteError(path, exc) from exc
+
+
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file and a rename (never half-written)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    """Write ``text`` to ``path`` through a temporary file and a rename (never half-written).
+
+    Raises
+    ------
+    ResultsWriteError
+        The write failed; the temporary file is removed and ``path`` keeps its previous content.
+    """
+    fd, tmp = _temp_file(path)
     try:
         with os.fdopen(fd, "w") as fh:
             fh.write(text)
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+    except BaseException as exc:
+        _write_failed(path, tmp, exc)
         raise
 
 
@@ -62,17 +122,21 @@ def atomic_write_bytes(path: Path, write: Callable[[BinaryIO], Any]) -> Path:
     """Write ``path`` durably: ``write(fh)`` fills a temporary file in the same folder, which is
     flushed, fsync-ed and renamed over ``path`` (a crash leaves the old file or the new one, never
     half of one; the temporary file is removed on any error).
+
+    Raises
+    ------
+    ResultsWriteError
+        The write failed (``path`` keeps its previous content).
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = _temp_file(path)
     try:
         with os.fdopen(fd, "wb") as fh:
             write(fh)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+    except BaseException as exc:
+        _write_failed(path, tmp, exc)
         raise
     return path
 
@@ -180,11 +244,10 @@ def plot_panels(path: Path, panels: Sequence[Mapping[str, Any]], title: str = ""
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    os.replace(tmp, path)
+    try:
+        atomic_write_bytes(path, lambda fh: fig.savefig(fh, format="png", dpi=110))
+    finally:
+        plt.close(fig)
     return drawn
 
 
@@ -200,6 +263,13 @@ def plot_curves(doc: Mapping[str, Any], path: Path, keys: tuple[str, ...] = CURV
     for key in present:
         positive = all(p.get(key) is None or p[key] > 0 for c in curves.values() for p in c)
         panels.append({"x": x_key, "y": key, "series": curves, "logy": key.endswith("loss") and positive})
+    for key in SERVER_CURVE_KEYS:  # server diagnostics, e.g. JGESR's shrink ratio and graph CV
+        series = {m: [{x_key: r.get(x_key), key: r["server"][key]} for r in c
+                      if isinstance(r.get("server"), Mapping) and isinstance(r["server"].get(key), (int, float))]
+                  for m, c in curves.items()}
+        series = {m: s for m, s in series.items() if s}
+        if series:
+            panels.append({"x": x_key, "y": key, "series": series, "title": f"server: {key}"})
     for method, curve in curves.items():  # a learned client graph (JGESR, pFedGraph): its last one
         graphs = [(row["round"], row["server"]["graph"]) for row in curve
                   if isinstance(row.get("server"), Mapping) and row["server"].get("graph")]

@@ -1,9 +1,11 @@
 """JGESR: joint graph estimation and signal restoration (ALGORITHMS.md §8; seed 002).
 
 Each round, after the clients' (possibly noisy, partly missing) uploads ``y_k = m_k ⊙ θ_k + n_k``
-(:mod:`graphfl.client.noisy_channel`), the server solves (§8.3, scaled as §8.4)::
+(:mod:`graphfl.client.noisy_channel`), the server solves (§8.3 with the graph scale of §0.1 C4,
+scaled as §8.4)::
 
-    min_{Ψ, W >= 0}  Σ_k p_k ‖m_k ⊙ (ψ_k − y_k)‖² + λ tr(Ψᵀ L(W) Ψ) − α 1ᵀ log(W 1) + β ‖w‖²
+    min_{Ψ, w ∈ C}  Σ_k p_k ‖m_k ⊙ (ψ_k − y_k)‖² + λ tr(Ψᵀ L(W) Ψ) − α 1ᵀ log(W 1) + β ‖w‖²
+    C = {w >= 0, Σ_{i<j} w_ij = n}
 
 by PDCA (§8.5, ``jgesr.solver = "pdca"``) or the alternating Two-step (§8.6, ``"two-step"``)
 — the pure solvers :func:`~graphfl.strategies.jgesr_math.solve_pdca` /
@@ -22,7 +24,14 @@ restored model** ``ψ_k`` (one payload per client).
 * Only trainable parameters enter Ψ; buffers are averaged (FedAvg) over the round's uploads.
 * Logged per round (run.json ``server``): the learned graph ``W`` (``graph``, ``n x n``
   rows, clients without an upload as zero rows; dimensionless, of the scaled problem),
-  objective, iterations, convergence, MM steps, scale, the missing fraction and solve time.
+  objective, iterations, convergence, MM steps, scale, the missing fraction and solve time, and
+  the two collapse diagnostics of §0.1 C4 (drawn in run.png): ``shrink_ratio`` =
+  ``‖Ψ − ȳ‖/‖Y − ȳ‖`` (:func:`~graphfl.strategies.jgesr_math.shrink_ratio`; 0 = every client
+  gets the mean, i.e. FedAvg) and ``graph_cv`` = the coefficient of variation of the
+  off-diagonal weights (0 = uniform graph). ``collapse`` is 1 in a round where
+  ``shrink_ratio < SHRINK_COLLAPSE`` or ``graph_cv < CV_COLLAPSE`` for ``CV_COLLAPSE_ROUNDS``
+  rounds in a row; such a round also logs a warning naming the metric (JGESR then behaves
+  like FedAvg: tune λ, α, β).
 
 The local update is plain SGD from ``ψ_k`` (``train.*``), as FedAvg's (client half in
 :mod:`graphfl.client.graph_trainers`).
@@ -47,6 +56,12 @@ logger = logging.getLogger(__name__)
 
 SOLVERS = ("pdca", "two-step")
 WORK_DTYPES = ("auto", "float32", "float64")
+SHRINK_COLLAPSE = 0.2
+"""A round whose ``shrink_ratio`` is below this has (nearly) collapsed to the mean (FedAvg)."""
+CV_COLLAPSE = 0.05
+"""A ``graph_cv`` below this is a (nearly) uniform graph ..."""
+CV_COLLAPSE_ROUNDS = 3
+"""... and that many rounds in a row of it count as a collapse."""
 
 
 @dataclass(frozen=True)
@@ -72,6 +87,9 @@ class JGESRConfig:
         Use the channel's mask (else every received entry, ``0 + noise`` included, is data).
     log_graph
         Write the learned ``W`` into the per-round server metrics.
+    fixed_scale
+        The graph scale constraint ``Σ_{i<j} w_ij = n`` (§0.1 C4). ``false`` is §8.3's free
+        scale, whose minimum is consensus (kept only to show that defect).
     """
 
     solver: str = field(default="pdca", metadata={"choices": SOLVERS})
@@ -87,12 +105,14 @@ class JGESRConfig:
     warm_start: bool = True
     use_mask: bool = True
     log_graph: bool = True
+    fixed_scale: bool = True
 
     def solver_params(self) -> jm.JGESRParams:
         """The pure solver's parameters."""
         return jm.JGESRParams(lam=self.lam, alpha=self.alpha, beta=self.beta, max_outer=self.max_outer,
                               max_inner=self.max_inner, tol=self.tol, max_impute=self.max_impute,
-                              impute_tol=self.impute_tol, work_dtype=self.work_dtype)  # type: ignore[arg-type]
+                              impute_tol=self.impute_tol, work_dtype=self.work_dtype,  # type: ignore[arg-type]
+                              fixed_scale=self.fixed_scale)
 
 
 class JGESRCore(PersonalModelsCore[JGESRConfig]):
@@ -108,6 +128,7 @@ class JGESRCore(PersonalModelsCore[JGESRConfig]):
         self.psi: np.ndarray | None = None        # restored rows of the clients in `solved`
         self.graph: np.ndarray | None = None      # their learned W
         self.solved = np.zeros(0, dtype=np.int64)  # ids in the last solve
+        self.uniform_rounds = 0                    # rounds in a row with graph_cv < CV_COLLAPSE
 
     # -- protocol --------------------------------------------------------------------
 
@@ -136,15 +157,33 @@ class JGESRCore(PersonalModelsCore[JGESRConfig]):
             converged=int(result.converged), impute_steps=int(result.impute_steps), scale=float(result.scale),
             warm_start=int(warm), solve_seconds=seconds,
             missing_fraction=0.0 if mask is None else float(1.0 - mask.mean()),
+            shrink_ratio=float(result.shrink_ratio), graph_cv=float(result.graph_cv),
+            collapse=int(self._collapse(server_round, float(result.shrink_ratio), float(result.graph_cv), idx.size)),
         )
         if self.params.log_graph:
             metrics["graph"] = self.full_graph().round(6).tolist()
-        logger.info("JGESR round %d (%s): %d clients, %d iterations, F=%.6g, %.3f s%s", server_round,
-                    self.params.solver, idx.size, result.iterations, result.objective[-1], seconds,
-                    " (warm)" if warm else "")
+        logger.info("JGESR round %d (%s): %d clients, %d iterations, F=%.6g, shrink_ratio %.3f, graph_cv %.3f, "
+                    "%.3f s%s", server_round, self.params.solver, idx.size, result.iterations, result.objective[-1],
+                    result.shrink_ratio, result.graph_cv, seconds, " (warm)" if warm else "")
         return metrics
 
     # -- helpers ---------------------------------------------------------------------
+
+    def _collapse(self, server_round: int, shrink: float, cv: float, n: int) -> bool:
+        """Collapse diagnostic of §0.1 C4 (module docstring); warns when it fires."""
+        if n < 3:  # one weight (or none): a CV says nothing
+            self.uniform_rounds = 0
+            return False
+        self.uniform_rounds = self.uniform_rounds + 1 if cv < CV_COLLAPSE else 0
+        reasons = []
+        if shrink < SHRINK_COLLAPSE:
+            reasons.append(f"shrink_ratio {shrink:.3f} < {SHRINK_COLLAPSE} (every client gets nearly the mean)")
+        if self.uniform_rounds >= CV_COLLAPSE_ROUNDS:
+            reasons.append(f"graph_cv {cv:.3f} < {CV_COLLAPSE} for {self.uniform_rounds} rounds (uniform graph)")
+        if reasons:
+            logger.warning("JGESR round %d collapsed to FedAvg: %s; tune jgesr.lam, jgesr.alpha, jgesr.beta",
+                           server_round, "; ".join(reasons))
+        return bool(reasons)
 
     def full_graph(self) -> np.ndarray:
         """The learned ``W`` as an ``n x n`` matrix (zeros for clients not in the last solve)."""

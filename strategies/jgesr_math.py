@@ -4,9 +4,10 @@ Server-side aggregation of seed 002 (Fukuhara, Hara, Higashi, Tanaka 2025). NumP
 no Flower, no torch, no graphfl imports: the functions take plain arrays and return plain
 arrays and small dataclasses.
 
-Problem (ALGORITHMS.md §8.3, on the scaled problem of §8.4)::
+Problem (ALGORITHMS.md §8.3 with the graph scale of §0.1 C4, on the scaled problem of §8.4)::
 
-    min_{Ψ, w >= 0} F(Ψ, w) = Σ_k p_k ‖m_k ⊙ (ψ_k − y_k)‖² + λ wᵀ z(Ψ) − α 1ᵀ log(S w) + β ‖w‖²
+    min_{Ψ, w ∈ C} F(Ψ, w) = Σ_k p_k ‖m_k ⊙ (ψ_k − y_k)‖² + λ wᵀ z(Ψ) − α 1ᵀ log(S w) + β ‖w‖²
+    C = {w >= 0, Σ_{i<j} w_ij = n}
 
 * ``y_k`` client k's upload (row k of ``Y``, ``n x d``), ``m_k ∈ {0,1}^d`` which entries
   arrived (NaN/Inf entries count as missing), ``ψ_k`` the restored model sent back.
@@ -14,23 +15,41 @@ Problem (ALGORITHMS.md §8.3, on the scaled problem of §8.4)::
   ``(Sw)_i = Σ_j W_ij`` the degrees; ``z_ij(Ψ) = ‖ψ_i − ψ_j‖²``, so ``wᵀz = tr(Ψᵀ L(W) Ψ)``.
   In code the graph is always the ``n x n`` matrix ``W``; ``‖w‖² = ½‖W‖_F²``.
 
+Graph scale (§0.1 C4; the trace constraint ``tr L = const`` of Dong et al. 2016, the fixed-scale
+form of Kalofolias 2016). Over ``w >= 0`` alone (§8.3) the minimum is consensus: as Ψ contracts,
+``z(Ψ) → 0``, the graph grows without cost in ``λwᵀz`` and ``−α Σ log deg`` decreases without
+bound until ``β‖w‖²`` stops it, so every solve drifts to ``ψ_k ≈ ȳ`` on a uniform graph (FedAvg).
+On ``C`` the total weight is ``n`` (mean degree 2): ``−α Σ log deg >= −α n log 2`` is bounded,
+shrinking Ψ no longer buys weight, and adding a constant to every ``z_ij`` (e.g. the ``2dσ²``
+of the uplink noise) changes ``F`` by a constant, so the graph depends only on which pairs are
+*closer* than others. The solvers keep ``w ∈ C`` throughout: the initial graph is rescaled onto
+``C`` (a positive multiple), PDCA's inner steps and stationarity test project onto ``C``
+(:func:`project_graph`, the exact sort-based projection of ``w`` onto the scaled simplex), the
+Two-step's w-step solves the Kalofolias problem over ``C`` (:func:`kalofolias_graph` with
+``total``). ``fixed_scale=False`` restores §8.3 (only to show the collapse). Every result
+carries the collapse diagnostics of C4: ``shrink_ratio = ‖Ψ − ȳ‖/‖Y − ȳ‖`` and ``graph_cv`` (the
+coefficient of variation of the off-diagonal weights). The scale bounds the graph, not the
+smoothing: a large ``λ`` still contracts Ψ (``(P + λL)^{-1}`` shrinks a graph's non-constant
+components by ``1/(1 + λμ_i)``), so ``λ`` is chosen on validation and the diagnostics logged.
+
 PDCA (§8.5; Gotoh, Takeda, Tono 2018). With ``wᵀz = (1/2c)(‖cw + z‖² − c²‖w‖² − ‖z‖²)``
 (``c = dc_scale``; ``c = 1`` is the split of §8.3) the DC split ``F = f + g − h`` is::
 
     f = Σ_k p_k ‖m_k⊙ψ_k − y_k‖² + β‖w‖²            (smooth, L_f = 2 max(max_k p_k, β))
-    g = (λ/2c)‖c w + z(Ψ)‖² − α 1ᵀlog(Sw) + ι_{w>=0}  (convex: c w + z >= 0 on w >= 0)
+    g = (λ/2c)‖c w + z(Ψ)‖² − α 1ᵀlog(Sw) + ι_C(w)   (convex: c w + z >= 0 on w >= 0)
     h = (λ/2c)(c²‖w‖² + ‖z(Ψ)‖²)                     (convex; ∇_w h = λ c w, ∇_Ψ h = (2λ/c) L(z) Ψ)
 
     x^{k+1} = argmin_x  g(x) + <∇f(x^k) − ∇h(x^k), x> + (L_f/2) ‖x − x^k‖²
 
-The proximal subproblem is solved inexactly by projected gradient with Armijo backtracking
-started at ``x^k``. Any inner point whose subproblem value is not above the value at ``x^k``
+The proximal subproblem is solved inexactly by projected gradient (projection of ``w`` onto
+``C``) with Armijo backtracking started at ``x^k``. Any inner point whose subproblem value is not above the value at ``x^k``
 gives ``F(x^{k+1}) <= F(x^k)`` (convexity of ``h``, ``L_f``-smoothness of ``f``), so the
 objective is non-increasing whatever the number of inner steps.
 
-Two-step (§8.6; Dong et al. 2016): alternate the w-step (Kalofolias' log-degree graph learning,
-solved by the forward–backward–forward primal–dual iteration of GSPBox
-``gsp_learn_graph_log_degrees``) and the Ψ-step ``Ψ = (P + λ L(W))^{-1} P X``.
+Two-step (§8.6; Dong et al. 2016): alternate the w-step (Kalofolias' log-degree graph learning
+over the same ``C``, solved by the forward–backward–forward primal–dual iteration of GSPBox
+``gsp_learn_graph_log_degrees`` with the prox ``max(0, ·)`` replaced by the projection onto
+``C``) and the Ψ-step ``Ψ = (P + λ L(W))^{-1} P X``.
 
 Implementation choices (what §8 said → what is done here → why)
 -----------------------------------------------------------------
@@ -75,8 +94,9 @@ Implementation choices (what §8 said → what is done here → why)
    ``psi_init`` given, *all* missing entries are taken from it instead: that is the MM state
    of a warm start, so an unmasked solution restarted this way does 0 iterations (a masked one
    a few, see item 4). The solve starts at ``Ψ = X^0``
-   or at ``psi_init``; ``graph_init`` replaces ``W0`` (floored at 1e-6 off the diagonal so
-   every degree is positive).
+   or at ``psi_init``; ``graph_init`` replaces ``W0`` (floored at 1e-6 off the diagonal when a
+   degree is 0, or always with the free scale, so every degree is positive). Either is
+   rescaled onto ``Σ_{i<j} w_ij = n`` (a warm start from the previous round is already there).
 6. *Inner solver.* §8.5's Armijo test ``sub(x') <= sub(x) − 1e-4·s·‖∇‖²`` can fail for every
    ``s`` once the projection ``w >= 0`` is active; the projected-gradient form ``sub(x') <=
    sub(x) − (1e-4/s)‖x' − x‖²`` is used (the same when nothing is projected). The step ``s``
@@ -189,6 +209,10 @@ class JGESRParams:
         ``"auto"`` | ``"float32"`` | ``"float64"``: dtype of the ``n x d`` work arrays.
     dc_scale
         ``c > 0`` of the DC split (module docstring, item 11); 1 is §8.3.
+    fixed_scale
+        Constrain the graph to ``Σ_{i<j} w_ij = n`` (ALGORITHMS.md §0.1 C4; module docstring,
+        "Graph scale"). ``False`` is the free scale of §8.3, whose minimum is consensus; it is
+        kept only to show that defect.
     """
 
     lam: float = 1.0
@@ -204,6 +228,7 @@ class JGESRParams:
     scale: bool = True
     work_dtype: Literal["auto", "float32", "float64"] = "auto"
     dc_scale: float = 1.0
+    fixed_scale: bool = True
 
     def __post_init__(self) -> None:
         for name in ("alpha", "beta", "tol", "impute_tol", "kalofolias_tol", "dc_scale"):
@@ -243,6 +268,12 @@ class JGESRResult:
         ``s`` of §8.4 (``Y/s`` is what ``objective`` and ``graph`` refer to).
     impute_steps
         MM steps run (1 without missing entries).
+    shrink_ratio
+        ``‖Ψ − 1ȳᵀ‖ / ‖Y − 1ȳᵀ‖`` (Frobenius over clients, on the received entries; ``ȳ`` the
+        weighted mean of the uploads): 1 = no smoothing, 0 = every client gets the mean
+        (FedAvg). See :func:`shrink_ratio`.
+    graph_cv
+        :func:`graph_cv` of ``graph`` (0 = uniform graph).
     """
 
     psi: AnyFloatArray
@@ -252,6 +283,8 @@ class JGESRResult:
     converged: bool
     scale: float
     impute_steps: int
+    shrink_ratio: float = math.nan
+    graph_cv: float = math.nan
 
 
 # ---------------------------------------------------------------------------------------
@@ -374,6 +407,72 @@ def _lap_apply(u: FloatArray, x: FloatArray) -> FloatArray:
     return out
 
 
+def project_scaled_simplex(v: ArrayLike, total: float) -> FloatArray:
+    """Euclidean projection of a vector onto ``{x >= 0, Σx = total}`` (sort-based, exact).
+
+    ``x_e = max(v_e − τ, 0)`` with the threshold ``τ`` that makes the sum ``total``:
+    ``τ = (Σ_{e<=ρ} u_e − total) / ρ`` over the values ``u`` sorted in decreasing order, ``ρ`` the
+    largest index with ``u_ρ > τ`` (Held, Wolfe, Crowder 1974; Duchi et al. 2008, Fig. 1).
+
+    Parameters
+    ----------
+    v
+        1-D array.
+    total
+        Target sum (> 0).
+    """
+    vec = np.asarray(v, dtype=np.float64)
+    if vec.ndim != 1 or vec.size == 0:
+        raise ValueError(f"v must be a non-empty 1-D array, got shape {vec.shape}")
+    if not (math.isfinite(total) and total > 0):
+        raise ValueError(f"total must be finite and > 0, got {total!r}")
+    u = np.sort(vec)[::-1]
+    css = np.cumsum(u) - total
+    ks = np.arange(1, u.size + 1)
+    rho = int(np.nonzero(u - css / ks > 0)[0][-1]) + 1
+    tau = css[rho - 1] / rho
+    out: FloatArray = np.maximum(vec - tau, 0.0)
+    # one correction for rounding: the sum is exact to a few ulps of ``total``
+    pos = out > 0
+    out[pos] += (total - float(out.sum())) / max(int(pos.sum()), 1)
+    np.maximum(out, 0.0, out=out)
+    return out
+
+
+def project_graph(w: ArrayLike, total: float) -> FloatArray:
+    """Project a symmetric ``n x n`` weight matrix onto ``{W >= 0, diag 0, Σ_{i<j} W_ij = total}``.
+
+    The variable is the upper triangle ``w`` (ALGORITHMS.md §8.3: ``‖w‖² = ½‖W‖_F²``), so this is
+    :func:`project_scaled_simplex` of ``w``, mirrored.
+    """
+    a = np.asarray(w, dtype=np.float64)
+    n = a.shape[0]
+    out = np.zeros((n, n))
+    if n < 2:
+        return out
+    iu, ju = np.triu_indices(n, 1)
+    out[iu, ju] = project_scaled_simplex(a[iu, ju], total)
+    out += out.T
+    return out
+
+
+def graph_cv(w: ArrayLike) -> float:
+    """Coefficient of variation ``sd / mean`` of the off-diagonal weights ``w_ij, i < j``.
+
+    0 for a uniform graph; ``nan`` when there is no off-diagonal weight (``n < 2``) or their mean
+    is 0. The population sd (``ddof = 0``) is used.
+    """
+    a = np.asarray(w, dtype=np.float64)
+    n = a.shape[0]
+    if n < 2:
+        return math.nan
+    vals = a[np.triu_indices(n, 1)]
+    mean = float(vals.mean())
+    if not mean > 0:
+        return math.nan
+    return float(vals.std()) / mean
+
+
 # ---------------------------------------------------------------------------------------
 # initial graph (§8.5: cosine similarity)
 # ---------------------------------------------------------------------------------------
@@ -461,6 +560,13 @@ class _Problem:
     alpha: float
     beta: float
     c: float = 1.0
+    total: float | None = None  # Σ_{i<j} w_ij on the feasible set; None: w >= 0 only (free scale)
+
+    def project(self, w: FloatArray) -> FloatArray:
+        """Euclidean projection (in ``w``) onto the feasible graphs: ``w >= 0`` (and ``Σw = total``)."""
+        if self.total is None:
+            return np.maximum(w, 0.0)
+        return project_graph(w, self.total)
 
 
 def _sqdist(phi: FloatArray) -> FloatArray:
@@ -578,7 +684,8 @@ class _Point:
 def _prox_inner(sub: _Sub, x: _Point, grad: tuple[FloatArray, FloatArray], max_inner: int, step: float) -> tuple[_Point, float]:
     """``J_in`` projected-gradient steps with Armijo backtracking on the PDCA subproblem.
 
-    Accept ``x' = P(x − s∇)`` (``P``: ``w >= 0``) iff every degree stays positive and
+    Accept ``x' = P(x − s∇)`` (``P``: projection of ``w`` onto the feasible set, ``w >= 0`` and,
+    with a fixed scale, ``Σw = total``) iff every degree stays positive and
     ``sub(x') <= sub(x) − (σ/s)‖x' − x‖²`` (module docstring, item 6); ``s ← 2s`` after an
     accepted step, ``s ← s/2`` after a rejected trial. Never increases the subproblem value.
     ``grad`` is ``∇sub(x)`` (at ``x = x^k`` it equals ``∇F(x^k)``).
@@ -591,7 +698,7 @@ def _prox_inner(sub: _Sub, x: _Point, grad: tuple[FloatArray, FloatArray], max_i
         trial: _Point | None = None
         for _ in range(MAX_BACKTRACK):
             phi_t = x.phi - step * g_phi
-            w_t = np.maximum(x.w - step * g_w, 0.0)
+            w_t = sub.prob.project(x.w - step * g_w)
             d2 = _sq(phi_t - x.phi) + 0.5 * _sq(w_t - x.w)
             if d2 == 0.0:
                 return x, step
@@ -621,9 +728,12 @@ def _grad_objective(x: _Point, grad_fid: FloatArray, prob: _Problem) -> tuple[Fl
     return grad_fid + 2.0 * prob.lam * _lap_apply(x.w, x.phi), g_w
 
 
-def _stationarity(x: _Point, grad: tuple[FloatArray, FloatArray], lf: float) -> float:
-    """Projected-gradient residual ``‖x − P_{w>=0}(x − ∇F(x)/L_f)‖`` (0 iff ``x`` is stationary)."""
-    w_step = x.w - np.maximum(x.w - grad[1] / lf, 0.0)
+def _stationarity(x: _Point, grad: tuple[FloatArray, FloatArray], lf: float, prob: _Problem) -> float:
+    """Projected-gradient residual ``‖x − P_C(x − ∇F(x)/L_f)‖`` (0 iff ``x`` is stationary).
+
+    ``C`` is the feasible set of ``w`` (``w >= 0``, and ``Σw = total`` with a fixed scale).
+    """
+    w_step = x.w - prob.project(x.w - grad[1] / lf)
     return _norm(grad[0] / lf, w_step)
 
 
@@ -641,11 +751,12 @@ def _pdca_dense(
 
         G_Ψ = 2P(Ψ^k − T) − (2λ/c) L(z(Ψ^k)) Ψ^k,      G_w = (2β − λc) w^k
         V = x^k − G / L
-        x^{k+1} ≈ argmin_{w>=0} (λ/2c)‖c w + z(Ψ)‖² − α1ᵀlog(Sw) + (L/2)‖x − V‖²
+        x^{k+1} ≈ argmin_{Ψ, w∈C} (λ/2c)‖c w + z(Ψ)‖² − α1ᵀlog(Sw) + (L/2)‖x − V‖²
 
-    stopping (before the step) when ``‖x^k − P(x^k − ∇F(x^k)/L)‖ <= tol ‖x^k‖`` (module
-    docstring, item 7). ``F(x^{k+1}) <= F(x^k)`` because the inner solver never increases the
-    subproblem and ``L >= L_f``.
+    (``C = {w >= 0, Σw = total}``, or ``{w >= 0}`` with a free scale), stopping (before the
+    step) when ``‖x^k − P_C(x^k − ∇F(x^k)/L)‖ <= tol ‖x^k‖`` (module docstring, item 7).
+    ``F(x^{k+1}) <= F(x^k)`` because the inner solver never increases the subproblem and
+    ``L >= L_f``.
     """
     lf = 2.0 * max(float(prob.p.max()), prob.beta)
     c, lam = prob.c, prob.lam
@@ -656,7 +767,7 @@ def _pdca_dense(
     while it < params.max_outer:
         grad_f = 2.0 * prob.p[:, None] * (x.phi - target)
         grad_F = _grad_objective(x, grad_f, prob)
-        if _stationarity(x, grad_F, lf) <= params.tol * _norm(x.phi, x.w):
+        if _stationarity(x, grad_F, lf, prob) <= params.tol * _norm(x.phi, x.w):
             converged = True
             break
         it += 1
@@ -683,19 +794,24 @@ def kalofolias_graph(
     w_init: ArrayLike | None = None,
     max_iter: int = 1000,
     tol: float = 1e-5,
+    total: float | None = None,
 ) -> FloatArray:
     """Kalofolias' log-degree graph learning (§8.6; GSPBox ``gsp_learn_graph_log_degrees``).
 
-    Solves ``min_{W>=0, W=Wᵀ, diag 0} ΣΣ W∘Z − α Σ_i log(Σ_j W_ij) + (β/2)‖W‖_F²``, i.e. in
-    vector form ``2wᵀz − α1ᵀlog(Sw) + β‖w‖²``, by the forward–backward–forward primal–dual
-    iteration (``μ = 2β + √(2(n−1))``, ``γ = 0.5/μ``)::
+    Solves ``min_{w∈C} ΣΣ W∘Z − α Σ_i log(Σ_j W_ij) + (β/2)‖W‖_F²``, i.e. in vector form
+    ``2wᵀz − α1ᵀlog(Sw) + β‖w‖²``, over ``C = {w >= 0}`` (Kalofolias 2016) or, with ``total``,
+    ``C = {w >= 0, Σ_{i<j} w_ij = total}`` (the scale constraint of ALGORITHMS.md §0.1 C4, as the
+    trace constraint of Dong et al. 2016), by the forward–backward–forward primal–dual iteration
+    (``μ = 2β + √(2(n−1))``, ``γ = 0.5/μ``)::
 
         Y = w − γ(2βw + Sᵀv),        ŷ = v + γSw
-        P = max(0, Y − 2γz),         p̂ = (ŷ − sqrt(ŷ² + 4αγ)) / 2
+        P = P_C(Y − 2γz),            p̂ = (ŷ − sqrt(ŷ² + 4αγ)) / 2
         Q = P − γ(2βP + Sᵀp̂),        q̂ = p̂ + γSP
         w ← w − Y + Q,               v ← v − ŷ + q̂
 
-    until the relative changes of ``w`` and ``v`` are both ``<= tol``.
+    until the relative changes of ``w`` and ``v`` are both ``<= tol``. ``P_C`` is the prox of
+    ``ι_C + 2wᵀz`` (``max(0, ·)``, or :func:`project_scaled_simplex`); the returned graph is the
+    final ``w`` projected onto ``C`` (exactly feasible).
 
     Parameters
     ----------
@@ -706,6 +822,8 @@ def kalofolias_graph(
         Barrier and ridge weights (> 0).
     w_init
         Optional warm start (``n x n``); the dual then starts at ``v = −α / (S w)``.
+    total
+        Fixed ``Σ_{i<j} w_ij`` (> 0), or ``None`` for the free scale.
 
     Returns
     -------
@@ -717,11 +835,16 @@ def kalofolias_graph(
         raise ValueError(f"z must be a square matrix, got shape {zm.shape}")
     if not (alpha > 0 and beta > 0):
         raise ValueError(f"alpha and beta must be > 0, got alpha={alpha!r}, beta={beta!r}")
+    if total is not None and not (math.isfinite(total) and total > 0):
+        raise ValueError(f"total must be finite and > 0, got {total!r}")
     n = zm.shape[0]
     if n < 2:
         return np.zeros((n, n))
     iu, ju = np.triu_indices(n, 1)
     zv = zm[iu, ju]
+
+    def prox(vec: FloatArray) -> FloatArray:
+        return np.maximum(0.0, vec) if total is None else project_scaled_simplex(vec, total)
 
     def s_op(vec: FloatArray) -> FloatArray:
         out: FloatArray = np.asarray(np.bincount(iu, vec, n) + np.bincount(ju, vec, n), dtype=np.float64)
@@ -742,7 +865,7 @@ def kalofolias_graph(
     for _ in range(max_iter):
         y1 = wv - gamma * (2.0 * beta * wv + st_op(v))
         yd = v + gamma * s_op(wv)
-        p1 = np.maximum(0.0, y1 - 2.0 * gamma * zv)
+        p1 = prox(y1 - 2.0 * gamma * zv)
         pd = 0.5 * (yd - np.sqrt(yd * yd + 4.0 * alpha * gamma))
         q1 = p1 - gamma * (2.0 * beta * p1 + st_op(pd))
         qd = pd + gamma * s_op(p1)
@@ -754,7 +877,7 @@ def kalofolias_graph(
         if dw <= tol and dv <= tol:
             break
     out = np.zeros((n, n))
-    out[iu, ju] = np.maximum(wv, 0.0)
+    out[iu, ju] = prox(wv)
     out += out.T
     return out
 
@@ -769,8 +892,9 @@ def _two_step_dense(
 ) -> _Run:
     """Two-step alternation (§8.6) on a dense problem with full fidelity.
 
-    ``w ← argmin_{w>=0} λwᵀz(Ψ) − α1ᵀlog(Sw) + β‖w‖²`` (:func:`kalofolias_graph` with
-    ``Z = (λ/2) z``; rejected if it raises ``F``), then ``Ψ ← (P + λL(W))^{-1} P T``.
+    ``w ← argmin_{w∈C} λwᵀz(Ψ) − α1ᵀlog(Sw) + β‖w‖²`` (:func:`kalofolias_graph` with
+    ``Z = (λ/2) z`` and the same feasible set ``C`` as PDCA; rejected if it raises ``F``), then
+    ``Ψ ← (P + λL(W))^{-1} P T``.
     ``step`` is unused (same signature as :func:`_pdca_dense`).
     """
     del step
@@ -786,6 +910,7 @@ def _two_step_dense(
             w,
             params.kalofolias_iter,
             params.kalofolias_tol,
+            prob.total,
         )
         if _objective_dense(phi, target, w_new, prob) > _objective_dense(phi, target, w, prob):
             w_new = w
@@ -974,6 +1099,48 @@ def _scale(y: AnyFloatArray, obs: BoolArray | None, mu: FloatArray, gram: FloatA
     return math.sqrt(s2)
 
 
+def graph_total(n: int) -> float:
+    """The fixed graph scale ``Σ_{i<j} w_ij = n`` (ALGORITHMS.md §0.1 C4): mean degree 2."""
+    return float(n)
+
+
+def _shrink_centred(psi_c: AnyFloatArray, x_c: AnyFloatArray, missing: BoolArray | None) -> float:
+    """``‖Ψ̃‖ / ‖X̃‖`` over the received entries (both centred by the same ``ȳ``; float64 sums)."""
+    num = 0.0
+    den = 0.0
+    for sl in _blocks(psi_c.shape[1]):
+        pb = psi_c[:, sl].astype(np.float64)
+        xb = x_c[:, sl].astype(np.float64)
+        if missing is not None:
+            keep = ~missing[:, sl]
+            pb = np.where(keep, pb, 0.0)
+            xb = np.where(keep, xb, 0.0)
+        num += _sq(pb)
+        den += _sq(xb)
+    return math.sqrt(num / den) if den > 0 else 1.0
+
+
+def shrink_ratio(psi: ArrayLike, y: ArrayLike, mask: ArrayLike | None = None, weights: ArrayLike | None = None) -> float:
+    """How far the restored models stay from the mean: ``‖Ψ − 1ȳᵀ‖_F / ‖Y − 1ȳᵀ‖_F``.
+
+    ``ȳ_c = Σ_k p_k m_kc y_kc / Σ_k p_k m_kc`` is the weighted mean of the received uploads (the
+    FedAvg model); both norms run over the received entries only (``mask`` and finite ``y``).
+    1 when ``Ψ = Y`` (no aggregation), 0 when every client receives ``ȳ``: a JGESR that returns
+    ``ȳ + ρ(y_k − ȳ)`` has ratio ``ρ``. 1 when all uploads coincide.
+    """
+    yy = _as_uploads(y)
+    ps = np.asarray(psi, dtype=np.float64)
+    if ps.shape != yy.shape:
+        raise ValueError(f"psi must have the shape of y {yy.shape}, got shape {ps.shape}")
+    p = _check_weights(weights, yy.shape[0])
+    obs = _observed(yy, mask)
+    y0 = np.asarray(yy, dtype=np.float64) if obs is None else np.where(obs, yy, 0.0)
+    mf = np.ones(yy.shape) if obs is None else obs.astype(np.float64)
+    cnt = p @ mf
+    mu = np.divide(p @ y0, cnt, out=np.zeros_like(cnt), where=cnt > 0)
+    return _shrink_centred(ps - mu[None, :], y0 - mu[None, :], None if obs is None else ~obs)
+
+
 # ---------------------------------------------------------------------------------------
 # public objective and solvers
 # ---------------------------------------------------------------------------------------
@@ -1073,17 +1240,23 @@ def _solve_body(
         return _single_client(yy, obs, pin)
     w0: FloatArray | None = None
     if graph_init is not None:
-        w0 = _check_graph(graph_init, n) + COS_FLOOR * (1.0 - np.eye(n))
+        w0 = _check_graph(graph_init, n)
+        if np.any(w0.sum(axis=1) <= 0) or not prm.fixed_scale:
+            w0 += COS_FLOOR * (1.0 - np.eye(n))
     elif obs is not None:
         w0 = _cosine_observed(yy, obs, COS_FLOOR)
     prep = _prepare(yy, obs, p, w0, pin, _work_dtype(yy, prm.work_dtype))
     if w0 is None:
         w0 = _cosine_from_centred(prep.gram, prep.xmu, prep.mumu)
+    total = graph_total(n) if prm.fixed_scale else None
+    if total is not None:
+        w0 = w0 * (total / (0.5 * float(w0.sum())))  # positive rescaling onto Σw = total
     s = _scale(yy, obs, prep.mu, prep.gram) if prm.scale else 1.0
     logger.debug("JGESR %s: n=%d d=%d scale=%.6g masked=%s", method, n, d, s, obs is not None)
-    prob = _Problem(p, prm.lam, prm.alpha, prm.beta, prm.dc_scale)
+    prob = _Problem(p, prm.lam, prm.alpha, prm.beta, prm.dc_scale, total)
     solver: Solver = _pdca_dense if method == "pdca" else _two_step_dense
     res = _mm_loop(solver, prep, pin, w0, s, prob, prm)
+    shrink = _shrink_centred(res.psi_c, prep.x, prep.missing)
     psi = _uncentre(res.psi_c, prep.mu, yy.dtype)
     logger.debug(
         "JGESR %s: %d iterations, %d MM steps, converged=%s, F %.6g -> %.6g",
@@ -1102,6 +1275,8 @@ def _solve_body(
         converged=res.converged,
         scale=s,
         impute_steps=res.impute_steps,
+        shrink_ratio=shrink,
+        graph_cv=graph_cv(res.w),
     )
 
 
@@ -1189,6 +1364,8 @@ def _single_client(y: AnyFloatArray, obs: BoolArray | None, pin: AnyFloatArray |
         converged=True,
         scale=1.0,
         impute_steps=0,
+        shrink_ratio=1.0,
+        graph_cv=math.nan,
     )
 
 
