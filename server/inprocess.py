@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from graphfl.client.handler import ClientRuntime, build_runtime, handle
-from graphfl.client.noisy_channel import transmit_upload
+from graphfl.client.noisy_channel import CHANNEL_REF, transmit_upload
 from graphfl.client.state_store import CLIENT_STATE_DIR, state_for_request, store_for
 from graphfl.common import wire
 from graphfl.common.config import RunConfig
@@ -76,8 +76,9 @@ class InProcessExchange:
         mask = None
         channel = self.cfg.channel
         if arrays and channel.active:  # the same function the ClientApp's channel mod applies
+            ref = payload.config.get(CHANNEL_REF)
             arrays, mask = transmit_upload(arrays, channel.noise, channel.missing, self.cfg.seed, pid, r,
-                                           request.phase)
+                                           request.phase, None if ref is None else float(ref))
         if mode == "nan" and arrays:
             key = next(iter(arrays))
             arrays = dict(arrays)

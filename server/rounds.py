@@ -39,16 +39,18 @@ from typing import Any
 
 import numpy as np
 
+from graphfl.client.noisy_channel import CHANNEL_REF, reference_scale
 from graphfl.common import wire
 from graphfl.common.arrays import validate_update
-from graphfl.common.compress import decode, is_encoded
+from graphfl.common.compress import decode_received, is_encoded
 from graphfl.common.config import RunConfig
 from graphfl.common.core import EVALUATE_PHASE, Phase, ServerContext, ServerCore
 from graphfl.common.registry import AlgorithmSpec
+from graphfl.common.results import STORAGE_ERRNOS, ResultsWriteError
 from graphfl.common.types import Arrays, ClientUpdate, Payload
 from graphfl.server import checkpoint
 from graphfl.server.exchange import ClientExchange, Reply, Request
-from graphfl.server.recorder import PhaseOutcome, RunRecorder
+from graphfl.server.recorder import PhaseOutcome, RunRecorder, write_failure
 
 __all__ = [
     "ClientExchange", "PhaseOutcome", "Reply", "Request", "RunError", "RunRecorder", "ServerInputs",
@@ -105,16 +107,24 @@ def run_federated(
     """Run ``cfg.rounds`` rounds of ``spec`` over ``exchange``; return the final core.
 
     Results are flushed to ``recorder.out_dir`` after every round, and with a plot at the
-    end; on failure the status ``failed`` and the reason are written before re-raising.
+    end; on failure the status ``failed`` and the reason are written before re-raising. A failed
+    write of the run's own files (:class:`~graphfl.common.results.ResultsWriteError`, or another
+    storage errno) becomes a :class:`RunError` naming the file, what to do and the checkpoint
+    ``--resume`` continues from; it also says when ``run.json`` itself could not be updated.
     """
     if inputs.task_info:
         recorder.extra["task"] = dict(inputs.task_info)
     try:
         core = _run(cfg, spec, exchange, inputs, recorder)
     except BaseException as exc:
-        recorder.status = "failed"
-        recorder.extra["error"] = f"{type(exc).__name__}: {exc}"
-        recorder.flush(plot=True)
+        stored = isinstance(exc, ResultsWriteError) or (isinstance(exc, OSError) and exc.errno in STORAGE_ERRNOS)
+        reason = write_failure(exc, recorder.out_dir) if isinstance(exc, OSError) and stored \
+            else f"{type(exc).__name__}: {exc}"
+        unwritten = recorder.fail(reason)
+        if stored:  # a full disk, a quota, a read-only folder: one clear line, not a traceback
+            raise RunError("; ".join(n for n in (reason, unwritten) if n)) from exc
+        if unwritten:
+            logger.error("%s", unwritten)
         raise
     recorder.status = "completed"
     recorder.flush(plot=True)
@@ -126,25 +136,37 @@ def run_federated(
 
 def run_phase(
     phase: Phase, exchange: ClientExchange, server_round: int, clients: Sequence[int], eval_first: bool = False,
+    channel_ref: float | None = None,
 ) -> PhaseOutcome:
     """Configure, send, validate and aggregate one phase of ``server_round`` for ``clients``.
 
     A train-kind reply counts when it arrived and its arrays match ``phase.template`` (keys,
     shapes, dtypes, finite values); an evaluate-kind reply when it carries an evaluation.
     ``phase.aggregate`` is called with the valid replies only, also when there are none.
+
+    ``channel_ref`` (``mean|θ⁰|``, when the run's noisy uplink is on) travels with every train
+    payload as the control key :data:`~graphfl.client.noisy_channel.CHANNEL_REF`, the channel's
+    noise reference. When valid train replies carry a channel mask, the phase's server metrics
+    get ``channel_missing_fraction`` (entries flagged missing over the entries the masks cover,
+    all valid replies together) and ``channel_arrays_lost`` (compressed arrays missing as a
+    whole because their side information was lost or corrupted on the way).
     """
     t0 = time.perf_counter()
     out = PhaseOutcome(phase.name, phase.kind)
     payloads = {pid: p for pid in clients if (p := phase.configure(server_round, pid)) is not None}
+    if channel_ref is not None and phase.kind == wire.TRAIN:
+        payloads = {pid: Payload(p.arrays, {**p.config, CHANNEL_REF: float(channel_ref)}) for pid, p in payloads.items()}
     out.replies = exchange.send(Request(phase.kind, server_round, phase.name, eval_first), payloads)
     updates: dict[int, ClientUpdate] = {}
+    arrays_lost = 0
     for pid, rep in sorted(out.replies.items()):
         if rep.error is not None:
             logger.warning("round %d, phase %s: client %d failed: %s", server_round, phase.name, pid, rep.error)
             continue
+        lost: list[str] = []
         if phase.kind == wire.TRAIN and is_encoded(rep.arrays):
             out.compressed = True
-            decoded, why = _decoded(phase, pid, rep, payloads[pid])
+            decoded, why, lost = _decoded(phase, pid, rep, payloads[pid])
             if decoded is None:
                 logger.warning("round %d, phase %s: reply of client %d rejected: %s", server_round, phase.name, pid, why)
                 out.rejected[pid] = why
@@ -156,9 +178,19 @@ def run_phase(
             logger.warning("round %d, phase %s: reply of client %d rejected: %s", server_round, phase.name, pid, why)
             out.rejected[pid] = why
             continue
+        if lost:
+            logger.warning("round %d, phase %s: client %d: the side information of %s was lost or corrupted in "
+                           "the channel; these arrays count as missing", server_round, phase.name, pid, lost)
+            arrays_lost += len(lost)
         updates[pid] = update
     t_agg = time.perf_counter()
     out.server_metrics = dict(phase.aggregate(server_round, updates))
+    masks = [u.mask for u in updates.values() if u.mask is not None]
+    if masks:
+        covered = sum(m.size for mask in masks for m in mask.values())
+        flagged = sum(int(m.size - np.count_nonzero(m)) for mask in masks for m in mask.values())
+        out.server_metrics["channel_missing_fraction"] = flagged / covered if covered else 0.0
+        out.server_metrics["channel_arrays_lost"] = arrays_lost
     out.server_seconds = time.perf_counter() - t_agg
     out.bytes_down = sum(p.nbytes for p in payloads.values())
     out.bytes_up = sum(sum(a.nbytes for a in rep.arrays.values()) for rep in out.replies.values()
@@ -167,14 +199,19 @@ def run_phase(
     return out
 
 
-def _decoded(phase: Phase, pid: int, rep: Reply, payload: Payload) -> tuple[Reply | None, str]:
-    """The reply with its compressed upload decoded against ``payload`` (what the client received)."""
+def _decoded(phase: Phase, pid: int, rep: Reply, payload: Payload) -> tuple[Reply | None, str, list[str]]:
+    """The reply with its compressed upload decoded against ``payload`` (what the client received),
+    why it is undecodable, and the keys missing as a whole (side information lost in the channel).
+
+    The channel's mask survives decoding, with the lost arrays all ``False``
+    (:func:`graphfl.common.compress.decode_received`).
+    """
     assert phase.template is not None and rep.arrays is not None
     try:
-        arrays = decode(rep.arrays, payload.arrays, phase.template(pid))
+        received = decode_received(rep.arrays, payload.arrays, phase.template(pid), rep.mask)
     except (ValueError, TypeError) as exc:
-        return None, f"undecodable compressed upload: {exc}"
-    return Reply(pid, arrays, rep.metrics, rep.error), ""
+        return None, f"undecodable compressed upload: {exc}", []
+    return Reply(pid, received.arrays, rep.metrics, rep.error, mask=received.mask), "", received.lost
 
 
 def _update(phase: Phase, pid: int, rep: Reply) -> tuple[ClientUpdate | None, str]:
@@ -259,6 +296,7 @@ def _run(
         core, rng, active, first = resumed.core, resumed.rng, resumed.active, resumed.round + 1
         _restore_recorder(recorder, resumed, join_seconds=time.perf_counter() - t0, joined=sorted(ok))
     piggyback = core.piggyback_eval and cfg.fraction_train >= 1.0
+    channel_ref = reference_scale(initial, inputs.param_keys) if cfg.channel.active else None
     if ck_dir is not None and resumed is None:
         _checkpoint(ck_dir, 0, cfg, core, rng, active, recorder)
 
@@ -271,7 +309,7 @@ def _run(
             if eval_first and phase.kind != wire.TRAIN:
                 raise RunError(f"{type(core).__name__}: piggy-backed evaluation needs a train-kind first phase, "
                                f"round {r} starts with {phase.kind} phase {phase.name!r}; set piggyback_eval = False")
-            outcome = run_phase(phase, exchange, r, selected, eval_first)
+            outcome = run_phase(phase, exchange, r, selected, eval_first, channel_ref)
             phases.append(outcome)
             _require_replies(cfg, r, outcome)
         if not phases:
