@@ -135,6 +135,10 @@ class Identity:
     network: str = ""
 
 
+class ListenError(TransportError):
+    """A port of this peer cannot be bound (the message names the address and says "bind")."""
+
+
 class _Servicer(pb_grpc.PeerServicer):
     def __init__(self, transport: GrpcTransport) -> None:
         self.t = transport
@@ -371,16 +375,20 @@ class GrpcTransport(Transport):
         try:
             port = server.add_secure_port(addr, self._server_creds) if self.tls else server.add_insecure_port(addr)
         except RuntimeError as exc:
-            raise TransportError(f"peer {self.peer_id} cannot listen on {addr}: {exc}") from None
+            raise ListenError(f"peer {self.peer_id}: gRPC listener cannot bind {addr}: {exc}") from None
         if port == 0:
-            raise TransportError(f"peer {self.peer_id} cannot listen on {addr} (address in use?)")
+            raise ListenError(f"peer {self.peer_id}: gRPC listener cannot bind {addr} (address in use?)")
         server.start()
         self._server = server
         if self.data_server is not None:
             try:
-                self.data_server.start(split_host_port(addr)[0], self.topology.peer(self.peer_id).data_port)
-            except (OSError, ValueError) as exc:
+                host = split_host_port(addr)[0]
+            except ValueError as exc:
                 raise TransportError(f"peer {self.peer_id}: socket data path: {exc}") from None
+            try:
+                self.data_server.start(host, self.topology.peer(self.peer_id).data_port)
+            except OSError as exc:
+                raise ListenError(f"peer {self.peer_id}: socket data path: {exc.strerror or exc}") from None
         logger.info("peer %d listening on %s (%s, data path %s)", self.peer_id, addr,
                     "mutual TLS" if self.tls else "plaintext", self.data_path)
         return int(port)
@@ -549,6 +557,15 @@ class GrpcTransport(Transport):
                 continue
             return self._acked(to, stream, ack)
         return SendResult(to, False, last, unreachable=True)
+
+    def stats(self) -> dict[str, int]:
+        """The mailbox's counters; on the socket data path also ``preauth_dropped``: data
+        connections dropped before authentication (no certificate, deadline, evicted, closed).
+        """
+        out = super().stats()
+        if self.data_server is not None:
+            out["preauth_dropped"] = sum(self.data_server.preauth_counts().values())
+        return out
 
     def advance(self, round_: int) -> None:
         self.current_round = round_

@@ -18,7 +18,10 @@ algorithm, listens, handshakes with its neighbours (bounded by ``connect-timeout
 
 Exit codes: 0 done, 1 internal error (traceback in the log and in ``peer-<id>.json``),
 2 configuration error, 3 refused handshake / TLS, 4 round failed (``on-missing = "fail"``),
-5 unreachable neighbours under ``on-missing = "fail"``, 130 stopped.
+5 unreachable neighbours under ``on-missing = "fail"``, or no message from any neighbour in any
+round (outcome ``isolated``), 6 a port cannot be bound (outcome ``bind-failed``), 130 stopped.
+In a peer process gRPC core logs at ``GRPC_VERBOSITY=ERROR`` unless the environment says
+otherwise (:mod:`graphfl.p2p.grpc_env`).
 """
 
 from __future__ import annotations
@@ -40,12 +43,12 @@ from graphfl.common.envinfo import peak_rss_mb
 from graphfl.common.malloc import keep_freed_memory
 from graphfl.common.results import clean_json as _clean
 from graphfl.common.results import write_json
-from graphfl.p2p import checkpoint
+from graphfl.p2p import checkpoint, grpc_env  # grpc_env before any module that imports grpc: gRPC core's log level
 from graphfl.p2p.algorithms.base import NodeContext, NodeState
 from graphfl.p2p.config import NetworkFile, load_network_file
 from graphfl.p2p.driver import run_node
 from graphfl.p2p.exchange import FailurePolicy, NeighbourExchange, RoundFailed
-from graphfl.p2p.grpc_transport import GrpcTransport, Identity
+from graphfl.p2p.grpc_transport import GrpcTransport, Identity, ListenError
 from graphfl.p2p.oracles import BUILTIN_PROBLEMS, ProblemSpec, make_oracle
 from graphfl.p2p.transport import HandshakeRefused, TransportError
 from graphfl.tasks.base import DataError
@@ -53,6 +56,7 @@ from graphfl.tasks.base import DataError
 logger = logging.getLogger(__name__)
 
 EXIT_OK, EXIT_ERROR, EXIT_CONFIG, EXIT_REFUSED, EXIT_ROUND_FAILED, EXIT_UNREACHABLE, EXIT_STOPPED = 0, 1, 2, 3, 4, 5, 130
+EXIT_BIND = 6
 
 
 STATUS_EVERY_S = 0.25
@@ -64,6 +68,21 @@ ring, ``GRAPHFL_PROFILE``); every round still goes to ``peer-<id>.rounds.jsonl``
 def _write_json(path: Path, obj: Any) -> None:
     """Atomic, strict JSON (NaN/Inf become ``null``: ``Infinity`` is not JSON)."""
     write_json(path, obj)
+
+
+def never_heard(records: list[dict[str, Any]], neighbours: list[int]) -> str:
+    """Why a run must not count as done: every round ran without any neighbour ("" otherwise).
+
+    A peer with neighbours whose every round recorded all of them as missing trained alone the
+    whole run (unreachable, refused, or locked out): its result is not a decentralized one.
+    """
+    if not records or not neighbours:
+        return ""
+    want = set(neighbours)
+    if any(not want <= set(r.get("missing", ())) for r in records):
+        return ""
+    return (f"no message from any neighbour {sorted(want)} arrived in any of its {len(records)} round(s): "
+            "the peer trained alone (see the warnings of its log for why its neighbours were missing)")
 
 
 def problem_spec(net: NetworkFile, peer_id: int, device: str | None = None) -> ProblemSpec:
@@ -102,7 +121,8 @@ def run_peer(network_file: str | Path, peer_id: int, out_dir: str | Path, overri
     rounds_file = out / f"peer-{peer_id}.rounds.jsonl"
     if not resume:
         rounds_file.unlink(missing_ok=True)
-    result: dict[str, Any] = {"peer": peer_id, "outcome": "starting", "records": [], "malloc": malloc}
+    result: dict[str, Any] = {"peer": peer_id, "outcome": "starting", "records": [], "malloc": malloc,
+                              "grpc_verbosity": grpc_env.effective}
     stop = stop or threading.Event()
     transport = None
     code = EXIT_OK
@@ -220,6 +240,9 @@ def run_peer(network_file: str | Path, peer_id: int, out_dir: str | Path, overri
         result["stats"] = transport.stats()
         if stop.is_set():
             result["outcome"], code = "stopped", EXIT_STOPPED
+        elif isolated := never_heard(result["records"], transport.neighbours):
+            result["outcome"], result["error"], code = "isolated", isolated, EXIT_UNREACHABLE
+            logger.error("peer %d: %s", peer_id, isolated)
         else:
             result["outcome"] = "done"
     except (ConfigError, DataError) as exc:
@@ -230,6 +253,9 @@ def run_peer(network_file: str | Path, peer_id: int, out_dir: str | Path, overri
         logger.error("peer %d: %s", peer_id, exc)
     except RoundFailed as exc:
         result["outcome"], result["error"], code = "round-failed", str(exc), EXIT_ROUND_FAILED
+        logger.error("%s", exc)
+    except ListenError as exc:
+        result["outcome"], result["error"], code = "bind-failed", str(exc), EXIT_BIND
         logger.error("%s", exc)
     except TransportError as exc:
         result["outcome"], result["error"], code = "unreachable", str(exc), EXIT_UNREACHABLE

@@ -24,11 +24,19 @@ The callee knows where a message ends from its header (the declared tensors' byt
 What a receiver checks, and when (the same checks as the gRPC ``Push``, see
 :mod:`graphfl.p2p.grpc_transport`):
 
-* before reading anything: at most ``max_connections`` connections are open (the rest are
-  closed unread), and the TLS handshake / preamble must complete within ``HELLO_TIMEOUT``;
+* before authentication (one thread, non-blocking, :class:`DataServer`): at most
+  ``preauth_max`` (:data:`PREAUTH_MAX`) connections are in their TLS handshake / preamble at
+  once, apart from the authenticated ones, and each must complete both within
+  ``preauth_timeout`` (:data:`PREAUTH_TIMEOUT`) of its accept. A new connection always gets in:
+  when the budget is full, the pending connection that has sent the fewest bytes (the oldest
+  among those) is closed to make room, so idle and trickling connections cannot keep a caller
+  that speaks (a TLS ClientHello, a preamble) from authenticating. With TLS the client
+  certificate must name a neighbour (``peer-<j>``) before the preamble is read. Connections
+  dropped in this phase are counted by cause and logged rate-limited (:class:`PreauthLog`);
 * the preamble: the token is the one this peer gave the claimed id in an accepted handshake
   (compared in constant time); with TLS, the client certificate is ``peer-<claimed id>``; the
-  claimed id may have at most ``streams_per_sender`` connections open;
+  claimed id may have at most ``streams_per_sender`` connections open (slots per identity,
+  taken only after these checks, so strangers never hold one);
 * every frame: its length is at most ``max_frame_bytes`` before anything is allocated;
 * every message: the header's sender is the connection's, and its declared tensors and round
   pass :meth:`~graphfl.p2p.transport.Mailbox.check_header` before the receive buffers are made;
@@ -42,13 +50,16 @@ so the connection stays usable; a malformed frame closes the connection.
 
 from __future__ import annotations
 
+import fcntl
 import hmac
 import logging
 import os
 import secrets
+import selectors
 import socket
 import ssl
 import struct
+import termios
 import threading
 import time
 from collections.abc import Sequence
@@ -72,8 +83,13 @@ TOKEN_BYTES = 16
 PREAMBLE = struct.Struct("<4si16s")
 """Magic, caller id, token: what a caller sends first on a data connection."""
 _LEN = struct.Struct("<I")
-HELLO_TIMEOUT = 10.0
-"""Seconds an inbound connection has for its TLS handshake and preamble."""
+PREAUTH_TIMEOUT = 3.0
+"""Seconds an inbound connection has, from its accept, for its TLS handshake and preamble."""
+PREAUTH_MAX = 32
+"""Connections at most before authentication at once (the pre-auth budget, apart from the
+per-identity slots of authenticated connections)."""
+PREAUTH_LOG_EVERY = 5.0
+"""Seconds between two log lines about connections dropped before authentication."""
 IDLE_TIMEOUT = 600.0
 """Seconds an inbound connection may wait for its next message before the callee closes it."""
 ACK_LIMIT = 1 << 16
@@ -177,7 +193,7 @@ def certificate_names(sock: socket.socket) -> list[str]:
 
 
 class _Inbound:
-    """One accepted connection: its socket and a duplicate of it that can shut it down from
+    """One authenticated connection: its socket and a duplicate of it that can shut it down from
     another thread (a deadline) without racing the reader for the socket object.
     """
 
@@ -199,8 +215,80 @@ class _Inbound:
                 pass
 
 
+def _unread(sock: socket.socket) -> int:
+    """Bytes the kernel holds for ``sock`` that nobody has read yet (``FIONREAD``; 0 on error)."""
+    try:
+        return int(struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0])
+    except (OSError, ValueError):
+        return 0
+
+
+class _Pending:
+    """A connection before authentication: its non-blocking socket, when it was accepted, how many
+    bytes it has sent so far (its progress) and the part of its preamble read.
+    """
+
+    __slots__ = ("buf", "bytes_in", "since", "sock", "tls_done")
+
+    def __init__(self, sock: socket.socket, since: float) -> None:
+        self.sock = sock
+        self.since = since
+        self.bytes_in = 0
+        self.buf = bytearray()
+        self.tls_done = False
+
+
+class PreauthLog:
+    """Connections dropped before authentication, counted by cause and logged without flooding.
+
+    The first drop after a quiet interval is logged at once with its reason (so a real refusal is
+    visible); the ones that follow within ``every`` seconds are only counted and reported as one
+    summary line per interval (:meth:`flush`). Causes: ``tls`` (the TLS handshake failed, e.g.
+    no client certificate), ``deadline`` (no handshake and preamble within the pre-auth deadline),
+    ``evicted`` (dropped for a newer connection while the pre-auth budget was full), ``closed``
+    (the caller closed before its preamble).
+    """
+
+    CAUSES = ("tls", "deadline", "evicted", "closed")
+
+    def __init__(self, peer_id: int, every: float) -> None:
+        self.peer_id = peer_id
+        self.every = every
+        self.totals = dict.fromkeys(self.CAUSES, 0)
+        self._window = dict.fromkeys(self.CAUSES, 0)
+        self._last = -1e18
+        self._lock = threading.Lock()
+
+    def note(self, cause: str, reason: str, now: float) -> None:
+        """Count one drop; log it when the last line is older than ``every`` seconds."""
+        with self._lock:
+            self.totals[cause] += 1
+            if now - self._last < self.every or any(self._window.values()):
+                self._window[cause] += 1
+                return
+            self._last = now
+        logger.warning("peer %d: data connection dropped before authentication (%s): %s (further drops are "
+                       "summarised every %g s)", self.peer_id, cause, reason, self.every)
+
+    def flush(self, now: float) -> None:
+        """Log the drops counted since the last line, at most once per ``every`` seconds."""
+        with self._lock:
+            if not any(self._window.values()) or now - self._last < self.every:
+                return
+            window, self._window, self._last = self._window, dict.fromkeys(self.CAUSES, 0), now
+        logger.warning("peer %d: %d data connection(s) dropped before authentication in the last %g s (%s)",
+                       self.peer_id, sum(window.values()), self.every,
+                       ", ".join(f"{k}: {v}" for k, v in window.items() if v))
+
+
+_LISTENER, _WAKE = object(), object()
+"""Selector keys of the listening socket and of the close wake-up."""
+
+
 class DataServer:
-    """The callee side: a listener and one reader thread per connection (see the module docstring).
+    """The callee side: one thread accepts connections and takes each through its TLS handshake
+    and preamble (non-blocking, within the pre-auth budget and deadline); an authenticated
+    connection gets its own reader thread (see the module docstring).
 
     Parameters
     ----------
@@ -211,10 +299,15 @@ class DataServer:
     def __init__(self, transport: GrpcTransport) -> None:
         self.t = transport
         self._ctx = server_context(transport.tls) if transport.tls is not None else None
-        self.max_connections = transport.streams_per_sender * max(1, len(transport.neighbours)) + 4
-        self.hello_timeout = HELLO_TIMEOUT
+        self.preauth_max = PREAUTH_MAX
+        self.preauth_timeout = PREAUTH_TIMEOUT
+        self._log = PreauthLog(transport.peer_id, PREAUTH_LOG_EVERY)
         self._listener: socket.socket | None = None
         self._accepter: threading.Thread | None = None
+        self._sel: selectors.BaseSelector | None = None
+        self._wake: tuple[socket.socket, socket.socket] | None = None
+        self._pending: dict[_Pending, None] = {}
+        """Connections before authentication, oldest first (touched by the accept thread only)."""
         self._live: set[_Inbound] = set()
         self._threads: set[threading.Thread] = set()
         self._lock = threading.Lock()
@@ -222,17 +315,34 @@ class DataServer:
         self.port = 0
 
     def start(self, host: str, port: int = 0) -> int:
-        """Listen on ``host:port`` (0 = any free port); returns the bound port."""
+        """Listen on ``host:port`` (0 = any free port); returns the bound port.
+
+        The listener sets ``SO_REUSEADDR`` (never ``SO_REUSEPORT``): a peer restarted at once on a
+        fixed ``data-port`` binds although its previous connections linger in ``FIN-WAIT`` /
+        ``TIME-WAIT``; a port another process listens on is still an error.
+
+        Raises
+        ------
+        OSError
+            The port cannot be bound; the message names ``host:port`` and says "bind".
+        """
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         listener = socket.socket(family, socket.SOCK_STREAM)
         try:
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             listener.bind((host, port))
-            listener.listen(64)
+            listener.listen(128)
+            listener.setblocking(False)
         except OSError as exc:
             listener.close()
-            raise OSError(f"peer {self.t.peer_id}: data listener cannot bind {host}:{port}: {exc}") from None
+            raise OSError(exc.errno, f"data listener cannot bind {host}:{port}: {exc.strerror or exc}") from None
         self._listener = listener
         self.port = int(listener.getsockname()[1])
+        self._wake = socket.socketpair()
+        self._wake[0].setblocking(False)
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(listener, selectors.EVENT_READ, _LISTENER)
+        self._sel.register(self._wake[0], selectors.EVENT_READ, _WAKE)
         self._accepter = threading.Thread(target=self._accept_loop, name=f"p2p-data-accept-{self.t.peer_id}",
                                           daemon=True)
         self._accepter.start()
@@ -240,90 +350,237 @@ class DataServer:
         return self.port
 
     def close(self, timeout: float = 2.0) -> None:
-        """Stop accepting, cut every connection, wait (bounded) for the reader threads."""
+        """Stop accepting, cut every connection, wait (bounded) for the threads."""
         with self._lock:
             self._closed = True
             live, threads = list(self._live), list(self._threads)
-        if self._listener is not None:
+        end = time.monotonic() + timeout
+        if self._accepter is not None and self._wake is not None:
             try:
-                self._listener.shutdown(socket.SHUT_RDWR)  # wakes accept()
+                self._wake[1].send(b"x")
             except OSError:
                 pass
+            self._accepter.join(timeout)  # it closes the listener and the pending connections
+        elif self._listener is not None:
             self._listener.close()
         for conn in live:
             conn.abort()
-        end = time.monotonic() + timeout
-        for th in [*threads, *([self._accepter] if self._accepter else [])]:
+        for th in threads:
             th.join(max(0.0, end - time.monotonic()))
 
+    def preauth_open(self) -> int:
+        """Connections now before authentication (at most :attr:`preauth_max`)."""
+        return len(self._pending)
+
+    def preauth_counts(self) -> dict[str, int]:
+        """Connections dropped before authentication so far, by cause (see :class:`PreauthLog`)."""
+        with self._log._lock:
+            return dict(self._log.totals)
+
+    # -- before authentication: one thread, non-blocking ----------------------------------
     def _accept_loop(self) -> None:
-        assert self._listener is not None
-        while True:
+        assert self._sel is not None and self._listener is not None and self._wake is not None
+        sel = self._sel
+        try:
+            while not self._closed:
+                events = sel.select(self._next_timeout(time.monotonic()))
+                if self._closed:
+                    return
+                for key, mask in events:
+                    if key.data is _LISTENER:
+                        self._accept_ready()
+                    elif key.data is _WAKE:
+                        try:
+                            self._wake[0].recv(64)
+                        except OSError:
+                            pass
+                    elif key.data in self._pending:
+                        self._advance(key.data, mask)
+                now = time.monotonic()
+                self._expire(now)
+                self._log.flush(now)
+        except Exception:  # a bug here must not pass silently; the peer's data path stops accepting
+            logger.exception("peer %d: the data listener failed", self.t.peer_id)
+        finally:
+            for p in list(self._pending):
+                p.sock.close()
+            self._pending.clear()
+            sel.close()
+            self._listener.close()
+            for s in self._wake:
+                s.close()
+
+    def _next_timeout(self, now: float) -> float:
+        """Seconds until the oldest pending connection's deadline (or the next log interval)."""
+        oldest = next(iter(self._pending), None)
+        if oldest is None:
+            return PREAUTH_LOG_EVERY
+        return min(PREAUTH_LOG_EVERY, max(0.0, oldest.since + self.preauth_timeout - now))
+
+    def _accept_ready(self) -> None:
+        assert self._listener is not None and self._sel is not None
+        for _ in range(64):  # then deadlines and other connections get their turn
             try:
                 sock, _ = self._listener.accept()
-            except OSError:
-                return  # closed
-            with self._lock:
-                if self._closed or len(self._live) >= self.max_connections:
-                    full = not self._closed
-                    sock.close()
-                    if full:
-                        self.t.mailbox.note_rejection(
-                            f"data connection refused unread: {self.max_connections} connections already open")
-                    continue
-                try:
-                    conn = _Inbound(sock)
-                except OSError as exc:  # out of file descriptors: this connection only, the listener goes on
-                    sock.close()
-                    self.t.mailbox.note_rejection(f"data connection refused unread: {exc}")
-                    continue
-                self._live.add(conn)
-                th = threading.Thread(target=self._serve, args=(conn,), daemon=True,
-                                      name=f"p2p-data-rx-{self.t.peer_id}")
-                self._threads.add(th)
-            th.start()
+            except BlockingIOError:
+                return
+            except OSError as exc:  # out of file descriptors: make room by the rule below, try later
+                victim = self._victim()
+                if victim is not None:
+                    self._drop(victim, "evicted", f"to free a file descriptor ({exc})")
+                else:
+                    self._log.note("closed", f"accept failed: {exc}", time.monotonic())
+                return
+            now = time.monotonic()
+            victim = self._victim() if len(self._pending) >= self.preauth_max else None
+            try:
+                sock.setblocking(False)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                if self._ctx is not None:
+                    sock = self._ctx.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+            except OSError as exc:
+                sock.close()
+                self._log.note("closed", f"{type(exc).__name__}: {exc}", now)
+                continue
+            p = _Pending(sock, now)
+            self._pending[p] = None
+            self._sel.register(sock, selectors.EVENT_READ, p)
+            if victim is not None:  # the budget is full: the new connection takes the place of the victim
+                self._drop(victim, "evicted", f"pre-auth budget of {self.preauth_max} connections full; the "
+                                              f"one with the least progress ({victim.bytes_in} bytes in "
+                                              f"{now - victim.since:.2f} s) made room for a new one")
 
-    # -- one connection -------------------------------------------------------------------
-    def _serve(self, conn: _Inbound) -> None:
-        t = self.t
-        claimed: int | None = None
-        hello: int | None = None
+    def _victim(self) -> _Pending | None:
+        """The pending connection that makes room: the one that has sent the fewest bytes, the
+        oldest among those. A caller that speaks (a TLS ClientHello, a preamble) outranks idle and
+        trickling connections at once, so a flood of those cannot push it out.
+        """
+        return min(self._pending, key=lambda p: (p.bytes_in, p.since), default=None)
+
+    def _drop(self, p: _Pending, cause: str, reason: str) -> None:
+        assert self._sel is not None
+        self._forget(p)
+        p.sock.close()
+        self._log.note(cause, reason, time.monotonic())
+
+    def _forget(self, p: _Pending) -> None:
+        assert self._sel is not None
+        self._pending.pop(p, None)
         try:
-            # the TLS handshake and the preamble, together within hello_timeout (a trickle is cut too)
-            hello = t.watchdog.watch(self.hello_timeout, conn.abort)
-            conn.sock.settimeout(self.hello_timeout)
-            conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if self._ctx is not None:
-                conn.sock = self._ctx.wrap_socket(conn.sock, server_side=True)
-            magic, who, token = PREAMBLE.unpack(recv_exact(conn.sock, PREAMBLE.size))
-            t.watchdog.unwatch(hello)
-            hello = None
-            reason = self._admit(conn.sock, magic, who, token)
-            if reason:
-                t.mailbox.note_rejection(reason)
-                write_record(conn.sock, pb.Ack(accepted=False, reason=reason).SerializeToString())
+            self._sel.unregister(p.sock)
+        except (KeyError, ValueError, OSError):
+            pass
+
+    def _expire(self, now: float) -> None:
+        for p in list(self._pending):  # oldest first: stop at the first one still in time
+            if now - p.since < self.preauth_timeout:
                 return
-            if not t.take_stream_slot(who):
-                reason = f"peer {who} already has {t.streams_per_sender} open data connections; refused"
-                t.mailbox.note_rejection(reason)
-                write_record(conn.sock, pb.Ack(accepted=False, reason=reason).SerializeToString())
+            self._drop(p, "deadline", f"no TLS handshake and preamble within {self.preauth_timeout:g} s "
+                                      f"({p.bytes_in} bytes received)")
+
+    def _advance(self, p: _Pending, mask: int) -> None:
+        """Take ``p`` as far through its TLS handshake and preamble as the bytes received allow."""
+        assert self._sel is not None
+        try:
+            if self._ctx is not None and not p.tls_done:
+                before = _unread(p.sock)
+                if mask & selectors.EVENT_READ and before == 0:
+                    self._drop(p, "closed", "closed before its TLS handshake")
+                    return
+                try:
+                    p.sock.do_handshake()  # type: ignore[attr-defined]
+                except ssl.SSLWantReadError:
+                    self._sel.modify(p.sock, selectors.EVENT_READ, p)
+                    return
+                except ssl.SSLWantWriteError:
+                    self._sel.modify(p.sock, selectors.EVENT_READ | selectors.EVENT_WRITE, p)
+                    return
+                finally:
+                    p.bytes_in += max(0, before - _unread(p.sock))
+                p.tls_done = True
+                self._sel.modify(p.sock, selectors.EVENT_READ, p)
+                names = certificate_names(p.sock)
+                if not any(peer_name(j) in names for j in self.t.neighbours):
+                    self._refuse(p, f"certificate common name {names} is not a neighbour's of peer {self.t.peer_id}")
+                    return
+            while len(p.buf) < PREAMBLE.size:
+                try:
+                    data = p.sock.recv(PREAMBLE.size - len(p.buf))
+                except (ssl.SSLWantReadError, ssl.SSLWantWriteError, BlockingIOError):
+                    return
+                if not data:
+                    self._drop(p, "closed", f"closed after {len(p.buf)} bytes of its preamble")
+                    return
+                p.buf += data
+                if self._ctx is None:
+                    p.bytes_in += len(data)
+        except OSError as exc:  # ssl.SSLError included: no client certificate, not TLS, a reset
+            tls = self._ctx is not None and not p.tls_done
+            self._drop(p, "tls" if tls else "closed",
+                       f"{'TLS handshake failed' if tls else 'connection failed'}: {type(exc).__name__}: {exc}")
+            return
+        self._authenticate(p)
+
+    def _authenticate(self, p: _Pending) -> None:
+        """The preamble is complete: admit the claimed identity into one of its slots and give the
+        connection a reader thread, or answer the refusal and close.
+        """
+        self._forget(p)
+        magic, who, token = PREAMBLE.unpack(bytes(p.buf))
+        reason = self._admit(p.sock, magic, who, token)
+        if not reason and not self.t.take_stream_slot(who):
+            reason = f"peer {who} already has {self.t.streams_per_sender} open data connections; refused"
+        if reason:
+            self._refuse(p, reason)
+            return
+        try:
+            p.sock.settimeout(self.preauth_timeout)
+            conn = _Inbound(p.sock)
+        except OSError as exc:  # out of file descriptors: this connection only
+            self.t.release_stream_slot(who)
+            p.sock.close()
+            self.t.mailbox.note_rejection(f"data connection of peer {who} refused: {exc}")
+            return
+        with self._lock:
+            if self._closed:
+                self.t.release_stream_slot(who)
+                conn.close()
                 return
-            claimed = who
+            self._live.add(conn)
+            th = threading.Thread(target=self._serve, args=(conn, who), daemon=True,
+                                  name=f"p2p-data-rx-{self.t.peer_id}")
+            self._threads.add(th)
+        th.start()
+
+    def _refuse(self, p: _Pending, reason: str) -> None:
+        """Count the refusal (rate-limited log), answer it with its reason when the socket takes
+        the few bytes at once, and close.
+        """
+        self._forget(p)
+        self.t.mailbox.note_rejection(reason)
+        try:
+            p.sock.settimeout(0.2)
+            write_record(p.sock, pb.Ack(accepted=False, reason=reason).SerializeToString())
+        except OSError:
+            pass
+        p.sock.close()
+
+    # -- one authenticated connection ----------------------------------------------------
+    def _serve(self, conn: _Inbound, who: int) -> None:
+        t = self.t
+        try:
             write_record(conn.sock, pb.Ack(accepted=True).SerializeToString())
             while True:
                 conn.sock.settimeout(IDLE_TIMEOUT)
                 first = read_length(conn.sock)
                 if not self._message(conn, who, first):
                     return
-        except (OSError, ValueError, struct.error) as exc:  # closed, cut by a deadline, idle, TLS failure
+        except (OSError, ValueError, struct.error) as exc:  # closed, cut by a deadline, idle
             logger.debug("peer %d: data connection ended: %s", t.peer_id, exc)
         except Exception:  # a bug here must not pass silently; the connection closes, the peer serves on
             logger.exception("peer %d: data connection failed", t.peer_id)
         finally:
-            if hello is not None:
-                t.watchdog.unwatch(hello)
-            if claimed is not None:
-                t.release_stream_slot(claimed)
+            t.release_stream_slot(who)
             conn.close()
             with self._lock:
                 self._live.discard(conn)

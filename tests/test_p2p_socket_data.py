@@ -249,8 +249,8 @@ def test_trickling_sender_is_cut_at_the_stream_timeout_and_floods_are_bounded(to
         write_record(s, frames[0])  # the header, then nothing
         assert 0.5 < closed_within(s, 5.0) < 4.0
         s.close()
-        # a preamble sent a byte at a time is cut at the hello deadline
-        b.data_server.hello_timeout = 1.0
+        # a preamble sent a byte at a time is cut at the pre-auth deadline
+        b.data_server.preauth_timeout = 1.0
         slow = socket.create_connection(("127.0.0.1", b.data_server.port), timeout=5.0)
         t0 = time.monotonic()
         with pytest.raises(OSError):
@@ -260,13 +260,16 @@ def test_trickling_sender_is_cut_at_the_stream_timeout_and_floods_are_bounded(to
             read_ack(slow)  # (the preamble cannot complete: 24 bytes take 7 s)
         assert time.monotonic() - t0 < 4.0
         slow.close()
-        # connections that never send a preamble hold at most max_connections slots; the rest are closed unread
-        b.data_server.hello_timeout = 10.0
-        b.data_server.max_connections = 3
+        # connections that never send a preamble hold at most preauth_max slots: a newer one makes room by
+        # closing the oldest of those that sent least, at once; the neighbour still gets in
+        b.data_server.preauth_timeout = 10.0
+        b.data_server.preauth_max = 3
         idle = [socket.create_connection(("127.0.0.1", b.data_server.port), timeout=5.0) for _ in range(3)]
         time.sleep(0.2)
         extra = socket.create_connection(("127.0.0.1", b.data_server.port), timeout=5.0)
-        assert closed_within(extra, 2.0) < 0.5  # at once, not at a deadline
+        assert closed_within(idle[0], 2.0) < 0.5  # at once, not at a deadline
+        assert b.data_server.preauth_open() == 3
+        assert a.send(1, 0, "params", {"theta": np.ones(n, np.float32)}, timeout=5.0).ok
         for c in [*idle, extra]:
             c.close()
     finally:
