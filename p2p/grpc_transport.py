@@ -169,7 +169,7 @@ class _Servicer(pb_grpc.PeerServicer):
             reply.data_port = t.data_server.port
             reply.data_token = t.data_token_for(request.peer_id)
         if reason:
-            logger.warning("peer %d refused a handshake from peer %d: %s", me.peer_id, request.peer_id, reason)
+            t.log_refused_handshake(request.peer_id, reason)
         else:
             with t._lock:
                 new = request.peer_id not in t.verified
@@ -309,6 +309,8 @@ class GrpcTransport(Transport):
         self.verified: set[int] = set()
         self.neighbour_rounds: dict[int, int] = {}
         self._lock = threading.Lock()
+        self._handshake_logged = -1e18
+        self._handshakes_unlogged = 0
         self._server: grpc.Server | None = None
         self._channels: dict[int, grpc.Channel] = {}
         self._stubs: dict[int, pb_grpc.PeerStub] = {}
@@ -334,6 +336,20 @@ class GrpcTransport(Transport):
         """Count and (rate-limited) log a refused inbound message; the Ack names the reason."""
         self.mailbox.note_rejection(reason)
         return pb.Ack(accepted=False, reason=reason)
+
+    def log_refused_handshake(self, caller: int, reason: str) -> None:
+        """Log a refused handshake at most once per ``mailbox.log_every`` seconds (the next line
+        says how many were refused meanwhile): a stranger repeating handshakes costs a counter, not
+        a log line each.
+        """
+        now = time.monotonic()
+        with self._lock:
+            if now - self._handshake_logged < self.mailbox.log_every:
+                self._handshakes_unlogged += 1
+                return
+            unlogged, self._handshakes_unlogged, self._handshake_logged = self._handshakes_unlogged, 0, now
+        extra = f" ({unlogged} more refused since the last report)" if unlogged else ""
+        logger.warning("peer %d refused a handshake from peer %d: %s%s", self.peer_id, caller, reason, extra)
 
     def data_token_for(self, caller: int) -> bytes:
         """The token ``caller`` presents on its data connections (made once, kept across handshakes

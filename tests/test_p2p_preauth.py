@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import socket
 import ssl
@@ -25,6 +26,7 @@ from graphfl.common.ports import free_ports
 from graphfl.p2p.grpc_transport import GrpcTransport, Identity
 from graphfl.p2p.socket_data import MAGIC, PREAMBLE
 from graphfl.p2p.topology import make_topology
+from graphfl.p2p.transport import HandshakeRefused
 
 DIM = 8
 X = np.ones(DIM, np.float32)
@@ -290,3 +292,20 @@ def _announced_data_port(log: Path) -> int:
         if "socket data path listening on" in line:
             return int(line.rsplit(":", 1)[1])
     raise AssertionError(log.read_text())
+
+
+def test_refused_handshakes_are_logged_rate_limited(tmp_path, caplog):
+    certs = generate_network_certs(tmp_path / "certs", 4)
+    topo = make_topology("ring", 4, ports=free_ports(4))
+    target = peer(topo, 0, files(certs, 0))
+    stranger = GrpcTransport(Identity(2, "dfl-gt", "abc", topo.fingerprint), topo, files(certs, 2))  # not 0's neighbour
+    try:
+        with caplog.at_level(logging.WARNING, logger="graphfl.p2p.grpc_transport"):
+            for _ in range(50):
+                with pytest.raises(HandshakeRefused, match="not a neighbour"):
+                    stranger.handshake(0, 5.0)
+        lines = [r.getMessage() for r in caplog.records if "refused a handshake" in r.getMessage()]
+        assert len(lines) == 1 and "peer 2 is not a neighbour of peer 0" in lines[0], lines  # visible, once
+    finally:
+        stranger.close()
+        target.close()
