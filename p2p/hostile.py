@@ -6,11 +6,13 @@ fresh CA. Other peers' certificates let a caller speak as any of them: a neighbo
 ``n - 1``) or a stranger with a valid certificate (peer 2 on a ring of 4). :func:`push` sends
 crafted frames as one of them; :func:`huge_header`, :func:`frames` and :func:`idle_frames` build
 the usual attacks (a declared 2 GB tensor, well-formed messages for any round and value, a stream
-that sends nothing). Nothing here is used by a running peer.
+that sends nothing). :class:`ConnectionFlood` holds idle and trickling connections open before
+authentication (a stranger without a certificate). Nothing here is used by a running peer.
 """
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -94,3 +96,63 @@ def idle_frames(stop: threading.Event, limit: float = 30.0) -> Iterator[pb.Frame
     stop.wait(limit)
     return
     yield  # pragma: no cover
+
+
+class ConnectionFlood:
+    """A stranger (no certificate, no token) holding connections open before authentication.
+
+    For each port of ``ports`` (``(host, port)``): ``idle`` connections that send nothing and
+    ``slow`` ones that send a TLS record header announcing 512 bytes, then one byte every
+    ``trickle`` seconds. Each is reopened ``pause`` seconds after the callee closes it, so the
+    flood is sustained. ``opened`` counts the connections made. A context manager; :meth:`close`
+    stops it (bounded).
+    """
+
+    def __init__(self, ports: list[tuple[str, int]], idle: int, slow: int, pause: float = 0.2,
+                 trickle: float = 0.3) -> None:
+        self.pause, self.trickle = pause, trickle
+        self.stop = threading.Event()
+        self.opened = 0
+        self._lock = threading.Lock()
+        self.threads = [threading.Thread(target=self._hold, args=(addr, k < slow), daemon=True,
+                                         name=f"flood-{addr[1]}-{k}")
+                        for addr in ports for k in range(idle + slow)]
+        for th in self.threads:
+            th.start()
+
+    def __enter__(self) -> ConnectionFlood:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _hold(self, addr: tuple[str, int], slow: bool) -> None:
+        while not self.stop.is_set():
+            try:
+                s = socket.create_connection(addr, timeout=1.0)
+            except OSError:
+                self.stop.wait(self.pause)
+                continue
+            with self._lock:
+                self.opened += 1
+            try:
+                s.settimeout(self.trickle)
+                if slow:
+                    s.sendall(b"\x16\x03\x01\x02\x00")
+                while not self.stop.is_set():
+                    try:
+                        if s.recv(1 << 12) == b"":
+                            break  # closed by the callee: open another
+                    except TimeoutError:
+                        if slow:
+                            s.sendall(b"\x01")
+            except OSError:
+                pass
+            finally:
+                s.close()
+            self.stop.wait(self.pause)
+
+    def close(self) -> None:
+        self.stop.set()
+        for th in self.threads:
+            th.join(5.0)

@@ -14,7 +14,6 @@ import socket
 import ssl
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -24,6 +23,7 @@ import pytest
 from graphfl.common.certs import PeerTlsFiles, generate_network_certs
 from graphfl.common.ports import free_ports
 from graphfl.p2p.grpc_transport import GrpcTransport, Identity
+from graphfl.p2p.hostile import ConnectionFlood
 from graphfl.p2p.socket_data import MAGIC, PREAMBLE
 from graphfl.p2p.topology import make_topology
 from graphfl.p2p.transport import HandshakeRefused
@@ -43,57 +43,12 @@ def peer(topo, i, tls=None, **kw) -> GrpcTransport:
     return t
 
 
-class Flood:
-    """A stranger holding ``idle`` connections that send nothing and ``slow`` ones that trickle a
-    TLS record header then a byte every 0.3 s, each reopened as soon as the callee closes it.
-    """
-
-    def __init__(self, port: int, idle: int, slow: int, pause: float = 0.05) -> None:
-        self.port, self.pause = port, pause
-        self.stop = threading.Event()
-        self.opened = 0
-        self._lock = threading.Lock()
-        self.threads = [threading.Thread(target=self._hold, args=(k < slow,), daemon=True) for k in range(idle + slow)]
-        for th in self.threads:
-            th.start()
-
-    def _hold(self, slow: bool) -> None:
-        while not self.stop.is_set():
-            try:
-                s = socket.create_connection(("127.0.0.1", self.port), timeout=1.0)
-            except OSError:
-                time.sleep(self.pause)
-                continue
-            with self._lock:
-                self.opened += 1
-            try:
-                s.settimeout(0.3)
-                if slow:
-                    s.sendall(b"\x16\x03\x01\x02\x00")  # a TLS handshake record of 512 bytes ... one byte at a time
-                while not self.stop.is_set():
-                    try:
-                        if s.recv(1 << 12) == b"":
-                            break  # closed by the callee: open another
-                    except TimeoutError:
-                        if slow:
-                            s.sendall(b"\x01")
-            except OSError:
-                pass
-            finally:
-                s.close()
-            time.sleep(self.pause)
-
-    def close(self) -> None:
-        self.stop.set()
-        for th in self.threads:
-            th.join(5.0)
-
-
 def test_strangers_flooding_idle_and_slow_connections_do_not_lock_neighbours_out(tmp_path):
     certs = generate_network_certs(tmp_path / "certs", 3)
     topo = make_topology("ring", 3, ports=free_ports(3))
     a, b, c = (peer(topo, i, files(certs, i)) for i in range(3))
-    flood = Flood(b.data_server.port, idle=40, slow=20)  # well over any pre-auth budget, sustained
+    # well over the pre-auth budget, sustained: each connection reopened 50 ms after the callee closes it
+    flood = ConnectionFlood([("127.0.0.1", b.data_server.port)], idle=40, slow=20, pause=0.05)
     try:
         time.sleep(1.0)  # the flood holds its connections before the neighbours connect
         assert flood.opened >= 40
