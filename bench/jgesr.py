@@ -1,25 +1,36 @@
-"""Benchmark B7 (ALGORITHMS.md §8.9, §11; seed 002 Table 1): JGESR under noisy, lossy uplinks.
+"""Benchmark B7 (ALGORITHMS.md §8.9, §11, §0.1 C4; seed 002 Table 1): JGESR under noisy, lossy uplinks.
 
-Seven methods — FedAvg, FedProx, CFL, FedAMP, pFedGraph, JGESR (PDCA), JGESR (Two-step) — on a
-Dirichlet non-IID partition of ``--task`` (digits | mnist | cifar10), every upload passing the
-noisy channel (:mod:`graphfl.client.noisy_channel`: ``y = m ⊙ θ + n``, ``σ = c·mean|θ|``):
+Methods (``Form.methods``): the trivial baselines FedAvg and Local (no aggregation), the graph-FL
+baselines FedProx, CFL, FedAMP, pFedGraph (full form), and JGESR (PDCA) / JGESR (Two-step), on
+a strongly non-IID split of ``--task`` (C4: JGESR can only win by personalising):
+``digits`` | ``mnist`` | ``cifar10`` with a Dirichlet(``Form.dirichlet`` = 0.1) label split, or
+``digits-permuted`` (3 planted client groups with permuted labels). Every upload passes the
+noisy channel (:mod:`graphfl.client.noisy_channel`: ``y = m ⊙ θ + n``, ``σ = c·mean|θ⁰|`` of the
+common initial model):
 
 * **table** (shaped like the paper's Table 1): two noise levels ``c``, no missing entries;
 * **missing-rate sweep** at the first noise level: ``r`` over :attr:`Form.missing_rates`;
 * metric: the mean over clients of the test accuracy of the model each client is given after the
-  last round (its personalised model for CFL/FedAMP/pFedGraph/JGESR, the global one for
-  FedAvg/FedProx), mean ± sd over seeds.
+  last round (its personalised model for CFL/FedAMP/pFedGraph/JGESR, its own for Local, the
+  global one for FedAvg/FedProx), mean ± sd over seeds;
+* JGESR's collapse diagnostics (C4), per round of every test run: ``shrink_ratio`` =
+  ‖ψ − ȳ‖/‖y − ȳ‖ and ``graph_cv`` = the coefficient of variation of the learned graph's
+  off-diagonal weights (``diagnostics`` in the JSON, a table and two panels in the plot).
 
 Fairness: one optimiser for all (plain SGD, the same local steps and batch); the step size of
-*each method* is chosen from a small grid on a validation split of the clients' training data
+*each method* is chosen from ``Form.lr_grid`` on a validation split of the clients' training data
 (:func:`graphfl.tasks.holdout.validation_task`; at the first noise level, no missing entries,
-first seed), never on test. Every setting the paper did not give is listed in the result file
-(:func:`unspecified`). ``run(quick, seed, out, task)`` writes ``<out>/jgesr.{json,md,png}``;
-finished runs are cached under ``<out>/cache`` (an interrupted benchmark resumes).
+first seed), never on test; JGESR's ``(λ, α, β)`` are then chosen on the same validation runs
+(:func:`tune_graph`: the whole grid ``lam_grid × alpha_grid × beta_grid``, or in the quick form a
+coordinate search over it: λ, then α, then β). Every setting the paper did not give is listed in
+the result file (:func:`unspecified`). ``run(quick, seed, out, task)`` writes
+``<out>/jgesr.{json,md,png}``; finished runs are cached under ``<out>/cache`` (an interrupted
+benchmark resumes).
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from dataclasses import dataclass
@@ -35,10 +46,11 @@ from .runcache import RunCache
 logger = logging.getLogger(__name__)
 
 NAME = "jgesr"
-TASKS = ("digits", "mnist", "cifar10")
+TASKS = ("digits", "digits-permuted", "mnist", "cifar10")
 
 METHODS: dict[str, tuple[str, dict[str, Any]]] = {
     "FedAvg": ("fedavg", {}),
+    "Local": ("local", {}),
     "FedProx": ("fedprox", {"fedprox.mu": 0.01}),
     "CFL": ("cfl", {"cfl.warmup-rounds": 5}),
     "FedAMP": ("fedamp", {}),
@@ -46,6 +58,11 @@ METHODS: dict[str, tuple[str, dict[str, Any]]] = {
     "JGESR-PDCA": ("jgesr", {"jgesr.solver": "pdca", "jgesr.log-graph": False}),
     "JGESR-two-step": ("jgesr", {"jgesr.solver": "two-step", "jgesr.log-graph": False}),
 }
+GRAPH_METHODS = ("JGESR-PDCA", "JGESR-two-step")
+"""Methods whose ``(λ, α, β)`` are tuned and whose collapse diagnostics are logged."""
+GRAPH_DEFAULT = (1.0, 1.0, 0.1)
+"""``(λ, α, β)`` while the step size is tuned (the defaults of ``[jgesr]``)."""
+DIAGNOSTICS = ("shrink_ratio", "graph_cv")
 PAPER_MNIST = {"JGESR-PDCA": (95.17, 92.68), "JGESR-two-step": (88.99, 83.77), "FedAvg": (90.48, 89.96),
                "FedProx": (90.38, 91.19), "CFL": (92.96, 91.21), "FedAMP": (93.12, 92.40),
                "pFedGraph": (92.76, 92.01)}
@@ -65,34 +82,58 @@ class Form:
     missing_rates: tuple[float, ...]
     lr_grid: tuple[float, ...]
     max_samples: int
+    methods: tuple[str, ...] = tuple(METHODS)
+    dirichlet: float = 0.1
+    lam_grid: tuple[float, ...] = (0.1, 0.3, 1.0, 3.0, 10.0)
+    alpha_grid: tuple[float, ...] = (0.01, 0.1, 1.0)
+    beta_grid: tuple[float, ...] = (0.001, 0.01, 0.1)
+    graph_search: str = "grid"
+    """``grid`` (every combination) or ``coordinate`` (λ, then α, then β; :func:`tune_graph`)."""
 
 
-QUICK = Form(nodes=10, rounds=20, local_steps=10, batch_size=32, seeds=3, noise_levels=(0.5, 1.0),
-             missing_rates=(0.0, 0.3, 0.5), lr_grid=(0.1, 0.3, 1.0), max_samples=0)
-FULL = Form(nodes=10, rounds=100, local_steps=50, batch_size=64, seeds=3, noise_levels=(0.5, 1.0),
+QUICK = Form(nodes=10, rounds=20, local_steps=10, batch_size=32, seeds=3, noise_levels=(1.0, 2.0),
+             missing_rates=(0.0, 0.3), lr_grid=(0.3, 1.0), max_samples=0,
+             methods=("FedAvg", "Local", "JGESR-PDCA", "JGESR-two-step"), lam_grid=(0.1, 1.0, 10.0),
+             graph_search="coordinate")
+FULL = Form(nodes=10, rounds=100, local_steps=50, batch_size=64, seeds=3, noise_levels=(1.0, 2.0),
             missing_rates=(0.0, 0.1, 0.2, 0.3, 0.5), lr_grid=(0.01, 0.03, 0.1, 0.3, 1.0), max_samples=0)
-DIRICHLET = 0.5
 QUICK_MAX_SAMPLES = {"mnist": 6000, "cifar10": 6000}
+TASK_NODES = {"digits-permuted": 12}
+"""Client count where the task fixes it (``digits-permuted``: 3 groups of 4)."""
+
+
+def nodes_for(form: Form, task: str) -> int:
+    """Clients in a run of ``task`` (``+val`` views included)."""
+    return TASK_NODES.get(task.removesuffix("+val"), form.nodes)
 
 
 def unspecified(form: Form, task: str) -> list[str]:
     """Every choice the paper does not give (the paper's values were stripped; ALGORITHMS.md §8.9)."""
+    split = ("3 planted groups of clients with permuted labels (digits-permuted), within a group an IID split"
+             if task == "digits-permuted" else f"Dirichlet alpha {form.dirichlet} label split (strongly non-IID, C4)")
+    graph = (f"JGESR (lambda, alpha, beta) on validation over lambda {list(form.lam_grid)} x alpha "
+             f"{list(form.alpha_grid)} x beta {list(form.beta_grid)} "
+             + ("(every combination)" if form.graph_search == "grid"
+                else "(coordinate search: lambda at alpha 1, beta 0.1; then alpha; then beta)")
+             + ", each solver separately, at its tuned step; graph scale sum_{i<j} w_ij = n (C4), "
+             "tol 1e-4, warm starts, cosine initial graph (ALGORITHMS.md §8, reconstructed)")
     return [
-        f"task {task}; {form.nodes} clients; Dirichlet alpha {DIRICHLET}; local train/test split 80/20",
+        f"task {task}; {nodes_for(form, task)} clients; {split}; local train/test split 80/20",
         f"{form.rounds} rounds, {form.local_steps} local SGD steps of batch {form.batch_size} per round "
         "(plain SGD, momentum 0), the same for every method",
         f"step size per method from {list(form.lr_grid)} on validation ({VALIDATION_FRACTION:.0%} of each "
-        "client's training data; noise level 1, no missing entries, first seed), by mean validation accuracy",
-        f"noise levels c = {list(form.noise_levels)} with sigma = c * mean|theta| of each upload (the paper: "
-        "mean|theta^0| of the initial model; one sigma per upload)",
+        "client's training data; noise level 1, no missing entries, first seed), by mean validation accuracy "
+        f"(JGESR at (lambda, alpha, beta) = {GRAPH_DEFAULT})",
+        graph,
+        f"noise levels c = {list(form.noise_levels)} with sigma = c * mean|theta^0| of the common initial model "
+        "(seed 002), one sigma for the run",
         f"missing rates {list(form.missing_rates)} at noise level 1; lost entries are 0 + noise on the wire, "
         "their mask reaches the server (only JGESR uses it)",
-        "JGESR: lambda 1, alpha 1, beta 0.1 (scaled problem, mean-1 client weights), tol 1e-4, warm starts, "
-        "cosine initial graph (ALGORITHMS.md §8, reconstructed)",
         "FedProx mu 0.01; CFL eps1 0.4, eps2 1.6, warm-up 5 rounds, complete linkage; FedAMP heuristic "
         "(self weight 0.3, scale 10, prox mu 0.1); pFedGraph alpha 0.8, clip 0.9, lam 0.01",
         "model: the task's model (digits: MLP 64-64-10; mnist/cifar10: CNN conv5x5(32)-pool-conv5x5(64)-pool-"
         "FC(512)-FC(10))",
+        f"methods: {', '.join(form.methods)}",
         f"seeds: {form.seeds} (mean ± sd over seeds of the mean client test accuracy after the last round)",
     ]
 
@@ -102,15 +143,22 @@ RESUMABLE = True
 """An interrupted run continues in the same ``--out`` (finished runs come from ``<out>/cache``)."""
 
 
-def run_one(method: str, task: str, form: Form, seed: int, lr: float, noise: float, missing: float) -> dict[str, Any]:
-    """One in-process run of ``method``; returns the accuracy curve and the final accuracy."""
+def run_one(method: str, task: str, form: Form, seed: int, lr: float, noise: float, missing: float,
+            graph: tuple[float, float, float] | None = None) -> dict[str, Any]:
+    """One in-process run of ``method``: accuracy curve, final accuracy, JGESR's diagnostics per round.
+
+    ``graph`` = JGESR's ``(λ, α, β)`` (ignored by the other methods).
+    """
     strategy, params = METHODS[method]
     values: dict[str, Any] = {
-        "strategy": strategy, "task": task, "nodes": form.nodes, "rounds": form.rounds, "seed": seed,
+        "strategy": strategy, "task": task, "nodes": nodes_for(form, task), "rounds": form.rounds, "seed": seed,
         "engine": "inprocess", "train.lr": lr, "train.local-steps": form.local_steps,
-        "train.batch-size": form.batch_size, "train.momentum": 0.0, "data.dirichlet-alpha": DIRICHLET,
+        "train.batch-size": form.batch_size, "train.momentum": 0.0, "data.dirichlet-alpha": form.dirichlet,
         "channel.noise": noise, "channel.missing": missing, **params,
     }
+    if strategy == "jgesr":
+        lam, alpha, beta = graph if graph is not None else GRAPH_DEFAULT
+        values.update({"jgesr.lam": lam, "jgesr.alpha": alpha, "jgesr.beta": beta})
     max_samples = form.max_samples or QUICK_MAX_SAMPLES.get(task.removesuffix("+val"), 0)
     if max_samples:
         values["data.max-samples"] = max_samples
@@ -129,12 +177,17 @@ def run_one(method: str, task: str, form: Form, seed: int, lr: float, noise: flo
             return {"acc": [], "final": None, "error": str(exc), "wall_seconds": time.perf_counter() - t0}
         curve = doc["methods"][strategy]["curve"]
         agg = [r.get("server_seconds") for r in curve[1:]]
-        return {"acc": [r.get("test_acc") for r in curve], "final": curve[-1].get("test_acc"),
-                "wall_seconds": time.perf_counter() - t0, "server_seconds": agg}
+        out = {"acc": [r.get("test_acc") for r in curve], "final": curve[-1].get("test_acc"),
+               "wall_seconds": time.perf_counter() - t0, "server_seconds": agg}
+        if strategy == "jgesr":
+            for name in DIAGNOSTICS:
+                out[name] = [(r.get("server") or {}).get(name) for r in curve[1:]]
+        return out
 
     result = _cache(key, compute)
-    logger.info("%s %s seed %d lr %g c %g r %g: acc %.4f", method, task, seed, lr, noise, missing,
-                result["final"] or float("nan"))
+    logger.info("%s %s seed %d lr %g c %g r %g%s: acc %.4f", method, task, seed, lr, noise, missing,
+                f" graph {values.get('jgesr.lam')}, {values.get('jgesr.alpha')}, {values.get('jgesr.beta')}"
+                if strategy == "jgesr" else "", result["final"] or float("nan"))
     return result
 
 
@@ -145,15 +198,71 @@ def _stats(values: list[float | None]) -> dict[str, Any]:
     return {"mean": float(xs.mean()), "sd": float(xs.std(ddof=1)) if xs.size > 1 else 0.0, "n": int(xs.size)}
 
 
+def _best(scores: dict[Any, float | None], fallback: Any) -> Any:
+    """The key with the highest finite score (the first one on ties), else ``fallback``."""
+    finite = {k: v for k, v in scores.items() if v is not None and np.isfinite(v)}
+    return max(finite, key=lambda k: finite[k]) if finite else fallback
+
+
 def tune(task: str, form: Form, seed: int) -> dict[str, dict[str, Any]]:
     """Step size per method on the validation view of ``task`` (noise level 1, no missing entries)."""
     val = validation_task(task)
     out: dict[str, dict[str, Any]] = {}
-    for method in METHODS:
+    for method in form.methods:
         scores = {lr: run_one(method, val, form, seed, lr, form.noise_levels[0], 0.0)["final"] for lr in form.lr_grid}
-        finite = {lr: s for lr, s in scores.items() if s is not None and np.isfinite(s)}
-        best = max(finite, key=lambda lr: finite[lr]) if finite else form.lr_grid[0]
-        out[method] = {"lr": best, "validation_acc": {str(k): v for k, v in scores.items()}}
+        out[method] = {"lr": _best(scores, form.lr_grid[0]), "validation_acc": {str(k): v for k, v in scores.items()}}
+    return out
+
+
+def tune_graph(method: str, task: str, form: Form, seed: int, lr: float) -> dict[str, Any]:
+    """JGESR's ``(λ, α, β)`` on the validation view of ``task`` at step ``lr`` (never on test).
+
+    ``grid``: every point of ``lam_grid × alpha_grid × beta_grid``. ``coordinate``: λ over
+    ``lam_grid`` at ``(α, β)`` = :data:`GRAPH_DEFAULT`'s, then α over ``alpha_grid`` at the best
+    λ, then β over ``beta_grid`` at the best ``(λ, α)`` (repeated points come from the cache).
+    Highest mean validation accuracy wins; ties keep the earlier point.
+    """
+    val = validation_task(task)
+
+    def score(point: tuple[float, float, float]) -> float | None:
+        final: float | None = run_one(method, val, form, seed, lr, form.noise_levels[0], 0.0, graph=point)["final"]
+        return final
+
+    scores: dict[tuple[float, float, float], float | None] = {}
+    if form.graph_search == "grid":
+        for point in itertools.product(form.lam_grid, form.alpha_grid, form.beta_grid):
+            scores[point] = score(point)
+        best = _best(scores, GRAPH_DEFAULT)
+    elif form.graph_search == "coordinate":
+        best = GRAPH_DEFAULT
+        for axis, grid in enumerate((form.lam_grid, form.alpha_grid, form.beta_grid)):
+            line = {}
+            for value in grid:
+                point = tuple(value if i == axis else best[i] for i in range(3))
+                line[point] = scores[point] = score(point)  # type: ignore[index]
+            best = _best(line, best)
+    else:
+        raise ValueError(f"Form.graph_search must be 'grid' or 'coordinate', got {form.graph_search!r}")
+    lam, alpha, beta = best
+    return {"lam": lam, "alpha": alpha, "beta": beta, "search": form.graph_search,
+            "validation_acc": [{"lam": p[0], "alpha": p[1], "beta": p[2], "acc": v} for p, v in scores.items()]}
+
+
+def _diagnostics(runs: list[dict[str, Any]], seeds: list[int]) -> dict[str, Any]:
+    """Per-round ``shrink_ratio`` / ``graph_cv`` of each seed's run, their mean per round and a summary."""
+    per_seed = [{"seed": s, **{k: r.get(k, []) for k in DIAGNOSTICS}} for s, r in zip(seeds, runs)]
+    out: dict[str, Any] = {"runs": per_seed}
+    for key in DIAGNOSTICS:
+        rows = [[v for v in r[key]] for r in per_seed if r[key]]
+        if not rows:
+            out[key] = {"mean_per_round": [], "last": None, "min": None}
+            continue
+        width = min(len(x) for x in rows)
+        arr = np.array([[np.nan if v is None else v for v in x[:width]] for x in rows], dtype=float)
+        per_round = [None if np.all(np.isnan(col)) else float(np.nanmean(col)) for col in arr.T]
+        finite = arr[np.isfinite(arr)]
+        out[key] = {"mean_per_round": per_round, "last": per_round[-1] if per_round else None,
+                    "min": float(finite.min()) if finite.size else None}
     return out
 
 
@@ -163,29 +272,42 @@ def run(quick: bool = False, seed: int = 0, out: Path | None = None, task: str =
     if task not in TASKS:
         raise ValueError(f"bench jgesr: task {task!r} is not one of {list(TASKS)}")
     form = QUICK if quick else FULL
+    unknown = [m for m in form.methods if m not in METHODS]
+    if unknown:
+        raise ValueError(f"bench jgesr: unknown methods {unknown}; valid: {list(METHODS)}")
     if out is not None:
         _cache = RunCache(out / "cache")
     t0 = time.perf_counter()
     tuned = tune(task, form, seed)
+    for method in form.methods:
+        if method in GRAPH_METHODS:
+            tuned[method]["graph"] = tune_graph(method, task, form, seed, tuned[method]["lr"])
     seeds = [seed + k for k in range(form.seeds)]
     table: dict[str, dict[str, Any]] = {}
     sweep: dict[str, list[dict[str, Any]]] = {}
-    for method in METHODS:
+    diagnostics: dict[str, dict[str, Any]] = {}
+    for method in form.methods:
         lr = tuned[method]["lr"]
+        g = tuned[method].get("graph")
+        graph = (g["lam"], g["alpha"], g["beta"]) if g else None
         row: dict[str, Any] = {}
         for level, c in enumerate(form.noise_levels, start=1):
-            finals = [run_one(method, task, form, s, lr, c, 0.0)["final"] for s in seeds]
+            runs = [run_one(method, task, form, s, lr, c, 0.0, graph=graph) for s in seeds]
+            finals = [r["final"] for r in runs]
             row[f"noise{level}"] = {"c": c, **_stats(finals), "runs": finals}
+            if method in GRAPH_METHODS:
+                diagnostics.setdefault(method, {})[f"noise{level}"] = _diagnostics(runs, seeds)
         table[method] = row
         points = []
         for r in form.missing_rates:
-            finals = [run_one(method, task, form, s, lr, form.noise_levels[0], r)["final"] for s in seeds]
+            finals = [run_one(method, task, form, s, lr, form.noise_levels[0], r, graph=graph)["final"] for s in seeds]
             points.append({"missing": r, **_stats(finals), "runs": finals})
         sweep[method] = points
     doc: dict[str, Any] = {
         "name": NAME, "task": task, "quick": quick, "seed": seed, "form": form.__dict__,
-        "tuned": tuned, "table": table, "missing_sweep": sweep, "paper_mnist": PAPER_MNIST,
-        "unspecified": unspecified(form, task), "wall_seconds": time.perf_counter() - t0,
+        "tuned": tuned, "table": table, "missing_sweep": sweep, "diagnostics": diagnostics,
+        "paper_mnist": PAPER_MNIST, "unspecified": unspecified(form, task),
+        "wall_seconds": time.perf_counter() - t0,
     }
     if out is not None:
         _write(out, doc, form)
@@ -198,6 +320,10 @@ def _pct(stat: dict[str, Any]) -> str:
     return f"{100 * stat['mean']:.2f} ± {100 * stat['sd']:.2f}"
 
 
+def _num(value: float | None) -> str:
+    return "–" if value is None else f"{value:.3f}"
+
+
 def _write(out: Path, doc: dict[str, Any], form: Form) -> None:
     from graphfl.common.envinfo import env_info
     from graphfl.common.results import atomic_write_text, markdown_table, plot_panels, write_json
@@ -208,22 +334,46 @@ def _write(out: Path, doc: dict[str, Any], form: Form) -> None:
     rows = []
     for method, row in doc["table"].items():
         paper = PAPER_MNIST.get(method, (None, None))
-        rows.append({"method": method, "lr": doc["tuned"][method]["lr"], f"c={c1}": _pct(row["noise1"]),
-                     f"c={c2}": _pct(row["noise2"]), "paper MNIST n1": paper[0], "paper MNIST n2": paper[1]})
+        g = doc["tuned"][method].get("graph")
+        rows.append({"method": method, "lr": doc["tuned"][method]["lr"],
+                     "(λ, α, β)": f"({g['lam']:g}, {g['alpha']:g}, {g['beta']:g})" if g else "",
+                     f"c={c1}": _pct(row["noise1"]), f"c={c2}": _pct(row["noise2"]),
+                     "paper MNIST n1": paper[0], "paper MNIST n2": paper[1]})
     sweep_rows = []
     for method, points in doc["missing_sweep"].items():
         sweep_rows.append({"method": method, **{f"r={p['missing']}": _pct(p) for p in points}})
+    diag_rows = []
+    for method, levels in doc["diagnostics"].items():
+        for level, d in levels.items():
+            diag_rows.append({"method": method, "c": doc["table"][method][level]["c"],
+                              "graph_cv last": _num(d["graph_cv"]["last"]), "graph_cv min": _num(d["graph_cv"]["min"]),
+                              "shrink_ratio last": _num(d["shrink_ratio"]["last"]),
+                              "shrink_ratio min": _num(d["shrink_ratio"]["min"])})
     md = [f"# {NAME} ({doc['task']}{', quick' if doc['quick'] else ''})", "",
           f"Mean client test accuracy (%) after {form.rounds} rounds, mean ± sd over {form.seeds} seeds; "
           "uploads through the noisy channel, no missing entries. The paper's MNIST numbers are shown for "
           "reference only (other task, other settings).", "",
           markdown_table(rows, list(rows[0])), "",
-          f"## Missing-rate sweep (noise c = {c1})", "", markdown_table(sweep_rows, list(sweep_rows[0])), "",
-          "## Settings not given by the paper", ""] + [f"- {s}" for s in doc["unspecified"]]
+          f"## Missing-rate sweep (noise c = {c1})", "", markdown_table(sweep_rows, list(sweep_rows[0])), ""]
+    if diag_rows:
+        md += ["## JGESR collapse diagnostics (ALGORITHMS.md §0.1 C4)", "",
+               "Per round of each test run: `graph_cv` = coefficient of variation of the learned graph's "
+               "off-diagonal weights (0 = uniform graph), `shrink_ratio` = ‖ψ − ȳ‖/‖y − ȳ‖ (0 = every client "
+               "gets the mean, i.e. FedAvg). Last round (mean over seeds) and minimum over rounds and seeds; "
+               "every round is in the JSON (`diagnostics`).", "",
+               markdown_table(diag_rows, list(diag_rows[0])), ""]
+    md += ["## Settings not given by the paper", ""] + [f"- {s}" for s in doc["unspecified"]]
     atomic_write_text(out / f"{NAME}.md", "\n".join(md) + "\n")
     series = {m: [{"missing": p["missing"], "acc": p["mean"], "sd": p["sd"]} for p in pts]
               for m, pts in doc["missing_sweep"].items()}
-    plot_panels(out / f"{NAME}.png", [{"x": "missing", "y": "acc", "band": "sd", "series": series,
-                                       "xlabel": "missing rate r", "ylabel": "mean client test accuracy",
-                                       "title": f"{doc['task']}, noise c = {c1}"}],
-                "JGESR vs baselines under a noisy, lossy uplink")
+    panels: list[dict[str, Any]] = [{"x": "missing", "y": "acc", "band": "sd", "series": series,
+                                     "xlabel": "missing rate r", "ylabel": "mean client test accuracy",
+                                     "title": f"{doc['task']}, noise c = {c1}"}]
+    for key in DIAGNOSTICS:
+        curves = {f"{m} c={doc['table'][m][lv]['c']}": [{"round": i + 1, key: v}
+                                                        for i, v in enumerate(d[key]["mean_per_round"])]
+                  for m, levels in doc["diagnostics"].items() for lv, d in levels.items()}
+        if any(curves.values()):
+            panels.append({"x": "round", "y": key, "series": curves, "xlabel": "round",
+                           "ylabel": f"{key} (mean over seeds)", "title": f"JGESR {key} per round"})
+    plot_panels(out / f"{NAME}.png", panels, "JGESR vs baselines under a noisy, lossy uplink")
