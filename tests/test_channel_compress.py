@@ -248,3 +248,34 @@ def test_channel_mod_reads_the_reference_from_the_request():
                                                              reply_to=m))
     got = get_arrays(reply.content, wire.ARRAYS)
     assert got is not None and float((got["w"] - theta["w"]).std()) == pytest.approx(0.1, rel=0.03)
+
+
+# ---------------------------------------------------------------------------------------
+# the same through a real Flower deployment (the ClientApp's mod, TLS, 2 SuperNodes)
+# ---------------------------------------------------------------------------------------
+
+@pytest.mark.e2e
+def test_quantised_uploads_through_the_channel_mod_in_a_real_deployment_equal_inprocess(tmp_path):
+    import json
+
+    from graphfl.deploy.run import run_experiment
+
+    values = {**BASE, "nodes": 2, "rounds": 2, "channel.missing": 0.3, "channel.noise": 0.2,
+              "connect-timeout": 90, "round-timeout": 120}
+    out = run_experiment(parse_run_config({**values, "engine": "local-deployment", "out-dir": str(tmp_path)}))
+    doc = json.loads((out / "run.json").read_text())
+    assert doc["status"] == "completed", doc.get("error")
+    got = doc["methods"]["jgesr"]["curve"]
+    want = run_federated_inprocess(parse_run_config(values))[0]["methods"]["jgesr"]["curve"]
+    assert [r["round"] for r in got] == [0, 1, 2]
+    for g, w in zip(got[1:], want[1:]):
+        assert g["clients_ok"] == 2 and "failed" not in g
+        server = g["server"]
+        # the masks crossed the wire, survived decoding and reached JGESR; lost headers were counted
+        assert server["missing_fraction"] == pytest.approx(server["channel_missing_fraction"], rel=1e-6)
+        assert server["channel_missing_fraction"] > 0.25
+        for key in ("channel_arrays_lost", "channel_missing_fraction", "missing_fraction"):
+            assert server[key] == pytest.approx(w["server"][key], rel=1e-6)
+        assert g["test_loss"] == pytest.approx(w["test_loss"], rel=1e-5)
+        assert g["bytes_up"] < 0.3 * g["bytes_up_decoded"]                # still compressed on the wire
+    assert sum(g["server"]["channel_arrays_lost"] for g in got[1:]) >= 1  # this seed loses a header on the way
