@@ -307,9 +307,9 @@ def transmit_encoded(
         bits, lo, step = int(got["bits"]), float(got["lo"]), float(got["step"])
         count = int(np.prod(shape)) if shape else 1
         header_lost = missing_rate > 0 and bool(rng.random() < missing_rate)
-        mask = rng.random(shape) >= missing_rate if missing_rate > 0 else np.ones(shape, dtype=bool)
+        mask = np.asarray(rng.random(shape) >= missing_rate) if missing_rate > 0 else np.ones(shape, dtype=bool)
         codes = unpack_codes(got["q"], bits, count).reshape(shape)
-        value = lo + step * codes.astype(np.float64)
+        value = np.array(lo + step * codes.astype(np.float64), dtype=np.float64)  # an array also for shape ()
         if missing_rate > 0:
             value[~mask] = 0.0
         if sigma > 0:

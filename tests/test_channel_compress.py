@@ -279,3 +279,20 @@ def test_quantised_uploads_through_the_channel_mod_in_a_real_deployment_equal_in
         assert g["test_loss"] == pytest.approx(w["test_loss"], rel=1e-5)
         assert g["bytes_up"] < 0.3 * g["bytes_up_decoded"]                # still compressed on the wire
     assert sum(g["server"]["channel_arrays_lost"] for g in got[1:]) >= 1  # this seed loses a header on the way
+
+
+@pytest.mark.parametrize("kind", ["quant", "topk"])
+def test_scalar_arrays_pass_the_channel_with_a_scalar_mask(kind):
+    from graphfl.client.noisy_channel import transmit_upload
+    from graphfl.common.compress import decode_received, encode
+    from graphfl.common.config import CompressConfig
+
+    up = {"s": np.asarray(1.5, dtype=np.float32)}
+    enc = encode(up, {}, CompressConfig(kind=kind, bits=4, k=1.0), np.random.default_rng(0), {})
+    masks = []
+    for seed in range(12):
+        sent, mask = transmit_upload(enc.wire_arrays, 0.3, 0.5, seed, 0, 1, "fit", ref_mean_abs=1.0)
+        got = decode_received(sent, {}, up, mask)
+        assert got.mask is not None and got.mask["s"].shape == () and np.isfinite(got.arrays["s"])
+        masks.append(bool(got.mask["s"]))
+    assert 0 < sum(masks) < 12
