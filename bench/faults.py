@@ -43,6 +43,14 @@ from other peers' valid certificates:
 * ``p2p-idle-streams``: twelve idle streams held open;
 * ``p2p-huge-values``: a neighbour sending values that overflow when mixed.
 
+p2p rows on the socket data path (``data-path = "socket"``, fixed data ports, peer processes):
+
+* ``p2p-socket-flood``: a stranger without a certificate holds idle and trickling connections on
+  every peer's data port from before the peers start; one peer is restarted under the flood. No
+  round lacks a neighbour because of it, and the log grows by rate-limited summaries only.
+* ``p2p-fixed-port-restart``: a peer with fixed ports is SIGKILLed and started again at once
+  (its old connections still hold the ports); it binds and is heard again within the bound.
+
 In those rows *nothing lost* means the honest neighbour's message of the same round arrived,
 in time and intact.
 
@@ -55,6 +63,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -883,6 +892,168 @@ def p2p_huge_values(out: Path, scale: Scale, seed: int) -> Row:
     return row
 
 
+# -- p2p: the socket data path's listener (a stranger's flood, a restart on fixed ports) ------
+
+
+def _fixed_data_ports(network_file: Path) -> dict[int, int]:
+    """Give every peer of ``network_file`` a fixed ``data-port`` (free, none a gRPC port); rewrites the file."""
+    import dataclasses
+
+    from graphfl.common.ports import free_ports
+    from graphfl.p2p.config import load_network_file, write_network_file
+
+    net = load_network_file(network_file)
+    grpc_ports = {int(p.address.rsplit(":", 1)[1]) for p in net.topology.peers}
+    ports = [p for p in free_ports(2 * net.topology.n) if p not in grpc_ports][:net.topology.n]
+    topo = dataclasses.replace(net.topology, peers=tuple(dataclasses.replace(p, data_port=ports[p.id])
+                                                         for p in net.topology.peers))
+    write_network_file(network_file, topo, net.run, net.tls)
+    return {p.id: ports[p.id] for p in net.topology.peers}
+
+
+def _lingering(port: int) -> int:
+    """TCP sockets on local ``port`` in a ``*-WAIT`` state (``ss -tan``; -1 without ``ss``)."""
+    import shutil
+
+    if shutil.which("ss") is None:
+        return -1
+    out = subprocess.run(["ss", "-tan"], capture_output=True, text=True, check=False, timeout=10).stdout
+    return sum(1 for ln in out.splitlines()[1:] if ln.split() and "WAIT" in ln.split()[0] and f":{port} " in ln)
+
+
+def _restart_at_once(row: Row, procs: PeerProcesses, out: Path, n: int, victim: int, data_port: int) -> float:
+    """SIGKILL ``victim`` at round >= 10 and, as soon as a neighbour has skipped it, start it again
+    (``--resume``, same fixed ports: its old connections still hold them); wait until both its
+    neighbours hear it again, within ``(gap / (max-ahead + 1) + 2) x round-timeout + 20`` s (as
+    ``p2p-kill-resume``). Returns the wall-clock time of the kill; sets ``recover_s`` and ``bound_s``.
+    """
+    wait_for(lambda: procs.status(victim).get("round", 0) >= 10, 90, f"peer {victim} to reach round 10")
+    procs.kill(victim)
+    killed_at = time.time()
+    (out / f"peer-{victim}.status.json").unlink(missing_ok=True)  # only the restarted process's progress counts
+    wait_for(lambda: victim in (procs.status((victim + 1) % n).get("missing") or []), 30,
+             f"peer {(victim + 1) % n} to skip peer {victim}")
+    row.details["lingering_on_data_port_at_restart"] = _lingering(data_port)
+    procs.start(victim, args=["--resume"])
+    t_start = time.monotonic()
+    # as p2p-kill-resume: a peer behind catches up at most max-ahead + 1 rounds per skip, each up to a round deadline
+    gap = max(procs.status(j).get("round", 0) for j in range(n) if j != victim) - last_round(_rounds_file(out, victim))
+    bound = (max(0, gap) / (MAX_AHEAD + 1) + 2) * ROUND_TIMEOUT + 20.0
+    row.details["gap_rounds_at_restart"] = gap
+    t_back = wait_for(lambda: procs.status(victim).get("state") == "running"
+                      and all(procs.status(j % n).get("missing") == [] for j in (victim - 1, victim + 1)),
+                      bound, f"peer {victim}'s neighbours to hear it again")
+    row.recover_s, row.bound_s = t_back - t_start, bound
+    row.details["down_s"] = time.time() - killed_at - row.recover_s
+    return killed_at
+
+
+_SKIP_LINE = re.compile(r"round (\d+): skipping neighbour\(s\) \[[^]]*\] \(unreachable: \[([^]]*)\]\)")
+
+
+def _unreachable_in_logs(out: Path, n: int) -> dict[int, set[int]]:
+    """Per peer, the neighbours its log reports unreachable in some round (``skipping ... (unreachable: [...])``)."""
+    found: dict[int, set[int]] = {}
+    for i in range(n):
+        f = out / "logs" / f"peer-{i}.log"
+        text = f.read_text(errors="replace") if f.is_file() else ""
+        found[i] = {int(j) for m in _SKIP_LINE.finditer(text) for j in m.group(2).split(",") if j.strip()}
+    return found
+
+
+def p2p_socket_flood(out: Path, scale: Scale, seed: int) -> Row:
+    """A stranger without a certificate holds idle and trickling connections on every peer's data
+    port (``data-path = "socket"``, mutual TLS, fixed data ports) from the moment each listens until
+    the run ends (the neighbours connect under it); one peer is killed and restarted at once, so its
+    neighbours reconnect under the flood too.
+    """
+    idle, slow = 30, 10  # per peer: more than the pre-auth budget (socket_data.PREAUTH_MAX)
+    row = Row("p2p-socket-flood", "p2p", f"a stranger holding {idle} idle + {slow} trickling connections on every "
+              "peer's data port (socket path, mutual TLS) from before the neighbours connect; one peer restarted "
+              "under it")
+    n, victim = scale.peers, 2
+    rounds = scale.p2p_rounds // 5
+    net = _p2p_network(out, scale, seed, **{"data-path": "socket", "rounds": rounds})
+    ports = _fixed_data_ports(net)
+    t0 = time.monotonic()
+    # the stranger dials every data port from before the peers start: it is in as soon as each listens
+    with hostile.ConnectionFlood([("127.0.0.1", p) for p in ports.values()], idle=idle, slow=slow, pause=0.05) as flood:
+        with PeerProcesses(net, out, range(n)) as procs:
+            wait_for(lambda: any(procs.status(i).get("round", 0) >= 1 for i in range(n)), 90, "a first round")
+            at_first_round = dict(flood.opened_by_port)
+            flood.pause = 0.2  # sustained from here on, without a reconnect storm
+            killed_at = _restart_at_once(row, procs, out, n, victim, ports[victim])
+            back_at = time.time()
+            _p2p_finish(row, procs, out, n, rounds, victim, time.monotonic() + 30 + rounds * 2.0)
+        opened = flood.opened
+    flood_s = time.monotonic() - t0
+    docs = _peer_docs(out, n)
+    records = {i: d.get("records", []) for i, d in docs.items()}
+    records[victim] = _rounds_file(out, victim)  # before the kill and after the restart
+    before = {i: [r["round"] for r in rs if r["wall"] < killed_at and r.get("missing")] for i, rs in records.items()}
+    settle = back_at + 2 * ROUND_TIMEOUT  # the restart's own wake: skips and their cascade to the next neighbours
+    after = {i: [r["round"] for r in rs if r["wall"] > settle and r.get("missing")] for i, rs in records.items()}
+    unreachable = {i: sorted(js - {victim}) for i, js in _unreachable_in_logs(out, n).items()}
+    dropped = {i: (d.get("stats") or {}).get("preauth_dropped") for i, d in docs.items()}
+    logs = {i: (out / "logs" / f"peer-{i}.log") for i in range(n)}
+    log_kb = {i: round(f.stat().st_size / 1024, 1) if f.is_file() else None for i, f in logs.items()}
+    lines = {i: sum("before authentication" in ln for ln in f.read_text(errors="replace").splitlines())
+             if f.is_file() else None for i, f in logs.items()}
+    line_bound = int(flood_s / 5.0) + 3  # one line at once, then at most one summary per 5 s interval
+    row.details.update({"flood_connections_opened": opened, "flood_by_port_at_first_round": at_first_round,
+                        "flood_s": flood_s, "preauth_dropped": dropped, "log_kb": log_kb, "preauth_log_lines": lines})
+    row.check(f"the stranger held more than the pre-auth budget on every data port before a first round ended "
+              f"(>= {idle + slow} connections each)", all(v >= idle + slow for v in at_first_round.values()),
+              at_first_round)
+    row.check("every peer dropped the stranger's connections before authentication (counted)",
+              all((v or 0) > 0 for v in dropped.values()), dropped)
+    row.check("no round before the restart lacked a neighbour (the neighbours connected under the flood)",
+              all(not v for v in before.values()), before)
+    row.check("no neighbour but the restarted peer was ever unreachable (peer logs)",
+              all(not v for v in unreachable.values()), unreachable)
+    row.check(f"no round lacked a neighbour from {2 * ROUND_TIMEOUT:g} s after the restarted peer was heard again",
+              all(not v for v in after.values()), after)
+    row.check(f"the restarted peer was heard again within {row.bound_s:.0f} s (its neighbours reconnected under the "
+              "flood)", (row.recover_s or 1e9) <= (row.bound_s or 0), row.recover_s)
+    row.check(f"log lines about dropped pre-auth connections per peer <= {line_bound} (rate-limited)",
+              all(v is not None and v <= line_bound for v in lines.values()), lines)
+    row.check("every peer log < 64 KB", all(v is not None and v < 64 for v in log_kb.values()), log_kb)
+    row.status = row.status + f"; pre-auth drops per peer {dropped}"
+    row.lost = (f"nothing: no neighbour missing because of the flood; {row.details['neighbour_rounds_without_victim']} "
+                f"neighbour rounds ran without peer {victim} while it restarted (skipped, recorded)")
+    row.outcome = (f"{opened} stranger connections in {flood_s:.0f} s dropped before authentication; no round lacked "
+                   f"a neighbour because of them; peer {victim} heard again {row.recover_s:.1f} s after its restart")
+    return row
+
+
+def p2p_fixed_port_restart(out: Path, scale: Scale, seed: int) -> Row:
+    """A peer with a fixed gRPC port and a fixed data port (socket data path) is SIGKILLed and
+    started again at once, while its old connections still hold the ports (``FIN-WAIT`` /
+    ``TIME-WAIT``): it binds both and rejoins within the bound.
+    """
+    row = Row("p2p-fixed-port-restart", "p2p", "peer with fixed gRPC + data ports (socket path) SIGKILLed, "
+              "restarted at once")
+    n, victim = scale.peers, 2
+    rounds = scale.p2p_rounds // 5
+    net = _p2p_network(out, scale, seed, **{"data-path": "socket", "rounds": rounds})
+    ports = _fixed_data_ports(net)
+    with PeerProcesses(net, out, range(n)) as procs:
+        _restart_at_once(row, procs, out, n, victim, ports[victim])
+        _p2p_finish(row, procs, out, n, rounds, victim, time.monotonic() + 30 + rounds * 2.0)
+    log = out / "logs" / f"peer-{victim}.log"
+    text = log.read_text(errors="replace") if log.is_file() else ""
+    row.check("the restarted peer bound its ports (no bind failure in its log)", "cannot bind" not in text,
+              [ln for ln in text.splitlines() if "cannot bind" in ln][:2])
+    row.check(f"heard again by its neighbours within {row.bound_s:.0f} s of the restart "
+              "((gap / (max-ahead + 1) + 2) x round-timeout + 20)",
+              (row.recover_s or 1e9) <= (row.bound_s or 0), row.recover_s)
+    row.lost = (f"nothing recorded is lost; {row.details['neighbour_rounds_without_victim']} neighbour rounds ran "
+                f"without peer {victim} while it restarted (skipped, recorded)")
+    row.outcome = (f"peer {victim} rebound its fixed ports ({row.details['lingering_on_data_port_at_restart']} old "
+                   f"connection(s) lingering on the data port) and was heard again after {row.recover_s:.1f} s")
+    return row
+
+
 ROWS: dict[str, Callable[[Path, Scale, int], Row]] = {
     "flower-dropout": flower_dropout,
     "flower-restart": flower_restart,
@@ -897,6 +1068,8 @@ ROWS: dict[str, Callable[[Path, Scale, int], Row]] = {
     "p2p-oversized": p2p_oversized,
     "p2p-idle-streams": p2p_idle_streams,
     "p2p-huge-values": p2p_huge_values,
+    "p2p-socket-flood": p2p_socket_flood,
+    "p2p-fixed-port-restart": p2p_fixed_port_restart,
 }
 """Every row of the suite, in the order it runs."""
 

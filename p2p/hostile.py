@@ -105,7 +105,7 @@ class ConnectionFlood:
     ``slow`` ones that send a TLS record header announcing 512 bytes, then one byte every
     ``trickle`` seconds. Each is reopened ``pause`` seconds after the callee closes it, so the
     flood is sustained. ``opened`` counts the connections made. A context manager; :meth:`close`
-    stops it (bounded).
+    stops it (bounded). ``opened_by_port`` counts them per port.
     """
 
     def __init__(self, ports: list[tuple[str, int]], idle: int, slow: int, pause: float = 0.2,
@@ -113,6 +113,7 @@ class ConnectionFlood:
         self.pause, self.trickle = pause, trickle
         self.stop = threading.Event()
         self.opened = 0
+        self.opened_by_port = {port: 0 for _, port in ports}
         self._lock = threading.Lock()
         self.threads = [threading.Thread(target=self._hold, args=(addr, k < slow), daemon=True,
                                          name=f"flood-{addr[1]}-{k}")
@@ -135,6 +136,7 @@ class ConnectionFlood:
                 continue
             with self._lock:
                 self.opened += 1
+                self.opened_by_port[addr[1]] += 1
             try:
                 s.settimeout(self.trickle)
                 if slow:

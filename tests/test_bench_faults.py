@@ -2,7 +2,8 @@
 
 The Flower rows each start a TLS deployment with warm SuperNodes (minutes on a 2-core machine);
 they run in the committed quick bench (docs/results/faults-quick), not here. Here: the crafted-
-message rows against a peer's real receive stack and a peer SIGSTOPped in a real 4-peer TLS ring.
+message rows against a peer's real receive stack, a peer SIGSTOPped in a real 4-peer TLS ring, and
+on the socket data path a stranger's connection flood and a restart on fixed ports (~20 s each).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from graphfl.common.config import ConfigError
 
 pytestmark = pytest.mark.e2e
 
-CI_ROWS = ["p2p-messages", "p2p-flood", "p2p-oversized", "p2p-idle-streams", "p2p-huge-values", "p2p-sigstop"]
+CI_ROWS = ["p2p-messages", "p2p-flood", "p2p-oversized", "p2p-idle-streams", "p2p-huge-values", "p2p-sigstop",
+           "p2p-socket-flood", "p2p-fixed-port-restart"]
 
 
 def test_ci_subset_of_rows_is_green_and_writes_json_md_png(tmp_path: Path) -> None:
