@@ -24,6 +24,7 @@ import hashlib
 import json
 import logging
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,7 @@ logger = logging.getLogger(__name__)
 
 FORMAT = 1
 _THETA, _TRACKER, _AUX, _EDGE = "theta", "tracker", "aux.", "edge."
+_SHA256_RE = re.compile(r"[0-9a-f]{64}")
 
 
 class CheckpointError(ConfigError):
@@ -211,6 +213,56 @@ class Checkpoint:
                                   f"({', '.join(f'{k}: {self.params.get(k)!r} != {mine.get(k)!r}' for k in diff)})")
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_meta(meta: dict[str, Any], path: Path) -> None:
+    """Validate every field of a peer checkpoint's json (types and ranges) before anything uses it.
+
+    ``t`` and ``round`` integers >= 0, ``algorithm`` a string, ``params`` / ``extra`` tables,
+    ``loss`` a finite number or null, ``npz`` exactly ``peer-<node>.ckpt-r<round, 7 digits>.npz``
+    (a name in the same folder), ``sha256`` 64 hex digits, ``arrays`` a list of names,
+    ``edges`` a list of peer ids (integers >= 0), ``rng`` a table with ``oracle`` and ``state``
+    (each a table or null).
+
+    Raises
+    ------
+    CheckpointError
+        Naming the file, the key and the bad value.
+    """
+    def bad(key: str, expected: str) -> CheckpointError:
+        return CheckpointError(f"{path}: key {key!r} is {meta.get(key)!r}; expected {expected} "
+                               f"(a damaged or hand-edited checkpoint)")
+
+    for key in ("algorithm", "params", "t", "round", "loss", "npz", "sha256", "arrays", "edges", "rng"):
+        if key not in meta:
+            raise CheckpointError(f"{path}: key {key!r} is missing (a damaged or hand-edited checkpoint)")
+    for key in ("t", "round"):
+        if not _is_int(meta[key]) or meta[key] < 0:
+            raise bad(key, "an integer >= 0")
+    if not isinstance(meta["algorithm"], str):
+        raise bad("algorithm", "a string")
+    for key in ("params", "extra"):
+        if not isinstance(meta.get(key, {}), dict):
+            raise bad(key, "a table")
+    loss = meta["loss"]
+    if loss is not None and (isinstance(loss, bool) or not isinstance(loss, (int, float)) or not math.isfinite(loss)):
+        raise bad("loss", "a finite number or null")
+    if meta["npz"] != _npz_name(meta["node"], meta["round"]):
+        raise bad("npz", f"{_npz_name(meta['node'], meta['round'])!r} (the array file of its round)")
+    if not isinstance(meta["sha256"], str) or not _SHA256_RE.fullmatch(meta["sha256"]):
+        raise bad("sha256", "64 hexadecimal digits")
+    if not isinstance(meta["arrays"], list) or not all(isinstance(a, str) for a in meta["arrays"]):
+        raise bad("arrays", "a list of array names")
+    if not isinstance(meta["edges"], list) or not all(_is_int(j) and j >= 0 for j in meta["edges"]):
+        raise bad("edges", "a list of peer ids (integers >= 0)")
+    rng = meta["rng"]
+    if (not isinstance(rng, dict) or set(rng) != {"oracle", "state"}
+            or not all(v is None or isinstance(v, dict) for v in rng.values())):
+        raise bad("rng", "a table with 'oracle' and 'state' (each an RNG state table or null)")
+
+
 def load(directory: str | Path, node: int) -> Checkpoint:
     """Read node ``node``'s checkpoint from ``directory`` (verifying the npz against the json).
 
@@ -226,10 +278,12 @@ def load(directory: str | Path, node: int) -> Checkpoint:
         meta = json.loads(path.read_text())
     except ValueError as exc:
         raise CheckpointError(f"{path}: not valid JSON: {exc}") from None
-    if meta.get("format") != FORMAT:
-        raise CheckpointError(f"{path}: checkpoint format {meta.get('format')!r}, this graphfl reads {FORMAT}")
-    if meta.get("node") != node:
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        got = meta.get("format") if isinstance(meta, dict) else None
+        raise CheckpointError(f"{path}: checkpoint format {got!r}, this graphfl reads {FORMAT}")
+    if meta.get("node") != node or not _is_int(meta.get("node")):
         raise CheckpointError(f"{path}: checkpoint of peer {meta.get('node')!r}, not of peer {node}")
+    check_meta(meta, path)
     npz = path.parent / str(meta["npz"])
     if not npz.is_file():
         raise CheckpointError(f"{path}: its array file {npz.name} is missing")
@@ -245,7 +299,13 @@ def load(directory: str | Path, node: int) -> Checkpoint:
         if k.startswith(_EDGE):
             j, _, name = k[len(_EDGE):].partition(".")
             edges.setdefault(int(j), {})[name] = a
-    rng = None if meta["rng"]["state"] is None else _generator(meta["rng"]["state"], path)
+    try:
+        rng = None if meta["rng"]["state"] is None else _generator(meta["rng"]["state"], path)
+        if meta["rng"]["oracle"] is not None:
+            _generator(meta["rng"]["oracle"], path)
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:
+        raise CheckpointError(f"{path}: key 'rng' holds an RNG state numpy refuses ({type(exc).__name__}: {exc}) "
+                              f"(a damaged or hand-edited checkpoint)") from None
     state = NodeState(t=int(meta["t"]), theta=arrays[_THETA], tracker=arrays.get(_TRACKER), aux=aux,
                       edges=dict(sorted(edges.items())), loss=float("nan") if meta["loss"] is None else float(meta["loss"]),
                       rng=rng)

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from graphfl.common.envinfo import env_info
+from graphfl.common.finite import node_divergence
 from graphfl.p2p import checkpoint
 from graphfl.p2p.algorithms.base import NodeContext, NodeState
 from graphfl.p2p.config import load_network_file
@@ -93,13 +94,13 @@ def launch_inprocess(topology: str | None, peers: int | None, overrides: Mapping
                                  "compute_s": None, "comm_s": None, "skipped_rounds": 0, "seconds": run_s}
             continue
         st = states[i]
-        finite = bool(np.all(np.isfinite(np.asarray(st.theta, np.float64))))
         test_loss = float(algo.evaluate(st, oracles[i]))
+        diverged = node_divergence(st.theta, test_loss, float(st.loss))
         share = ctxs[i].degree / max(1, sum(c.degree for c in ctxs))  # exact for broadcast messages
         report = algo.report(st, oracles[i], ctxs[i])
         peers_doc[str(i)] = {
-            "outcome": "done" if finite else "diverged",
-            "error": None if finite else "non-finite model after the last round",
+            "outcome": "done" if diverged is None else "diverged",
+            "error": diverged,
             "exit_code": None, "start_t": 0, "final_t": st.t, "rounds_done": rounds_done,
             "test_loss": test_loss if np.isfinite(test_loss) else None,
             "train_loss": float(st.loss) if np.isfinite(st.loss) else None,

@@ -40,6 +40,7 @@ from typing import Any
 
 from graphfl.common.config import ConfigError, device_problem
 from graphfl.common.envinfo import peak_rss_mb
+from graphfl.common.finite import final_losses, node_divergence
 from graphfl.common.malloc import keep_freed_memory
 from graphfl.common.results import clean_json as _clean
 from graphfl.common.results import write_json
@@ -243,6 +244,9 @@ def run_peer(network_file: str | Path, peer_id: int, out_dir: str | Path, overri
         elif isolated := never_heard(result["records"], transport.neighbours):
             result["outcome"], result["error"], code = "isolated", isolated, EXIT_UNREACHABLE
             logger.error("peer %d: %s", peer_id, isolated)
+        elif diverged := node_divergence(node.state.theta, *final_losses(result["records"])):
+            result["outcome"], result["error"], code = "diverged", diverged, EXIT_ERROR
+            logger.error("peer %d: %s", peer_id, diverged)
         else:
             result["outcome"] = "done"
     except (ConfigError, DataError) as exc:

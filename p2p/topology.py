@@ -19,6 +19,7 @@ import numpy as np
 
 from graphfl.common.config import ConfigError, dump_toml, load_toml, stable_hash
 from graphfl.common.graph import read_edge_list
+from graphfl.p2p.addresses import check_distinct
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -68,10 +69,10 @@ class Topology:
         ids = [p.id for p in self.peers]
         if ids != list(range(n)):
             raise ConfigError(f"peer ids must be 0..{n - 1} in order, got {ids}")
-        addrs = [p.address for p in self.peers]
-        dup = sorted({a for a in addrs if addrs.count(a) > 1})
-        if dup:
-            raise ConfigError(f"peers share an address: {dup}")
+        try:  # the same host:port under two spellings (localhost / 127.0.0.1, :050051) is refused too
+            check_distinct([(p.id, p.address) for p in self.peers])
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         adj = np.zeros((n, n))
         for i, j, w in self.edges:
             if not (0 <= i < n and 0 <= j < n):

@@ -30,8 +30,10 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import pickle
 import random
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -116,7 +118,57 @@ def read_meta(directory: str | Path) -> dict[str, Any]:
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise CheckpointError(f"{path}: checkpoint format {meta.get('format') if isinstance(meta, dict) else None!r}, "
                               f"this graphfl reads {FORMAT}")
+    check_meta(meta, path)
     return meta
+
+
+_SHA256_RE = re.compile(r"[0-9a-f]{64}")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_meta(meta: dict[str, Any], path: str | Path) -> None:
+    """Validate every field of a checkpoint's json (types and ranges) before anything uses it.
+
+    ``round`` an integer >= 0, ``rounds`` an integer >= 1, ``strategy`` / ``run_key`` strings,
+    ``config`` a table, ``active`` a list of partition ids (integers >= 0), ``pickle`` exactly
+    ``server-r<round, 7 digits>.pkl`` (a name in the checkpoint folder), ``sha256`` 64 hex digits,
+    ``resumes`` a list, ``saved_at`` a finite number.
+
+    Raises
+    ------
+    CheckpointError
+        Naming the file, the key and the bad value.
+    """
+    def bad(key: str, expected: str) -> CheckpointError:
+        return CheckpointError(f"{path}: key {key!r} is {meta.get(key)!r}; expected {expected} "
+                               f"(a damaged or hand-edited checkpoint)")
+
+    for key in ("round", "rounds", "strategy", "run_key", "config", "active", "pickle", "sha256"):
+        if key not in meta:
+            raise CheckpointError(f"{path}: key {key!r} is missing (a damaged or hand-edited checkpoint)")
+    if not _is_int(meta["round"]) or meta["round"] < 0:
+        raise bad("round", "an integer >= 0")
+    if not _is_int(meta["rounds"]) or meta["rounds"] < 1:
+        raise bad("rounds", "an integer >= 1")
+    for key in ("strategy", "run_key"):
+        if not isinstance(meta[key], str):
+            raise bad(key, "a string")
+    if not isinstance(meta["config"], dict):
+        raise bad("config", "a table of run-config keys")
+    if not isinstance(meta["active"], list) or not all(_is_int(p) and p >= 0 for p in meta["active"]):
+        raise bad("active", "a list of partition ids (integers >= 0)")
+    if meta["pickle"] != f"server-r{meta['round']:07d}.pkl":
+        raise bad("pickle", f"'server-r{meta['round']:07d}.pkl' (the state file of its round)")
+    if not isinstance(meta["sha256"], str) or not _SHA256_RE.fullmatch(meta["sha256"]):
+        raise bad("sha256", "64 hexadecimal digits")
+    if "resumes" in meta and not isinstance(meta["resumes"], list):
+        raise bad("resumes", "a list")
+    saved_at = meta.get("saved_at", 0.0)
+    if isinstance(saved_at, bool) or not isinstance(saved_at, (int, float)) or not math.isfinite(saved_at):
+        raise bad("saved_at", "a finite number (seconds since the epoch)")
 
 
 def check_config(meta: dict[str, Any], cfg: RunConfig, where: str | Path = "checkpoint") -> None:
@@ -181,3 +233,14 @@ def previous_outcome(out_dir: Path | None) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return {k: doc.get(k) for k in ("status", "error") if doc.get(k) is not None}
+
+
+def resume_hint(out_dir: str | Path) -> str:
+    """``"nothing written before is lost: `graphfl run --resume OUT` continues from the checkpoint of round R"``,
+    or ``""`` when ``out_dir`` holds no readable checkpoint.
+    """
+    try:
+        at = read_meta(checkpoint_dir(out_dir))["round"]
+    except (CheckpointError, KeyError):
+        return ""
+    return f"nothing written before is lost: `graphfl run --resume {out_dir}` continues from the checkpoint of round {at}"

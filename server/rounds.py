@@ -45,6 +45,7 @@ from graphfl.common.arrays import validate_update
 from graphfl.common.compress import decode_received, is_encoded
 from graphfl.common.config import RunConfig
 from graphfl.common.core import EVALUATE_PHASE, Phase, ServerContext, ServerCore
+from graphfl.common.finite import round_divergence
 from graphfl.common.registry import AlgorithmSpec
 from graphfl.common.results import STORAGE_ERRNOS, ResultsWriteError
 from graphfl.common.types import Arrays, ClientUpdate, Payload
@@ -111,6 +112,8 @@ def run_federated(
     write of the run's own files (:class:`~graphfl.common.results.ResultsWriteError`, or another
     storage errno) becomes a :class:`RunError` naming the file, what to do and the checkpoint
     ``--resume`` continues from; it also says when ``run.json`` itself could not be updated.
+    A run whose last round has an infinite per-client loss ends with the status ``diverged`` and
+    the reason (:func:`graphfl.common.finite.round_divergence`), not ``completed``.
     """
     if inputs.task_info:
         recorder.extra["task"] = dict(inputs.task_info)
@@ -126,7 +129,11 @@ def run_federated(
         if unwritten:
             logger.error("%s", unwritten)
         raise
-    recorder.status = "completed"
+    diverged = round_divergence(recorder.rounds.get(cfg.rounds, {}))
+    recorder.status = "completed" if diverged is None else "diverged"
+    if diverged is not None:  # the run ran to its end, but its final numbers are no result
+        logger.error("the run diverged: %s", diverged)
+        recorder.extra["error"] = diverged
     recorder.flush(plot=True)
     last = recorder.rounds[cfg.rounds]
     # Only now: a follower that stops at "done" (Submitter.wait) then finds run.json completed.

@@ -408,8 +408,18 @@ def _standardiser(path: Path, x_train: FloatArray, names: tuple[str, ...], mode:
     p = x_train.shape[1]
     if mode == "none":
         return np.zeros(p), np.ones(p)
-    mean = x_train.mean(axis=0)
-    sd = x_train.std(axis=0)
+    with np.errstate(over="ignore", invalid="ignore"):
+        mean = x_train.mean(axis=0)
+        sd = x_train.std(axis=0)
+        big = ~(np.isfinite(mean) & np.isfinite(sd))
+        if np.any(big):  # squares (or sums) of values near float64's limit overflow: scale the columns first
+            top = np.max(np.abs(x_train[:, big]), axis=0)
+            mean[big] = top * (x_train[:, big] / top).mean(axis=0)
+            sd[big] = top * (x_train[:, big] / top).std(axis=0)
+    if not (np.all(np.isfinite(mean)) and np.all(np.isfinite(sd))):
+        bad = [names[k] for k in np.flatnonzero(~(np.isfinite(mean) & np.isfinite(sd)))]
+        raise DataError(f"{path}: feature(s) {bad} cannot be standardised: their mean or standard deviation "
+                        f"overflows float64; rescale them")
     flat = sd <= 1e-12 * np.maximum(1.0, np.abs(mean))
     if np.any(flat):
         logger.warning("%s: feature(s) %s are constant on the training rows; centred only (sd taken as 1)",
@@ -633,6 +643,27 @@ def _device_cached(folder: str, device: int, stamp: tuple[tuple[str, int, int] |
     return dev, names
 
 
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def _float32(dev: DeviceData, names: tuple[str, ...], values: FloatArray) -> npt.NDArray[np.float32]:
+    """``values`` as float32 (the dtype the task's model trains in).
+
+    Raises
+    ------
+    DataError
+        A value beyond float32's range (about 3.4e38), which would become infinite: naming the
+        device's file, the column (after standardisation for features) and the value.
+    """
+    too_big = np.abs(values) > FLOAT32_MAX
+    if np.any(too_big):
+        row, col = (int(k) for k in np.argwhere(too_big)[0])
+        raise DataError(f"{dev.path}: column {names[col]!r} has the value {values[row, col]:.6g}, beyond the "
+                        f"range of float32 (about 3.4e38), in which task csv trains; rescale the column")
+    out: npt.NDArray[np.float32] = values.astype(np.float32)
+    return out
+
+
 class CSVTask(Task):
     """Task ``csv``: the folder ``--data-dir`` (else ``$GRAPHFL_DATA``) of device CSVs.
 
@@ -703,9 +734,9 @@ class CSVTask(Task):
         d, names = _device_cached(str(folder), partition_id, _file_stamp(own, folder / SETTINGS_FILE),
                                   self._base(), self._explicit)
         self._own_features = names
-        f32 = np.float32
-        return ClientData(d.x_train.astype(f32), d.y_train[:, None].astype(f32),
-                          d.x_test.astype(f32), d.y_test[:, None].astype(f32))
+        resp = (self.settings().response,)
+        return ClientData(_float32(d, names, d.x_train), _float32(d, resp, d.y_train[:, None]),
+                          _float32(d, names, d.x_test), _float32(d, resp, d.y_test[:, None]))
 
     def feature_names(self) -> tuple[str, ...]:
         """The model's input columns (with ``(intercept)`` when enabled); see the class docstring.
