@@ -1,4 +1,4 @@
-"""Benchmark B4 ``admm`` (ALGORITHMS.md §6.12, §11; original paper §5, seed 001 Fig. 2).
+"""Benchmark B4 ``admm`` (ALGORITHMS.md §6.12, §0.1 C3, §11; original paper §5, seed 001 Fig. 2).
 
 The paper's simulation: ``V`` devices in ``K0 = 5`` equal clusters (the characteristic graph
 ``G0`` = 5 cliques), ``p = 20``, device ``u`` of cluster ``j`` draws ``n`` samples
@@ -7,25 +7,28 @@ The paper's simulation: ``V`` devices in ``K0 = 5`` equal clusters (the characte
 ``φ = ℓ1``, λ by 5-fold cross-validation, metric ``‖Θ̂ − Θ*‖²_F / V`` (estimation error).
 
 Methods: **FedADMM** on ``G``; **FedADMM-ES** on the edges of ``G`` kept by the Wald/Bonferroni
-test (§6.9); **FedADMM-Local-ES** on the edges of the complete graph kept by the same test;
-**Oracle** = FedADMM on ``G0``; **Local** = each device's least-squares fit; **Global** = one
-pooled least-squares fit. Panels: error vs ``ϱ`` (Fig. 3) and vs ``V`` (Fig. 2), log scale; and
-convergence (Fig. 4): FedADMM full batch and batch 10 against decentralized (sub)gradient
-descent on the same objective eq. 5, full batch (D-GD) and batch 10 (D-SGD), for the same
-number of iterations (= communication rounds).
+test (§6.9) with the default covariance (the σ̂²-scaled Hessian form, C3); **FedADMM-Local-ES** on
+the edges of the complete graph kept by the same test; **Oracle** = FedADMM on ``G0``;
+**Local** = each device's least-squares fit; **Global** = one pooled least-squares fit. Every
+FedADMM variant is reported twice: with λ by CV and at each fixed λ of ``Plan.fixed_lambdas``
+(C3: CV can sit at an end of its grid). The edge test itself is scored for every covariance
+estimator of :data:`graphfl.p2p.admm_math.COVARIANCES` (true edges kept, false edges kept).
+Panels: error vs ``ϱ`` (Fig. 3) and vs ``V`` (Fig. 2), log scale; and convergence (Fig. 4):
+FedADMM full batch and batch 10 against decentralized (sub)gradient descent on the same
+objective eq. 5, full batch (D-GD) and batch 10 (D-SGD), for the same number of iterations
+(= communication rounds).
 
-FedADMM runs through :func:`fedadmm`, the ONE adapter of this module: today it calls the
-all-nodes reference loop :func:`graphfl.p2p.admm_math.run_admm_reference`; when the p2p
-algorithm ``admm`` exists, its body becomes one call of the p2p in-process driver (same
-arguments, same Θ), and nothing else here changes.
+FedADMM runs through :func:`fedadmm`, the one adapter of this module:
+:func:`graphfl.p2p.admm_math.run_admm_stacked`, the reference iteration of Algorithm 1 on stacked
+arrays (equal to ``run_admm_reference`` up to rounding, tested; the p2p algorithm ``admm`` equals
+the reference too, tests/test_p2p_admm.py).
 
 Every setting the paper does not give is listed in the result's ``unspecified_settings``.
-``--quick``: ``V ∈ {20, 40}``, ``n = 50``, ``ϱ ∈ {0.1, 0.5, 0.9}`` (at V = 20), 3 seeds, a 5-value
-λ grid; about 8 CPU-minutes, i.e. 4–5 minutes on 2 idle cores (one worker process per core,
-``GRAPHFL_BENCH_WORKERS`` overrides). Full: the paper's grids A and B (90 settings) with 3 seeds
-and a 6-value λ grid, about 190x the quick run's work (roughly 14 hours on 2 idle cores); the
-result records its own estimate (``config.expected_seconds_full``).
-``run(quick, seed, out)`` writes ``<out>/admm.{json,md,png}``.
+``--quick``: ``V ≥ 40`` (C3): ``V = 40, n = 50, ϱ ∈ {0.1, 0.5, 0.9}``, ``V = 60`` at
+``ϱ ∈ {0.1, 0.9}``, 3 seeds, a 5-value λ grid ``10^{-4..0}`` and fixed ``λ ∈ {0.01, 0.1}``
+(one worker process per core, ``GRAPHFL_BENCH_WORKERS`` overrides). Full: the paper's grids A
+and B (90 settings) with 3 seeds and a 9-value λ grid; the result records its own time estimate
+(``config.expected_seconds_full``). ``run(quick, seed, out)`` writes ``<out>/admm.{json,md,png}``.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from threadpoolctl import threadpool_limits
 from graphfl.common.envinfo import env_info
 from graphfl.common.results import atomic_write_text, markdown_table, plot_panels, write_json
 from graphfl.p2p.admm_math import (
+    COVARIANCES,
     CVResult,
     Dataset,
     Edge,
@@ -61,7 +65,7 @@ from graphfl.p2p.admm_math import (
     global_estimator,
     kfold_ids,
     local_statistics,
-    run_admm_reference,
+    run_admm_stacked,
     select_edges,
 )
 
@@ -90,13 +94,18 @@ UNSPECIFIED = {
     "rho": "ρ = 1 (ALGORITHMS §6.3, reconstructed)",
     "step": "η̃(t) = c/(t+t0) with c = κ̂, t0 = ⌈κ̂ λ̂_max⌉ from the devices' Hessians (default_step_schedule)",
     "estimation_runs": "error figures: full-batch FedADMM, last iterate after n_iter iterations (the estimator Θ̂ "
-                       "is the target; the paper does not say how Figs. 2-3 were solved)",
+                       "is the target; the paper does not say how Figs. 2-3 were solved); solved by "
+                       "run_admm_stacked (the reference iteration on stacked arrays)",
+    "fixed_lambda": "beside λ by CV every FedADMM variant is also solved at each λ of config.fixed_lambdas "
+                    "(same iterations); reported as separate tables, never mixed with the CV numbers",
     "n_iter": "600 iterations (the paper's plots show about 600)",
     "lambda_grid": "λ grid (see config.lambdas); ALGORITHMS §6.3 reconstructs 10^{-4..1}",
     "cv": "5-fold CV per device (kfold_ids), held-out squared loss pooled over devices, each fold fit with "
           "cv_iter full-batch iterations (fewer than the final fit, for time); ties -> largest λ",
-    "edge_selection": "α = 0.05 (reconstructed), Ω̂ = Ĥ^{-1} (seed 001's form; exact for σ² = 1 as here); "
-                      "Local-ES: Bonferroni over all V(V-1)/2 pairs",
+    "edge_selection": "α = 0.05 (reconstructed); covariance of θ̂_u: σ̂²_u (X_uᵀX_u)^{-1}, σ̂²_u = RSS_u/(n − p) "
+                      "(seed 001's Hessian form {nĤ}^{-1}, scaled by the estimated noise variance, ALGORITHMS "
+                      "§0.1 C3); Local-ES: Bonferroni over all V(V-1)/2 pairs; the other covariance estimators are "
+                      "scored on the same draws (edge_tests) but not used for fitting",
     "global": "pooled least squares over all devices' samples (eq. 3)",
     "replications": "3 seeds (the paper: 100 replications)",
     "convergence": "Fig. 4 setting: the given graph G at the listed ϱ, λ = FedADMM's CV choice for that seed; "
@@ -115,6 +124,7 @@ class Plan:
     v_settings: tuple[tuple[int, int, float], ...]
     seeds: tuple[int, ...]
     lambdas: tuple[float, ...]
+    fixed_lambdas: tuple[float, ...] = (0.01, 0.1)
     cv_folds: int = 5
     cv_iter: int = 150
     n_iter: int = 600
@@ -127,6 +137,10 @@ class Plan:
     workers: int = 1
     extra: dict[str, Any] = field(default_factory=dict)
 
+    def iterations_per_graph(self) -> int:
+        """FedADMM iterations spent on one graph of one draw: the CV fits, the CV-λ fit, the fixed-λ fits."""
+        return self.cv_folds * len(self.lambdas) * self.cv_iter + (1 + len(self.fixed_lambdas)) * self.n_iter
+
     def settings(self) -> list[tuple[int, int, float]]:
         """All (V, n, ϱ) settings of both panels, deduplicated, in order."""
         out: list[tuple[int, int, float]] = []
@@ -137,19 +151,19 @@ class Plan:
 
 
 def make_plan(quick: bool, seed: int) -> Plan:
-    """The ``--quick`` plan or the full plan (paper grids A and B)."""
+    """The ``--quick`` plan (``V ≥ 40``, ALGORITHMS §0.1 C3) or the full plan (paper grids A and B)."""
     seeds = (seed, seed + 1, seed + 2)
     workers = max(1, int(os.environ.get("GRAPHFL_BENCH_WORKERS", str(os.cpu_count() or 1))))
     if quick:
-        return Plan(flip_settings=tuple((20, 50, f) for f in (0.1, 0.5, 0.9)),
-                    v_settings=tuple((v, 50, 0.1) for v in (20, 40)),
-                    seeds=seeds, lambdas=(0.001, 0.003, 0.01, 0.03, 0.1), cv_iter=120, workers=workers,
-                    conv_setting=(20, 50, 0.1))
+        return Plan(flip_settings=tuple((40, 50, f) for f in (0.1, 0.5, 0.9)) + ((60, 50, 0.9),),
+                    v_settings=((40, 50, 0.1), (60, 50, 0.1)),
+                    seeds=seeds, lambdas=(0.0001, 0.001, 0.01, 0.1, 1.0), cv_iter=120, workers=workers,
+                    conv_setting=(40, 50, 0.1))
     flips = tuple(round(0.1 * k, 1) for k in range(10))
     grid_b = tuple((v, n, f) for v in (40, 60, 80) for n in (50, 100) for f in flips)
     grid_a = tuple((v, n, f) for v in (20, 40, 60, 80, 100) for n in (50, 100, 200) for f in (0.1, 0.2))
     return Plan(flip_settings=grid_b, v_settings=grid_a, seeds=seeds,
-                lambdas=(0.001, 0.003, 0.01, 0.03, 0.1, 0.3), cv_iter=200, workers=workers,
+                lambdas=(0.0001, 0.0003, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0), cv_iter=200, workers=workers,
                 conv_setting=(40, 50, 0.1))
 
 
@@ -224,20 +238,40 @@ def fedadmm(
 ) -> FloatArray:
     """FedADMM on ``edges`` (ℓ1 fusion, least squares): returns ``Θ(T)`` or ``Θ̄`` (``output="average"``).
 
-    The only place this module runs FedADMM. Today: the all-nodes reference loop
-    ``run_admm_reference``. To run the real p2p algorithm later, replace the call below by the
-    p2p in-process driver with algorithm ``admm`` (one line); the arguments map one to one.
+    The only place this module runs FedADMM: :func:`~graphfl.p2p.admm_math.run_admm_stacked`
+    (Algorithm 1 of ``run_admm_reference`` on stacked arrays; same step schedule, mini-batch draws
+    and output, equal up to rounding).
     """
     if step is None:  # the runner's own default, computed here so that it is not logged on every call
         step = default_step_schedule([LOSS.hessian(np.zeros(x.shape[1]), x, y) for x, y in data])
-    res = run_admm_reference(LOSS, data, edges, lam=lam, rho=rho, phi="l1", n_iter=n_iter, step=step,
-                             batch_size=batch_size, seed=seed, on_iteration=on_iteration)
+    res = run_admm_stacked(LOSS, data, edges, lam=lam, rho=rho, phi="l1", n_iter=n_iter, step=step,
+                           batch_size=batch_size, seed=seed, on_iteration=on_iteration)
     return res.theta_avg if output == "average" else res.theta
 
 
 def selected_edges(stats: Sequence[LocalStatistics], candidates: Sequence[Edge], alpha: float) -> list[Edge]:
     """Edges of ``candidates`` kept by the Wald/Bonferroni test (§6.9)."""
     return list(select_edges(stats, candidates, alpha=alpha).kept)
+
+
+def edge_tests(sim: Simulation, alpha: float) -> dict[str, dict[str, dict[str, int]]]:
+    """The edge test under every covariance estimator (:data:`COVARIANCES`), scored against ``G0``.
+
+    ``{covariance: {"es" | "local-es": {"true_tested", "true_kept", "false_tested", "false_kept"}}}``:
+    ES tests the given graph's edges, Local-ES every pair.
+    """
+    out: dict[str, dict[str, dict[str, int]]] = {}
+    every = complete_graph_edges(len(sim.data))
+    for cov in COVARIANCES:
+        stats = [local_statistics(LOSS, x, y, covariance=cov) for x, y in sim.data]  # type: ignore[arg-type]
+        out[cov] = {}
+        for name, tested in (("es", sim.graph_edges), ("local-es", every)):
+            kept = set(selected_edges(stats, tested, alpha))
+            true = [e for e in tested if sim.clusters[e[0]] == sim.clusters[e[1]]]
+            false = [e for e in tested if sim.clusters[e[0]] != sim.clusters[e[1]]]
+            out[cov][name] = {"true_tested": len(true), "true_kept": sum(e in kept for e in true),
+                              "false_tested": len(false), "false_kept": sum(e in kept for e in false)}
+    return out
 
 
 def choose_lambda(data: Sequence[Dataset], edges: Sequence[Edge], plan: Plan, seed: int) -> CVResult:
@@ -281,7 +315,7 @@ def _run_setting(n_devices: int, n_samples: int, flip: float, seed: int, plan: P
     sim = simulate(n_devices, n_samples, flip, seed)
     out: dict[str, Any] = {"V": n_devices, "n": n_samples, "flip": flip, "seed": seed, "methods": {}}
     t0 = time.perf_counter()
-    stats = [local_statistics(LOSS, x, y, covariance="hessian") for x, y in sim.data]
+    stats = [local_statistics(LOSS, x, y) for x, y in sim.data]  # the default covariance (C3)
     local = np.stack([s.theta for s in stats])
     out["methods"]["local"] = {"error": estimation_error(local, sim.theta_star), "seconds": time.perf_counter() - t0}
     t0 = time.perf_counter()
@@ -303,11 +337,17 @@ def _run_setting(n_devices: int, n_samples: int, flip: float, seed: int, plan: P
             else:
                 lam, cv_curve = 0.0, []
             theta = fedadmm(sim.data, edges, lam, n_iter=plan.n_iter, rho=plan.rho, seed=seed)
+            fixed = {}
+            for lam_f in plan.fixed_lambdas:
+                th_f = fedadmm(sim.data, edges, lam_f, n_iter=plan.n_iter, rho=plan.rho, seed=seed)
+                fixed[repr(float(lam_f))] = estimation_error(th_f, sim.theta_star)
             solved[key] = {"error": estimation_error(theta, sim.theta_star), "lambda": lam, "cv_mean_loss": cv_curve,
-                           "theta": theta}
+                           "fixed_lambda_error": fixed}
         res = solved[key]
         out["methods"][method] = {"error": res["error"], "lambda": res["lambda"], "cv_mean_loss": res["cv_mean_loss"],
+                                  "fixed_lambda_error": res["fixed_lambda_error"],
                                   **_edge_quality(edges, sim), "seconds": time.perf_counter() - t0}
+    out["edge_tests"] = edge_tests(sim, plan.alpha)
     out["seconds"] = time.perf_counter() - t_start
     out["graph_steps"] = int(sum(n_devices + len(g) for g in {tuple(e) for e in graphs.values()}))
     logger.info("admm V=%d n=%d flip=%.1f seed=%d: %s (%.1f s)", n_devices, n_samples, flip, seed,
@@ -463,8 +503,28 @@ def summarise(results: list[dict[str, Any]]) -> dict[tuple[int, int, float], dic
                 entry["lambda"] = [r["methods"][m]["lambda"] for r in runs]
                 for k in ("edges", "false_edges", "true_edges_missing"):
                     entry[k] = float(np.mean([r["methods"][m][k] for r in runs]))
+                fixed: dict[str, Any] = {}
+                for lam in runs[0]["methods"][m]["fixed_lambda_error"]:
+                    errs_f = [r["methods"][m]["fixed_lambda_error"][lam] for r in runs]
+                    mean_f, sd_f = _mean_sd(errs_f)
+                    fixed[lam] = {"error": mean_f, "error_sd": sd_f, "per_seed": errs_f}
+                entry["fixed_lambda"] = fixed
             row[m] = entry
+        row["edge_tests"] = _sum_edge_tests([r["edge_tests"] for r in runs])
         out[key] = row
+    return out
+
+
+def _sum_edge_tests(per_seed: list[dict[str, dict[str, dict[str, int]]]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """Edge-test counts summed over seeds, with the shares ``true_kept_share`` and ``false_kept_share``."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for cov, by_test in per_seed[0].items():
+        out[cov] = {}
+        for name in by_test:
+            tot = {k: int(sum(r[cov][name][k] for r in per_seed)) for k in by_test[name]}
+            out[cov][name] = {**tot,
+                              "true_kept_share": tot["true_kept"] / tot["true_tested"] if tot["true_tested"] else None,
+                              "false_kept_share": tot["false_kept"] / tot["false_tested"] if tot["false_tested"] else None}
     return out
 
 
@@ -497,21 +557,33 @@ def claims(table: dict[tuple[int, int, float], dict[str, Any]], plan: Plan,
            conv: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """The paper's claims, checked on the measured means (booleans plus the numbers behind them)."""
     flip_rows = [table[s] for s in plan.flip_settings]
-    top = max(flip_rows, key=lambda r: r["flip"])
-    es = [r["fedadmm-es"]["error"] for r in flip_rows]
-    les = [r["fedadmm-local-es"]["error"] for r in flip_rows]
-    out: dict[str, Any] = {
-        "es_max_over_min_across_flip": max(es) / min(es),
-        "es_flat_in_flip (max/min < 2)": max(es) / min(es) < 2.0,
-        "local_es_max_over_min_across_flip": max(les) / min(les),
-        "local_es_insensitive_to_flip (max/min < 2)": max(les) / min(les) < 2.0,
-        f"es_beats_local_at_flip_{top['flip']}": top["fedadmm-es"]["error"] < top["local"]["error"],
-        "es_beats_fedadmm_at_every_flip>0": all(r["fedadmm-es"]["error"] <= r["fedadmm"]["error"]
-                                                for r in flip_rows if r["flip"] > 0),
-        "es_beats_local_at_every_flip": all(r["fedadmm-es"]["error"] < r["local"]["error"] for r in flip_rows),
-        "fedadmm_worse_than_local_for_flip>=0.2": all(r["fedadmm"]["error"] > r["local"]["error"]
-                                                      for r in flip_rows if r["flip"] >= 0.2),
-    }
+    groups: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    for row in flip_rows:
+        groups.setdefault((row["V"], row["n"]), []).append(row)
+    out: dict[str, Any] = {}
+    for (v, n), rows in groups.items():
+        rows = sorted(rows, key=lambda r: r["flip"])
+        top = rows[-1]
+        g: dict[str, Any] = {}
+        if len(rows) > 1:
+            es = [r["fedadmm-es"]["error"] for r in rows]
+            les = [r["fedadmm-local-es"]["error"] for r in rows]
+            g["es_max_over_min_across_flip"] = max(es) / min(es)
+            g["es_flat_in_flip (max/min < 2)"] = max(es) / min(es) < 2.0
+            g["local_es_max_over_min_across_flip"] = max(les) / min(les)
+            g["local_es_insensitive_to_flip (max/min < 2)"] = max(les) / min(les) < 2.0
+        g[f"es_beats_local_at_flip_{top['flip']}"] = top["fedadmm-es"]["error"] < top["local"]["error"]
+        g["es_beats_fedadmm_at_every_flip>0"] = all(r["fedadmm-es"]["error"] <= r["fedadmm"]["error"]
+                                                    for r in rows if r["flip"] > 0)
+        g["es_beats_local_at_every_flip"] = all(r["fedadmm-es"]["error"] < r["local"]["error"] for r in rows)
+        if any(r["flip"] >= 0.2 for r in rows):
+            g["fedadmm_worse_than_local_for_flip>=0.2 (λ by CV)"] = all(
+                r["fedadmm"]["error"] > r["local"]["error"] for r in rows if r["flip"] >= 0.2)
+            for lam in plan.fixed_lambdas:
+                key = repr(float(lam))
+                g[f"fedadmm_worse_than_local_for_flip>=0.2 (λ = {lam:g} fixed)"] = all(
+                    r["fedadmm"]["fixed_lambda"][key]["error"] > r["local"]["error"] for r in rows if r["flip"] >= 0.2)
+        out[f"V={v}, n={n}"] = g
     if conv:
         final = {m: c[-1]["dist_to_estimator"] for m, c in conv.items() if c}
         out["final_dist_to_estimator"] = final
@@ -531,7 +603,7 @@ def expected_seconds(plan: Plan, seconds_per_step: float) -> float:
         e0 = K0 * (v // K0) * (v // K0 - 1) / 2
         eg = e0 * (1 - f) + (pairs - e0) * f
         graphs = {round(eg), round(e0 * (1 - f)), round(e0)}  # G, ES, (Local-ES = Oracle when selection is exact)
-        per_fit = plan.cv_folds * len(plan.lambdas) * plan.cv_iter + plan.n_iter
+        per_fit = plan.iterations_per_graph()
         total += len(plan.seeds) * sum((v + e) * per_fit for e in graphs)
     return total * seconds_per_step / max(1, plan.workers)
 
@@ -561,7 +633,7 @@ def run(quick: bool, seed: int, out: Path, plan: Plan | None = None) -> dict[str
     conv = {m: _combine_curves(conv_runs, m) for m in (*CONV_METHODS, "fedadmm-b10-avg")}
     steps = sum(r["graph_steps"] for r in results)
     grid_seconds = sum(r["seconds"] for r in results)
-    per_step = grid_seconds / max(1, steps * (plan.cv_folds * len(plan.lambdas) * plan.cv_iter + plan.n_iter))
+    per_step = grid_seconds / max(1, steps * plan.iterations_per_graph())
     full_plan = make_plan(False, seed)
     checked = claims(table, plan, conv)
     ref = table[plan.flip_settings[0]]
@@ -573,6 +645,7 @@ def run(quick: bool, seed: int, out: Path, plan: Plan | None = None) -> dict[str
             "grid": [{"V": row["V"], "n": row["n"], "flip": row["flip"], **row[m]} for row in table.values()],
             "curve": conv.get(m, []),
         }
+    edge_test_grid = [{"V": row["V"], "n": row["n"], "flip": row["flip"], **row["edge_tests"]} for row in table.values()]
     for m in ("fedadmm-b10", "fedadmm-b10-avg", "d-gd", "d-sgd"):
         c = conv[m]
         methods[m] = {"final": {"dist_to_estimator": c[-1]["dist_to_estimator"],
@@ -580,7 +653,13 @@ def run(quick: bool, seed: int, out: Path, plan: Plan | None = None) -> dict[str
     doc: dict[str, Any] = {
         "name": NAME,
         "config": {**asdict(plan), "quick": quick, "p": P, "K0": K0, "loss": "least squares ½(y-θᵀx)²", "phi": "l1",
-                   "adapter": "run_admm_reference (all nodes, one process)",
+                   "adapter": "run_admm_stacked (the reference iteration on stacked arrays, one process)",
+                   "es_covariance": COVARIANCES[0],
+                   "grid": {"error_vs_flip": [list(x) for x in plan.flip_settings],
+                            "error_vs_V": [list(x) for x in plan.v_settings],
+                            "convergence": list(plan.conv_setting), "columns": ["V", "n", "flip"],
+                            "cv_lambdas": list(plan.lambdas), "fixed_lambdas": list(plan.fixed_lambdas),
+                            "seeds": list(plan.seeds)},
                    "seconds_per_step_measured": per_step,
                    "expected_seconds": expected_seconds(plan, per_step),
                    "expected_seconds_full": expected_seconds(full_plan, per_step)},
@@ -590,6 +669,7 @@ def run(quick: bool, seed: int, out: Path, plan: Plan | None = None) -> dict[str
                         "per_seed": [{k: r[k] for k in ("seed", "lambda", "tuned", "floats_per_iteration",
                                                        "estimator_error", "seconds")} for r in conv_runs]},
         "claims": checked,
+        "edge_tests": edge_test_grid,
         "runs": [{k: v for k, v in r.items()} for r in results],
         "env": env_info(),
         "seconds": time.perf_counter() - t_start,
@@ -604,9 +684,14 @@ def render_markdown(doc: dict[str, Any], plan: Plan, table: dict[tuple[int, int,
                     conv: dict[str, list[dict[str, Any]]]) -> str:
     """Tables: error vs ϱ, error vs V, chosen λ and graphs, convergence, claims."""
     cols = [LABELS[m] for m in METHODS]
+    grid = doc["config"]["grid"]
     lines = [f"# B4: FedADMM estimation error ({'quick' if doc['config']['quick'] else 'full'})", "",
-             f"p = {P}, K0 = {K0}, seeds {list(plan.seeds)}, λ grid {list(plan.lambdas)} by {plan.cv_folds}-fold CV; "
-             f"error = ‖Θ̂ − Θ*‖²_F / V, mean ± sd over seeds. Wall time {doc['seconds']:.0f} s.", "",
+             f"p = {P}, K0 = {K0}, seeds {list(plan.seeds)}, λ grid {list(plan.lambdas)} by {plan.cv_folds}-fold CV, "
+             f"and fixed λ ∈ {list(plan.fixed_lambdas)}; edge test at α = {plan.alpha} with the "
+             f"{doc['config']['es_covariance']!r} covariance; error = ‖Θ̂ − Θ*‖²_F / V, mean ± sd over seeds. "
+             f"Wall time {doc['seconds']:.0f} s.", "",
+             f"Grid (V, n, ϱ): error vs ϱ {[tuple(x) for x in grid['error_vs_flip']]}; error vs V "
+             f"{[tuple(x) for x in grid['error_vs_V']]}; convergence {tuple(grid['convergence'])}.", "",
              "## Error vs ϱ (Fig. 3)", "",
              markdown_table(columns=["V", "n", "ϱ", *cols],
                             rows=[[table[s]["V"], table[s]["n"], table[s]["flip"], *[_fmt(table[s][m]) for m in METHODS]]
@@ -620,6 +705,24 @@ def render_markdown(doc: dict[str, Any], plan: Plan, table: dict[tuple[int, int,
                             rows=[[row["V"], row["n"], row["flip"], LABELS[m], row[m]["edges"], row[m]["false_edges"],
                                    row[m]["true_edges_missing"], ", ".join(f"{x:g}" for x in row[m]["lambda"])]
                                   for row in table.values() for m in ADMM_METHODS]), ""]
+    for lam in plan.fixed_lambdas:
+        key = repr(float(lam))
+        lines += [f"## Error vs ϱ and V at fixed λ = {lam:g} (beside the CV tables; Local, Oracle by CV)", "",
+                  markdown_table(columns=["V", "n", "ϱ", *[LABELS[m] for m in ADMM_METHODS], "Local", "Oracle (CV λ)"],
+                                 rows=[[row["V"], row["n"], row["flip"],
+                                        *[_fmt(row[m]["fixed_lambda"][key]) for m in ADMM_METHODS],
+                                        _fmt(row["local"]), _fmt(row["oracle"])] for row in table.values()]), ""]
+    test_rows = []
+    for row in table.values():
+        for cov, by_test in row["edge_tests"].items():
+            test_rows.append([row["V"], row["n"], row["flip"], cov,
+                              *[f"{t['true_kept']}/{t['true_tested']}" for t in (by_test["es"], by_test["local-es"])],
+                              *[f"{t['false_kept']}/{t['false_tested']}" for t in (by_test["es"], by_test["local-es"])]])
+    lines += ["## Edge test by covariance estimator (summed over seeds)", "",
+              f"The fits above use {doc['config']['es_covariance']!r}; ES tests the given graph's edges, Local-ES every "
+              f"pair (Bonferroni over the tested edges, α = {plan.alpha}).", "",
+              markdown_table(columns=["V", "n", "ϱ", "covariance", "ES true kept", "Local-ES true kept",
+                                      "ES false kept", "Local-ES false kept"], rows=test_rows), ""]
     if conv:
         marks = [1, 10, 50, 100, 200, 400, plan.conv_iter]
         rows = []
@@ -634,7 +737,11 @@ def render_markdown(doc: dict[str, Any], plan: Plan, table: dict[tuple[int, int,
                   markdown_table(columns=["method", *[f"t={r}" for r in marks]], rows=rows), ""]
     lines += ["## The paper's claims, as measured", ""]
     for k, v in doc["claims"].items():
-        lines.append(f"- {k}: {v}")
+        if isinstance(v, dict) and k.startswith("V="):
+            lines.append(f"- {k}:")
+            lines += [f"  - {k2}: {v2}" for k2, v2 in v.items()]
+        else:
+            lines.append(f"- {k}: {v}")
     lines += ["", "## Settings the paper does not give", ""]
     lines += [f"- {k}: {v}" for k, v in doc["unspecified_settings"].items()]
     lines += ["", f"Expected wall time of the full grid on this machine: about "
@@ -646,7 +753,9 @@ def render_markdown(doc: dict[str, Any], plan: Plan, table: dict[tuple[int, int,
 
 def draw(path: Path, plan: Plan, table: dict[tuple[int, int, float], dict[str, Any]],
          conv: dict[str, list[dict[str, Any]]]) -> None:
-    """Three panels: error vs ϱ, error vs V (log y), distance to Θ̂ vs iteration (log y)."""
+    """Panels (log y): error vs ϱ with λ by CV, error vs ϱ at the largest fixed λ, error vs V,
+    distance to Θ̂ vs iteration.
+    """
     def series(settings: Sequence[tuple[int, int, float]], x: str) -> dict[str, list[dict[str, Any]]]:
         return {LABELS[m]: [{x: table[s][x], "error": table[s][m]["error"], "sd": table[s][m]["error_sd"] or 0.0}
                             for s in settings] for m in METHODS}
@@ -658,9 +767,22 @@ def draw(path: Path, plan: Plan, table: dict[tuple[int, int, float], dict[str, A
     n1, f1 = vn[0]
     v_settings = [s for s in plan.v_settings if (s[1], s[2]) == (n1, f1)]
     conv_series = {LABELS.get(m, "FedADMM (batch 10), Θ̄"): c for m, c in conv.items()}
+    lam_f = plan.fixed_lambdas[-1] if plan.fixed_lambdas else None
+    fixed_panel: list[dict[str, Any]] = []
+    if lam_f is not None:
+        key = repr(float(lam_f))
+        fixed_series = {f"{LABELS[m]} (λ={lam_f:g})": [{"flip": table[s]["flip"],
+                                                        "error": table[s][m]["fixed_lambda"][key]["error"],
+                                                        "sd": table[s][m]["fixed_lambda"][key]["error_sd"] or 0.0}
+                                                       for s in flip_settings] for m in ADMM_METHODS}
+        fixed_series["Local"] = series(flip_settings, "flip")["Local"]
+        fixed_panel = [{"x": "flip", "y": "error", "band": "sd", "series": fixed_series, "logy": True,
+                        "xlabel": "flip probability ϱ", "ylabel": "‖Θ̂−Θ*‖²/V",
+                        "title": f"fixed λ = {lam_f:g}, V={v0}, n={n0}"}]
     plot_panels(path, [
         {"x": "flip", "y": "error", "band": "sd", "series": series(flip_settings, "flip"), "logy": True,
-         "xlabel": "flip probability ϱ", "ylabel": "‖Θ̂−Θ*‖²/V", "title": f"V={v0}, n={n0}"},
+         "xlabel": "flip probability ϱ", "ylabel": "‖Θ̂−Θ*‖²/V", "title": f"λ by CV, V={v0}, n={n0}"},
+        *fixed_panel,
         {"x": "V", "y": "error", "band": "sd", "series": series(v_settings, "V"), "logy": True,
          "xlabel": "number of devices V", "ylabel": "‖Θ̂−Θ*‖²/V", "title": f"n={n1}, ϱ={f1}"},
         {"x": "round", "y": "dist_to_estimator", "series": conv_series, "logy": True,

@@ -31,9 +31,11 @@ def test_subgradient_baseline_without_fusion_reaches_local_least_squares():
 
 
 def test_tiny_run_writes_results_and_fedadmm_on_the_true_graph_pools_clusters(tmp_path):
-    plan = admm.Plan(flip_settings=((10, 30, 0.0), (10, 30, 0.6)), v_settings=((10, 30, 0.0),), seeds=(0,),
-                     lambdas=(0.01, 1.0), cv_folds=2, cv_iter=10, n_iter=40, conv_setting=(10, 30, 0.0),
-                     conv_iter=20, conv_every=5, workers=1)
+    # n = 40 > 2p: the edge test's σ̂² = RSS/(n − p) has 20 degrees of freedom (at n = 30, only 10, it
+    # lacks the power to drop false pairs of 10 devices reliably)
+    plan = admm.Plan(flip_settings=((10, 40, 0.0), (10, 40, 0.6)), v_settings=((10, 40, 0.0),), seeds=(0,),
+                     lambdas=(0.01, 1.0), fixed_lambdas=(0.001, 1.0), cv_folds=2, cv_iter=10, n_iter=40,
+                     conv_setting=(10, 40, 0.0), conv_iter=20, conv_every=5, workers=1)
     doc = admm.run(quick=True, seed=0, out=tmp_path, plan=plan)
     for ext in ("json", "md", "png"):
         assert (tmp_path / f"admm.{ext}").stat().st_size > 0
@@ -46,5 +48,23 @@ def test_tiny_run_writes_results_and_fedadmm_on_the_true_graph_pools_clusters(tm
     assert clean["fedadmm-local-es"]["false_edges"] <= 1
     noisy = next(r for r in doc["runs"] if r["flip"] == 0.6)["methods"]
     assert noisy["fedadmm"]["false_edges"] > 0 and noisy["fedadmm-es"]["false_edges"] < noisy["fedadmm"]["false_edges"]
+    # the fixed-λ fits: on G = G0 the larger λ fuses the cliques (as the CV fit, which chose λ = 1), the
+    # tiny λ stays near Local
+    fixed = clean["oracle"]["fixed_lambda_error"]
+    assert fixed["1.0"] == clean["oracle"]["error"] and clean["oracle"]["lambda"] == 1.0
+    assert fixed["1.0"] < 0.5 * fixed["0.001"] and fixed["0.001"] < 1.5 * clean["local"]["error"]
+    tests = next(r for r in doc["runs"] if r["flip"] == 0.0)["edge_tests"]
+    assert set(tests) == {"hessian", "sandwich-hc3", "sandwich"}
+    assert tests["hessian"]["local-es"]["true_tested"] == 5 and tests["hessian"]["local-es"]["false_tested"] == 40
+    assert saved["config"]["es_covariance"] == "hessian"
+    assert saved["config"]["grid"]["error_vs_flip"] == [[10, 40, 0.0], [10, 40, 0.6]]
+    assert saved["edge_tests"][0]["hessian"]["es"]["true_kept_share"] is not None
     md = (tmp_path / "admm.md").read_text()
     assert "Error vs ϱ" in md and "Settings the paper does not give" in md
+    assert "fixed λ = 1" in md and "Edge test by covariance estimator" in md
+
+
+def test_quick_plan_uses_at_least_40_devices_and_reports_fixed_lambdas():
+    plan = admm.make_plan(quick=True, seed=0)
+    assert all(v >= 40 for v, _, _ in plan.settings())
+    assert plan.fixed_lambdas and min(plan.lambdas) < min(plan.fixed_lambdas) <= max(plan.fixed_lambdas) < max(plan.lambdas)
