@@ -699,13 +699,16 @@ class CSVTask(Task):
         raise DataError("task csv needs a data folder: give --data-dir DIR (a folder holding device-0.csv, "
                         "device-1.csv, ...; see docs/data.md) or set $GRAPHFL_DATA")
 
+    def _options(self) -> dict[str, Any]:
+        """The task's keyword options that were given (they override ``dataset.toml``)."""
+        return {k: v for k, v in self._explicit if v is not None}
+
     def _base(self) -> tuple[tuple[str, Any], ...]:
         return (("split_seed", self.seed), ("test_fraction", float(self.data.test_fraction)))
 
     def settings(self) -> TabularSettings:
         """The folder's settings (``dataset.toml`` over the run's seed and test fraction)."""
-        return resolve_settings(self.folder(), dict(self._base()),
-                                **{k: v for k, v in self._explicit if v is not None})
+        return resolve_settings(self.folder(), dict(self._base()), **self._options())
 
     def _check_folder(self, folder: Path, num_partitions: int) -> None:
         if not folder.is_dir():
@@ -718,8 +721,7 @@ class CSVTask(Task):
 
     def dataset(self) -> TabularDataset:
         """The whole folder (every device file): for analyses on a machine that holds them all."""
-        return load_tabular(self.folder(), base=dict(self._base()),
-                            **{k: v for k, v in self._explicit if v is not None})
+        return load_tabular(self.folder(), base=dict(self._base()), **self._options())
 
     def client_data(self, partition_id: int, num_partitions: int) -> ClientData:
         """Device ``partition_id``'s split, read from ``device-<partition_id>.csv`` alone (cached
