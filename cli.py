@@ -336,6 +336,8 @@ def supernode(
                                        "CUDA context kept); cold: stock Flower, a flwr-clientapp process per message."),
     state_dir: Path | None = typer.Option(None, help="Mirror the client's state to this folder (keyed by the run's "
                                           "run-key and the partition id): it survives a restart and `graphfl run --resume`."),
+    data_dir: Path | None = typer.Option(None, help="This SuperNode's own data folder (e.g. holding only its "
+                                         "device-<id>.csv); replaces the run's data-dir for its client."),
 ) -> None:
     """Start a Flower SuperNode serving one graphfl partition."""
     from graphfl.deploy.federation import supernode_argv
@@ -350,9 +352,11 @@ def supernode(
         fail(f"--device {device!r} is not valid; {device_problem(device)}")
     if clientapp_mode not in ("warm", "cold"):
         fail("--clientapp-mode must be warm or cold")
+    if data_dir is not None and not data_dir.is_dir():
+        fail(f"--data-dir {data_dir}: not a folder")
     _exec(supernode_argv(superlink_addr, port, partition_id, num_partitions, root_certificates,
                          device=device, auth_key=auth_key, max_wait_time=max_wait_time,
-                         clientapp_mode=clientapp_mode, state_dir=state_dir))
+                         clientapp_mode=clientapp_mode, state_dir=state_dir, data_dir=data_dir))
 
 
 def _exec(argv: list[str]) -> None:

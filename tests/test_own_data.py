@@ -244,3 +244,13 @@ def test_deployment_with_each_supernode_holding_only_its_own_file(tmp_path):
     assert [r["round"] for r in got] == [0, 1, 2] and got[2]["clients_ok"] == 2
     for g, w in zip(got, want):
         assert g["test_loss"] == pytest.approx(w["test_loss"], rel=1e-5)
+
+
+def test_a_supernodes_data_dir_goes_into_its_node_config(tmp_path):
+    from graphfl.deploy.federation import supernode_argv
+
+    argv = supernode_argv("127.0.0.1:9091", 9094, 1, 3, None, data_dir=tmp_path)
+    node_config = argv[argv.index("--node-config") + 1]
+    assert node_config == f"partition-id=1 num-partitions=3 data-dir='{tmp_path.resolve()}'"
+    with pytest.raises(ValueError, match="a node-config path cannot hold quotes or spaces"):
+        supernode_argv("127.0.0.1:9091", 9094, 1, 3, None, data_dir=tmp_path / "my data")
