@@ -428,8 +428,9 @@ class DataServer:
                 victim = self._victim()
                 if victim is not None:
                     self._drop(victim, "evicted", f"to free a file descriptor ({exc})")
-                else:
+                else:  # nothing to drop: wait a little rather than spin on a listener that stays readable
                     self._log.note("closed", f"accept failed: {exc}", time.monotonic())
+                    time.sleep(0.05)
                 return
             now = time.monotonic()
             victim = self._victim() if len(self._pending) >= self.preauth_max else None
