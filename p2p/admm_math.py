@@ -975,7 +975,7 @@ def local_statistics(
         sc = loss.scores(theta, x, yy)
         if covariance == "sandwich-hc3":
             assert curvatures is not None
-            lev = hc3_leverages(np.asarray(curvatures(theta, x, yy), dtype=np.float64), x, h_inv)
+            lev = hc3_leverages(curvatures(theta, x, yy), x, h_inv)
             sc = sc / (1.0 - lev)[:, None]
         sigma = (sc.T @ sc) / n
         omega = h_inv @ sigma @ h_inv.T
@@ -1000,7 +1000,7 @@ def dispersion(loss: MLoss, theta: FloatArray, X: FloatArray, y: FloatArray, dof
     return float(method(theta, X, y, d))
 
 
-def hc3_leverages(curvatures: FloatArray, X: FloatArray, hessian_inv: FloatArray) -> FloatArray:
+def hc3_leverages(curvatures: npt.ArrayLike, X: npt.ArrayLike, hessian_inv: npt.ArrayLike) -> FloatArray:
     """Leverages ``h_k = w_k x_kᵀ (n Ĥ)⁻¹ x_k`` of HC3 (``hessian_inv`` = ``Ĥ⁻¹`` of the averaged loss).
 
     For least squares (``w_k = 1``, ``Ĥ = XᵀX/n``) the diagonal of the hat matrix
