@@ -268,7 +268,7 @@ def tune(tau: int, n: int, form: Form, seed: int) -> dict[str, Any]:
     per_method: dict[str, dict[str, float | None]] = {m: {} for m in METHODS}
 
     def score(a0: float) -> float | None:
-        losses = []
+        losses: list[float] = []
         for m in METHODS:
             try:
                 r = cached_run(m, tau, a0, form.iterations, seed, n, split="val",
@@ -277,8 +277,9 @@ def tune(tau: int, n: int, form: Form, seed: int) -> dict[str, Any]:
                 why[f"{a0:g}"] = str(exc)
                 per_method[m][f"{a0:g}"] = None
                 return None
-            per_method[m][f"{a0:g}"] = float(r["final"]["avg_model_test_loss"])
-            losses.append(per_method[m][f"{a0:g}"])
+            loss = float(r["final"]["avg_model_test_loss"])
+            per_method[m][f"{a0:g}"] = loss
+            losses.append(loss)
         return float(np.mean(losses))
 
     try:
