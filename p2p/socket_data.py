@@ -331,7 +331,7 @@ class DataServer:
         try:
             listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             listener.bind((host, port))
-            listener.listen(128)
+            listener.listen(1024)
             listener.setblocking(False)
         except OSError as exc:
             listener.close()
@@ -419,7 +419,7 @@ class DataServer:
 
     def _accept_ready(self) -> None:
         assert self._listener is not None and self._sel is not None
-        for _ in range(64):  # then deadlines and other connections get their turn
+        for _ in range(8):  # then deadlines and the pending connections get their turn
             try:
                 sock, _ = self._listener.accept()
             except BlockingIOError:
@@ -452,11 +452,12 @@ class DataServer:
                                               f"{now - victim.since:.2f} s) made room for a new one")
 
     def _victim(self) -> _Pending | None:
-        """The pending connection that makes room: the one that has sent the fewest bytes, the
-        oldest among those. A caller that speaks (a TLS ClientHello, a preamble) outranks idle and
-        trickling connections at once, so a flood of those cannot push it out.
+        """The pending connection that makes room: the one that has sent the fewest bytes (read,
+        or waiting in the kernel's buffer), the oldest among those. A caller that speaks (a TLS
+        ClientHello, a preamble) outranks idle and trickling connections as soon as its first
+        bytes arrive, before this thread has read them, so a flood of those cannot push it out.
         """
-        return min(self._pending, key=lambda p: (p.bytes_in, p.since), default=None)
+        return min(self._pending, key=lambda p: (p.bytes_in + _unread(p.sock), p.since), default=None)
 
     def _drop(self, p: _Pending, cause: str, reason: str) -> None:
         assert self._sel is not None
