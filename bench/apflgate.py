@@ -93,7 +93,7 @@ class Form:
     nodes: int  # 0 = the task's default number of clients
     batch_size: int = 32
     codecs: tuple[str, ...] = tuple(COMPRESSIONS)
-    """Names in :data:`COMPRESSIONS` run in the compression row."""
+    """Names in :data:`COMPRESSIONS` run in the compression row (none: no compression row)."""
     settings: tuple[tuple[str, Any], ...] = ()
     """Run-config keys set in every run of this form (e.g. ``data.max-samples``)."""
     fedavg: bool = True
@@ -367,8 +367,9 @@ def run(quick: bool = False, seed: int = 0, out: Path | str = Path("runs/bench")
                                  {"apflgate.alpha": a, "apflgate.tau": t}, metric, data_dir)
             for a, t in form.apflgate_cells()}
     ref = REFERENCE["apflgate"]
-    raw = cell("apflgate", task, nodes, form, seeds, lr["apflgate"], ref, metric, data_dir)
-    compression: dict[str, Any] = {"none": raw}
+    compression: dict[str, Any] = {}
+    if form.codecs:   # the uncompressed reference cell is run only to compare codecs against it
+        compression["none"] = raw = cell("apflgate", task, nodes, form, seeds, lr["apflgate"], ref, metric, data_dir)
     for name in form.codecs:
         keys = COMPRESSIONS[name]
         c = cell("apflgate", task, nodes, form, seeds, lr["apflgate"], {**ref, **keys}, metric, data_dir)
@@ -527,6 +528,8 @@ def render_markdown(doc: dict[str, Any]) -> str:
     lines += [f"## Compression of uploads (APFLGate at (α, τ{unit}) = ({doc.get('reference_cell', REFERENCE_CELL)}))", "",
               f"| upload codec | {m} | change vs none (paired) | upload bytes per run | bytes saved |",
               "|---|---|---|---|---|"]
+    if not doc["compression"]:
+        lines.append("| not run in this form | | | | |")
     for name, c in doc["compression"].items():
         ch = c.get("metric_change")
         chs = "—" if not ch else (f"{ch['mean']:+.4f}" + (f" ± {ch['sd']:.4f}" if ch.get("sd") is not None else ""))
