@@ -83,6 +83,7 @@ def test_quick_form_is_the_strongly_non_iid_setting_with_trivial_baselines():
     assert q.dirichlet <= 0.1 and {"FedAvg", "Local"} <= set(q.methods) and set(bj.GRAPH_METHODS) <= set(q.methods)
     assert set(q.alpha_grid) == {0.01, 0.1, 1.0} and set(q.beta_grid) == {0.001, 0.01, 0.1}
     assert bj.nodes_for(q, "digits-permuted+val") == 12 and bj.nodes_for(q, "digits") == q.nodes
+    assert bj.dirichlet_for(q, "digits") == q.dirichlet and bj.dirichlet_for(q, "digits-permuted+val") == 10.0
     assert "digits-permuted" in bj.TASKS
 
 
