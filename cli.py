@@ -11,6 +11,7 @@ import inspect
 import logging
 import os
 import sys
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -154,23 +155,34 @@ def run(
                                        "(its config.json; --rounds may grow it; other changes are refused)."),
 ) -> None:
     """Run one experiment and write run.json / run.md / run.png (or continue one with --resume DIR)."""
-    from graphfl.deploy.federation import FederationError
-    from graphfl.deploy.run import run_experiment
-    from graphfl.server.rounds import RunError
-    from graphfl.tasks.base import DataError
-
     flags = {"strategy": strategy, "task": task, "nodes": nodes, "rounds": rounds, "engine": engine,
              "seed": seed, "out-dir": str(out) if out else None, "data-dir": str(data_dir) if data_dir else None,
              "device": device}
     if clientapp_mode not in ("warm", "cold"):
         fail(f"--clientapp-mode must be warm or cold, got {clientapp_mode!r}")
-    try:
-        if resume is not None:
-            cfg = _resume_config(resume, out, config, set_, flags)
-        else:
-            cfg = build_config(config, set_, flags)
-    except ConfigError as exc:
-        fail(str(exc))
+    with ExitStack() as owned:  # --resume: the folder is this process's from the check to the run's end
+        try:
+            if resume is not None:
+                if resume.is_dir():
+                    from graphfl.common import run_lock
+
+                    owned.enter_context(run_lock.acquire(resume.resolve(), role="launcher"))
+                cfg = _resume_config(resume, out, config, set_, flags)
+            else:
+                cfg = build_config(config, set_, flags)
+        except ConfigError as exc:
+            fail(str(exc))
+        _run_and_report(cfg, superlink, root_certificates, insecure, node_auth, overwrite, clientapp_mode)
+
+
+def _run_and_report(cfg: Any, superlink: str | None, root_certificates: Path | None, insecure: bool,
+                    node_auth: bool, overwrite: bool, clientapp_mode: str) -> None:
+    """Run ``cfg`` with the progress display; one error line (exit 1) for a run that cannot finish."""
+    from graphfl.deploy.federation import FederationError
+    from graphfl.deploy.run import run_experiment
+    from graphfl.server.rounds import RunError
+    from graphfl.tasks.base import DataError
+
     where = f"SuperLink {superlink}" if superlink else cfg.engine
     console.print(f"[bold]graphfl run[/]: {cfg.strategy} on {cfg.task}, {cfg.nodes} nodes, "
                   f"{cfg.rounds} rounds, {where}{f', resuming {cfg.out_dir}' if cfg.resume else ''}")

@@ -85,6 +85,25 @@ def how_to_fix(exc: OSError, folder: Path | str) -> str:
     return f"fix what stops writing into {folder}"
 
 
+FULL_DISK_BYTES = 1 << 20
+"""Below this many free bytes a file system counts as full (:func:`full_disk`)."""
+
+
+def full_disk(folder: Path | str) -> str | None:
+    """``"the file system of FOLDER is full (N bytes free)"`` when it has under :data:`FULL_DISK_BYTES`
+    free for this user, else ``None`` (also when ``folder`` cannot be examined).
+
+    A failure that a full disk caused somewhere else (a client's state file, a progress line)
+    reaches the run as that component's error; this names the cause.
+    """
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return None
+    free = st.f_bavail * st.f_frsize
+    return f"the file system of {folder} is full ({free} bytes free)" if free < FULL_DISK_BYTES else None
+
+
 def _write_failed(path: Path, tmp: str, exc: BaseException) -> None:
     """Remove the temporary file of a failed atomic write; an OSError becomes a :class:`ResultsWriteError`."""
     Path(tmp).unlink(missing_ok=True)
@@ -290,6 +309,8 @@ def write_results(out_dir: str | Path, doc: Mapping[str, Any], plot: bool = True
         try:
             if plot_curves(doc, out / f"{name}.png"):
                 paths["png"] = out / f"{name}.png"
+        except OSError as exc:  # a full disk: the json and md above are what counts
+            logger.warning("could not write %s.png: %s", name, exc)
         except Exception:
             logger.exception("could not draw %s.png", name)
     return paths

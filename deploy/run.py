@@ -25,8 +25,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from graphfl.common import run_lock
 from graphfl.common.config import ConfigError, RunConfig, dump_toml, nest
 from graphfl.common.ports import port_open
+from graphfl.common.results import full_disk, how_to_fix
 from graphfl.deploy.federation import FederationError, LocalFederation, Submitter, write_connection
 from graphfl.deploy.processes import ProcessGroup
 
@@ -45,21 +47,27 @@ def write_overrides(path: Path, cfg: RunConfig) -> Path:
 
 
 RUN_FILES = ("config.json", "run.json", "run.md", "run.png", "progress.jsonl", "run-config.toml",
-             "logs", "certs", "app", ".flwr", "checkpoint", "client-state")
-"""What a run writes into its output folder (``--overwrite`` removes exactly these)."""
+             "logs", "certs", "app", ".flwr", "checkpoint", "client-state", *run_lock.LOCK_FILES)
+"""What a run writes into its output folder (``--overwrite`` removes exactly these, its lock files excepted)."""
 
 
-def claim_out_dir(out: Path, overwrite: bool = False) -> Path:
-    """Create the run's output folder, or refuse one that is unusable or holds another run.
+def claim_out_dir(out: Path, overwrite: bool = False, **owner: Any) -> run_lock.FolderLock:
+    """Create the run's output folder and take its lock, or refuse a folder that is unusable, in use or full.
 
-    A run never reuses an older run's files as its own: a non-empty folder is refused unless
-    ``overwrite`` is set, and then only graphfl's own run files (:data:`RUN_FILES`) are removed;
-    a folder with anything else in it is refused even then.
+    Ownership (:mod:`graphfl.common.run_lock`): the folder's lock is taken first, with one system
+    call, so of two runs claiming one folder at once exactly one gets it; the other is refused with
+    the owner's pid, host and command. Then the content is checked under the lock: a run never
+    reuses an older run's files as its own, so a non-empty folder is refused unless ``overwrite``
+    is set, and then only graphfl's own run files (:data:`RUN_FILES`) are removed; a folder with
+    anything else in it is refused even then. The lock file itself does not count. ``owner``
+    (e.g. the run key) is written into the lock file. The caller holds the returned lock for the
+    run's life and releases it at the end (the OS releases it if the process dies).
 
     Raises
     ------
     ConfigError
-        The path is a file, lies under a file, cannot be created or written, or holds files.
+        The path is a file, lies under a file, cannot be created or written, holds files, or
+        another process owns it (:class:`~graphfl.common.run_lock.FolderBusy`).
     """
     import shutil
 
@@ -69,36 +77,47 @@ def claim_out_dir(out: Path, overwrite: bool = False) -> Path:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ConfigError(f"--out {out}: cannot create the folder ({exc.strerror or exc})") from None
-    present = sorted(p.name for p in out.iterdir())
-    if present:
-        foreign = [name for name in present if name not in RUN_FILES]
-        if not overwrite:
-            raise ConfigError(
-                f"--out {out} already holds {', '.join(present[:6])}{' ...' if len(present) > 6 else ''}; "
-                "choose a new folder, or pass --overwrite to replace a previous run's files"
-            )
-        if foreign:
-            raise ConfigError(f"--out {out} holds files that are not a graphfl run's ({', '.join(foreign[:6])}); "
-                              "--overwrite only replaces run files: choose another folder")
-        for name in present:
-            path = out / name
-            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
-        logger.warning("--overwrite: removed the previous run's files from %s", out)
-    probe = out / ".graphfl-write-test"
     try:
-        probe.write_text("")
-        probe.unlink()
-    except OSError as exc:
-        raise ConfigError(f"--out {out}: cannot write there ({exc.strerror or exc})") from None
-    return out
+        lock = run_lock.acquire(out, role="launcher", **owner)
+    except run_lock.FolderBusy:
+        raise
+    except ConfigError as exc:
+        raise ConfigError(f"--out {out}: {exc}") from None
+    try:
+        present = sorted(p.name for p in out.iterdir() if p.name not in run_lock.LOCK_FILES)
+        if present:
+            foreign = [name for name in present if name not in RUN_FILES]
+            if not overwrite:
+                raise ConfigError(
+                    f"--out {out} already holds {', '.join(present[:6])}{' ...' if len(present) > 6 else ''}; "
+                    "choose a new folder, or pass --overwrite to replace a previous run's files"
+                )
+            if foreign:
+                raise ConfigError(f"--out {out} holds files that are not a graphfl run's ({', '.join(foreign[:6])}); "
+                                  "--overwrite only replaces run files: choose another folder")
+            for name in present:
+                path = out / name
+                shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+            logger.warning("--overwrite: removed the previous run's files from %s", out)
+        probe = out / ".graphfl-write-test"
+        try:
+            probe.write_text("")
+            probe.unlink()
+        except OSError as exc:
+            raise ConfigError(f"--out {out}: cannot write there ({exc.strerror or exc})") from None
+    except BaseException:
+        lock.release()
+        raise
+    return lock
 
 
-def finalize_status(out: Path, status: str, reason: str, cfg: RunConfig | None = None) -> None:
+def finalize_status(out: Path, status: str, reason: str, cfg: RunConfig | None = None) -> str | None:
     """Make ``run.json`` say how the run ended when its ServerApp could not (Ctrl-C, crash).
 
     A ``run.json`` that still says ``running`` gets ``status`` and ``error = reason``; a missing
     one is written with just the config, the status and the reason. A finished run's file is
-    left as it is.
+    left as it is. Returns ``None``, or why ``run.json`` could not be written (a full disk, ...),
+    in one sentence for the error the launcher reports; the file then keeps its last version.
     """
     from graphfl.common.results import write_json
 
@@ -108,25 +127,54 @@ def finalize_status(out: Path, status: str, reason: str, cfg: RunConfig | None =
     except (OSError, ValueError):
         doc = None
     if doc is not None and doc.get("status") not in (None, "running"):
-        return
+        return None
+    said = doc.get("status") if doc is not None else None
     if doc is None:
         doc = {"name": "run", "config": cfg.to_json() if cfg is not None else {}, "methods": {}}
     doc["status"] = status
     doc["error"] = reason
-    write_json(path, doc)
+    try:
+        write_json(path, doc)
+    except OSError as exc:
+        logger.error("could not mark %s %r: %s", path, status, exc)
+        return (f"run.json could not be updated ({exc}): it still says {said!r}" if said else
+                f"run.json could not be written ({exc})") + f"; {how_to_fix(exc, out)}"
+    return None
 
 
 def prepare(cfg: RunConfig, overwrite: bool = False) -> tuple[RunConfig, Path]:
-    """Resolve out-dir (absolute; it is written by the ServerApp in another cwd) and data-dir."""
+    """Claim the output folder (:func:`claim_out_dir`), resolve out-dir (absolute; it is written by
+    the ServerApp in another cwd) and data-dir, and write ``config.json``.
+
+    The folder's lock is released on return: a caller that runs the federation itself leaves the
+    folder to its ServerApp, which then owns it (:func:`graphfl.server.app.own_out_dir`);
+    :func:`run_experiment` keeps the lock for the run's life instead.
+    """
+    cfg, lock = _prepare_held(cfg, overwrite)
+    lock.release()
+    return cfg, lock.folder
+
+
+def _prepare_held(cfg: RunConfig, overwrite: bool) -> tuple[RunConfig, run_lock.FolderLock]:
+    """:func:`prepare`, returning the folder's held lock (its owner names the run key)."""
     import os
 
-    out = claim_out_dir((Path(cfg.out_dir) if cfg.out_dir else default_out_dir()).resolve(), overwrite)
-    data_dir = cfg.data_dir or os.environ.get("GRAPHFL_DATA", "")
-    if data_dir:
-        data_dir = str(Path(data_dir).resolve())
-    cfg = dataclasses.replace(cfg, out_dir=str(out), data_dir=data_dir, run_key=cfg.run_key or new_run_key())
-    (out / "config.json").write_text(json.dumps(cfg.to_json(), indent=2) + "\n")
-    return cfg, out
+    from graphfl.common.results import atomic_write_text
+
+    run_key = cfg.run_key or new_run_key()
+    lock = claim_out_dir((Path(cfg.out_dir) if cfg.out_dir else default_out_dir()).resolve(), overwrite,
+                         run_key=run_key)
+    out = lock.folder
+    try:
+        data_dir = cfg.data_dir or os.environ.get("GRAPHFL_DATA", "")
+        if data_dir:
+            data_dir = str(Path(data_dir).resolve())
+        cfg = dataclasses.replace(cfg, out_dir=str(out), data_dir=data_dir, run_key=run_key)
+        atomic_write_text(out / "config.json", json.dumps(cfg.to_json(), indent=2) + "\n")
+    except BaseException:
+        lock.release()
+        raise
+    return cfg, lock
 
 
 def new_run_key() -> str:
@@ -144,17 +192,27 @@ def prepare_resume(out: Path, overrides: dict[str, Any] | None = None) -> RunCon
     rounds (``rounds`` must then grow). Writes the new ``config.json`` (with ``resume = true``,
     the same ``run-key``).
 
+    The folder's lock is taken for the check and the write (nested when the caller holds it, as
+    ``graphfl run --resume`` does for the whole run): a run still alive in ``out`` refuses it with
+    :class:`~graphfl.common.run_lock.FolderBusy` before anything is read or written.
+
     Raises
     ------
     ConfigError
         With the folder and the reason.
     """
-    from graphfl.common.config import config_from_json, parse_run_config
-    from graphfl.server import checkpoint
-
     out = out.resolve()
     if not out.is_dir():
         raise ConfigError(f"--resume {out}: not a folder")
+    with run_lock.acquire(out, role="launcher"):
+        return _resume_config(out, overrides)
+
+
+def _resume_config(out: Path, overrides: dict[str, Any] | None) -> RunConfig:
+    from graphfl.common.config import config_from_json, parse_run_config
+    from graphfl.common.results import atomic_write_text
+    from graphfl.server import checkpoint
+
     path = out / "config.json"
     try:
         saved = config_from_json(json.loads(path.read_text()))
@@ -172,7 +230,7 @@ def prepare_resume(out: Path, overrides: dict[str, Any] | None = None) -> RunCon
     if status == "completed" and cfg.rounds <= int(meta["round"]):
         raise ConfigError(f"--resume {out}: the run already completed its {meta['round']} rounds; "
                           f"give --rounds N (N > {meta['round']}) to continue it")
-    path.write_text(json.dumps(cfg.to_json(), indent=2) + "\n")
+    atomic_write_text(path, json.dumps(cfg.to_json(), indent=2) + "\n")
     logger.info("resuming %s after round %s (it ended %s)", out, meta["round"], status or "without a status")
     return cfg
 
@@ -237,18 +295,34 @@ def run_experiment(
         preflight(cfg)
     if cfg.resume:
         out = Path(cfg.out_dir)
+        lock = run_lock.acquire(out, role="launcher", run_key=cfg.run_key)  # nested when the caller holds it
     else:
-        cfg, out = prepare(cfg, overwrite)
+        cfg, lock = _prepare_held(cfg, overwrite)
+        out = lock.folder
     timeout = run_timeout or (cfg.connect_timeout + (cfg.rounds + 2) * cfg.round_timeout)
     try:
         _launch(cfg, out, timeout, on_event, superlink, root_certificates, insecure, node_auth, clientapp_mode,
                 on_federation)
     except KeyboardInterrupt:
-        finalize_status(out, "interrupted", "stopped by the user (Ctrl-C) before the run finished", cfg)
+        note = finalize_status(out, "interrupted", "stopped by the user (Ctrl-C) before the run finished", cfg)
+        if note:
+            logger.error("%s", note)
         raise
     except (FederationError, TimeoutError) as exc:
-        finalize_status(out, "failed", str(exc), cfg)
+        notes = [n for n in (finalize_status(out, "failed", str(exc), cfg), full_disk(out)) if n]
+        if notes:  # the ServerApp may have been unable to say it: the disk the launcher sees
+            from graphfl.server.checkpoint import resume_hint
+
+            raise FederationError("; ".join(n for n in (str(exc), *notes, resume_hint(out)) if n)) from exc
         raise
+    except OSError as exc:  # the launcher's own files: app folder, run config, logs, certificates
+        from graphfl.server.checkpoint import resume_hint
+
+        reason = "; ".join(n for n in (str(exc), how_to_fix(exc, out), resume_hint(out)) if n)
+        note = finalize_status(out, "failed", reason, cfg)
+        raise FederationError(f"{reason}; {note}" if note else reason) from exc
+    finally:
+        lock.release()
     return out
 
 
@@ -261,7 +335,8 @@ def _launch(
     if superlink is None and cfg.engine == "inprocess":
         from graphfl.server.inprocess import run_federated_inprocess
 
-        run_federated_inprocess(cfg, out, progress=on_event)
+        with run_lock.acquire(out, name=run_lock.WRITER_LOCK_NAME, role="inprocess", run_key=cfg.run_key):
+            run_federated_inprocess(cfg, out, progress=on_event)
         return
 
     from graphfl.client.state_store import CLIENT_STATE_DIR

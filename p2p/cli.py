@@ -36,16 +36,35 @@ def peer_command(
                                       "file's; auto keeps models under 100k parameters on the CPU)"),
     listen: str | None = typer.Option(None, "--listen", help="HOST:PORT to bind when it differs from this peer's "
                                       "address in the network file (port forwarding, NAT, a link emulator)"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="replace this peer's finished results in --out "
+                                   "(default: refuse them; --resume continues instead)"),
 ) -> None:
     """Run one p2p peer process (one per device)."""
+    from graphfl.p2p.outdir import claim_peer_folder
     from graphfl.p2p.peer import main
 
     try:
         overrides = _overrides(set_)
+        lock = claim_peer_folder(out, peer_id, resume=resume, overwrite=overwrite,
+                                 rounds=_rounds_of(topology, overrides))
     except ConfigError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
-    raise typer.Exit(main(str(topology), peer_id, str(out), overrides, insecure, resume, device, listen))
+    with lock:  # held while the peer runs; the OS drops it if the process is killed
+        code = main(str(topology), peer_id, str(out), overrides, insecure, resume, device, listen)
+    raise typer.Exit(code)
+
+
+def _rounds_of(topology: Path, overrides: dict[str, Any]) -> int | None:
+    """The rounds a peer of ``topology`` runs with ``overrides`` (``None`` if the file does not load:
+    the peer then reports why).
+    """
+    from graphfl.p2p.config import load_network_file
+
+    try:
+        return load_network_file(str(topology), overrides).run.rounds
+    except (ConfigError, OSError, ValueError):
+        return None
 
 
 def p2p_command(
@@ -67,6 +86,8 @@ def p2p_command(
     timeout: float = typer.Option(0.0, "--timeout", help="overall bound in seconds (0 = derived from rounds)"),
     set_: list[str] | None = typer.Option(None, "--set", help="override a \\[run] key, e.g. --set round-timeout=5"),
     quiet: bool = typer.Option(False, "--quiet", help="no progress display"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="replace a previous p2p run's files in --out "
+                                   "(default: refuse a non-empty --out)"),
     device: str | None = typer.Option(None, "--device", help="every peer's device: auto | cpu | cuda | cuda:N "
                                       "(auto keeps models under 100k parameters on the CPU)"),
     engine: str = typer.Option("process", "--engine",
@@ -75,7 +96,8 @@ def p2p_command(
 ) -> None:
     """Launch N local peer processes on 127.0.0.1 (or run the network in-process), results in <out>/p2p.{json,md,png}."""
     from graphfl.p2p.inprocess import ENGINES, launch_inprocess
-    from graphfl.p2p.launcher import LaunchError, launch
+    from graphfl.p2p.launcher import LaunchError, default_out, launch
+    from graphfl.p2p.outdir import claim_network_folder
     from graphfl.tasks.base import DataError
 
     try:
@@ -92,12 +114,15 @@ def p2p_command(
         if engine == "inprocess":
             if insecure or timeout:
                 raise ConfigError("--insecure and --timeout apply to the process engine only (inprocess opens no socket)")
-            summary = launch_inprocess(str(graph) if graph is not None else topology, peers, overrides, out=out,
-                                       mixing=mixing, data_dir=data_dir, device=device)
+            folder = out if out is not None else default_out()
+            with claim_network_folder(folder, overwrite):
+                summary = launch_inprocess(str(graph) if graph is not None else topology, peers, overrides, out=folder,
+                                           mixing=mixing, data_dir=data_dir, device=device)
             typer.echo(summary["text"])
             raise typer.Exit(0 if summary["ok"] else 1)
         summary = launch(str(graph) if graph is not None else topology, peers, overrides, out=out, insecure=insecure,
-                         mixing=mixing, timeout=timeout or None, progress=not quiet, data_dir=data_dir, device=device)
+                         mixing=mixing, timeout=timeout or None, progress=not quiet, data_dir=data_dir, device=device,
+                         overwrite=overwrite)
     except (ConfigError, LaunchError, DataError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None

@@ -32,7 +32,7 @@ from graphfl.common.certs import generate_network_certs
 from graphfl.common.config import ConfigError, device_problem
 from graphfl.common.envinfo import env_info
 from graphfl.common.ports import free_ports
-from graphfl.common.results import markdown_table, write_json
+from graphfl.common.results import atomic_write_bytes, atomic_write_text, markdown_table, write_json
 from graphfl.p2p.algorithms import registry
 from graphfl.p2p.algorithms.registry import PrepareContext
 from graphfl.p2p.config import P2PConfig, TlsSection, load_network_file, parse_p2p_config, write_network_file
@@ -414,7 +414,7 @@ def write_report(out: Path, result: dict[str, Any]) -> None:
         text += [f"λ chosen by {cv['folds']}-fold cross-validation: {cv['chosen']:g}", "",
                  markdown_table(columns=["λ", "mean held-out loss", "se"],
                                 rows=list(zip(cv["lambdas"], cv["mean_loss"], cv["se_loss"]))), ""]
-    (out / "p2p.md").write_text("\n".join(text))
+    atomic_write_text(out / "p2p.md", "\n".join(text))
     plot_report(out / "p2p.png", result)
 
 
@@ -447,10 +447,10 @@ def plot_report(path: Path, result: Mapping[str, Any]) -> None:
         draw_graph(axes[0][-1], cfg["peers"], [tuple(e[:2]) for e in cfg["edges"]], sel)
     fig.suptitle(f"{algo} on {cfg['network']}")
     fig.tight_layout()
-    tmp = path.with_suffix(".tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    os.replace(tmp, path)
+    try:
+        atomic_write_bytes(path, lambda fh: fig.savefig(fh, format="png", dpi=110))
+    finally:
+        plt.close(fig)
 
 
 def draw_graph(ax: Any, n: int, edges: Sequence[tuple[int, int]], selection: Mapping[str, Any] | None) -> None:
@@ -476,21 +476,42 @@ def draw_graph(ax: Any, n: int, edges: Sequence[tuple[int, int]], selection: Map
     ax.axis("off")
 
 
+def default_out() -> Path:
+    """``runs/p2p-<timestamp>``: a new folder per network run."""
+    return Path("runs") / time.strftime("p2p-%Y%m%d-%H%M%S")
+
+
 def launch(
     topology: str | None, peers: int | None, overrides: Mapping[str, Any], *, out: Path | None = None,
     insecure: bool = False, mixing: str = "metropolis", timeout: float | None = None, progress: bool = True,
-    data_dir: str | Path | None = None, device: str | None = None,
+    data_dir: str | Path | None = None, device: str | None = None, overwrite: bool = False,
 ) -> dict[str, Any]:
     """Run a whole local network; returns the result dict plus ``text`` (a one-line summary).
 
+    ``out`` is claimed first (:func:`graphfl.p2p.outdir.claim_network_folder`): a folder in use
+    or holding files is refused unless ``overwrite`` (which replaces only a p2p run's files);
+    its lock is held until the run's report is written.
+
     Raises
     ------
+    ConfigError
+        ``out`` is in use, holds files, or cannot be created.
     LaunchError
         If the peers do not finish within the bound (they are torn down first).
     KeyboardInterrupt
         After tearing every peer down.
     """
-    out = Path(out) if out is not None else Path("runs") / time.strftime("p2p-%Y%m%d-%H%M%S")
+    from graphfl.p2p.outdir import claim_network_folder
+
+    out = Path(out) if out is not None else default_out()
+    with claim_network_folder(out, overwrite):
+        return _launch_claimed(topology, peers, overrides, out, insecure, mixing, timeout, progress, data_dir, device)
+
+
+def _launch_claimed(
+    topology: str | None, peers: int | None, overrides: Mapping[str, Any], out: Path, insecure: bool, mixing: str,
+    timeout: float | None, progress: bool, data_dir: str | Path | None, device: str | None,
+) -> dict[str, Any]:
     seed = int(overrides.get("seed", 0))
     network_file = prepare_network(out, topology, peers, overrides, insecure=insecure, mixing=mixing, seed=seed,
                                    data_dir=data_dir, device=device)

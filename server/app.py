@@ -5,6 +5,13 @@ config (``context.run_config``) is parsed once into a :class:`~graphfl.common.co
 Results go to ``out-dir`` (an absolute path; the ServerApp's working directory is not the
 user's): ``run.json`` after every round, ``run.md``/``run.png`` at the end, and one JSON
 line per round in ``progress.jsonl`` for the launcher's progress display.
+
+Who owns ``out-dir`` (:func:`own_out_dir`, :mod:`graphfl.common.run_lock`): the ServerApp
+writes only while it holds the folder's writer lock, so one ServerApp at a time writes a folder.
+The folder lock itself belongs to ``graphfl run``'s launcher when one on this host claimed the
+folder for this run (its lock file names the run key); otherwise (a SuperLink on another
+machine, or a run submitted without graphfl's launcher) the ServerApp takes the folder lock
+too. A folder owned by another run is refused before anything is written into it.
 """
 
 from __future__ import annotations
@@ -51,6 +58,36 @@ def progress_writer(path: Path, run_id: int) -> Callable[[dict[str, Any]], None]
     return write
 
 
+def own_out_dir(out: Path, run_key: str) -> list[Any]:
+    """Take ownership of ``out`` for this ServerApp; returns the held locks (release them at the end).
+
+    Rule: first the writer lock (``.graphfl-writer.lock``): another process that writes this
+    folder's results refuses it. Then the folder lock (``.graphfl.lock``): free, the ServerApp
+    takes it (no launcher owns the folder); held by a ``launcher`` whose lock file names this
+    run's ``run_key``, the folder is its own launcher's and the ServerApp writes into it under
+    the writer lock alone; held by anyone else, it is refused.
+
+    Raises
+    ------
+    graphfl.common.run_lock.FolderBusy
+        Naming the folder and the process that owns it.
+    """
+    from graphfl.common import run_lock
+
+    out.mkdir(parents=True, exist_ok=True)
+    writer = run_lock.acquire(out, name=run_lock.WRITER_LOCK_NAME, role="serverapp", run_key=run_key)
+    try:
+        return [writer, run_lock.acquire(out, role="serverapp", run_key=run_key)]
+    except run_lock.FolderBusy as busy:
+        if busy.owner.get("role") == "launcher" and run_key and busy.owner.get("run_key") == run_key:
+            return [writer]
+        writer.release()
+        raise
+    except BaseException:
+        writer.release()
+        raise
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     """The ServerApp: parse the run config, run the strategy, write the results."""
@@ -67,7 +104,7 @@ def main(grid: Grid, context: Context) -> None:
 
     cfg = parse_run_config(dict(context.run_config))
     out = resolve_out_dir(cfg.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    locks = own_out_dir(out, cfg.run_key)  # another run's folder: refused before anything is written
     progress = progress_writer(out / PROGRESS_FILE, int(context.run_id))
     try:
         torch.set_num_threads(1)
@@ -79,5 +116,11 @@ def main(grid: Grid, context: Context) -> None:
         strategy = CoreStrategy(cfg, spec, recorder, inputs)
         strategy.start(grid=grid, initial_arrays=arrays_to_record(inputs.initial_arrays), num_rounds=cfg.rounds)
     except BaseException as exc:
-        progress({"event": "error", "error": f"{type(exc).__name__}: {exc}"})
+        try:
+            progress({"event": "error", "error": f"{type(exc).__name__}: {exc}"})
+        except OSError as unwritten:  # a full disk: the launcher then finds the run failed through Flower
+            logger.error("could not report the error in %s: %s", out / PROGRESS_FILE, unwritten)
         raise
+    finally:
+        for lock in reversed(locks):
+            lock.release()

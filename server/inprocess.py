@@ -70,6 +70,9 @@ class InProcessExchange:
                 self._live.add(pid)
                 if store is not None:
                     store.save(r, state)
+        except OSError as exc:  # its state could not be saved (a full disk): the reason, not a traceback
+            logger.error("client %d failed in round %d (phase %s): %s", pid, r, request.phase, exc)
+            return Reply(pid, error=f"{type(exc).__name__}: {exc}")
         except Exception as exc:  # a failing client is a failed reply, as in deployment
             logger.exception("client %d failed in round %d (phase %s)", pid, r, request.phase)
             return Reply(pid, error=f"{type(exc).__name__}: {exc}")

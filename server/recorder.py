@@ -229,6 +229,21 @@ class RunRecorder:
 
         write_results(self.out_dir, self.document(), plot=plot)
 
+    def fail(self, reason: str) -> str | None:
+        """Mark the run ``failed`` with ``reason`` and write the result files.
+
+        Returns ``None``, or why they could not be written (a full disk, ...): ``run.json`` then
+        keeps its last complete version, and the caller's error says so.
+        """
+        self.status = "failed"
+        self.extra["error"] = reason
+        try:
+            self.flush(plot=True)
+        except OSError as exc:
+            logger.error("could not write the failed status: %s", exc)
+            return f"run.json could not be updated ({exc}): it still says 'running'"
+        return None
+
     def emit(self, event: dict[str, Any]) -> None:
         """Hand a progress event to the progress callback (whose failures are only logged)."""
         if self.progress is not None:
@@ -236,3 +251,23 @@ class RunRecorder:
                 self.progress(event)
             except Exception:  # progress display must never break a run
                 logger.debug("progress callback failed", exc_info=True)
+
+
+def write_failure(exc: BaseException, out_dir: Path | None, disk: str | None = None) -> str:
+    """The error of a run stopped by storage: what failed (the file and errno text of a failed
+    write, or ``exc`` and ``disk``, the note that the output folder's disk is full), what to do
+    about it, and, when the run has a checkpoint, that ``graphfl run --resume`` continues from it.
+    """
+    from graphfl.common.results import ResultsWriteError, how_to_fix
+    from graphfl.server.checkpoint import resume_hint
+
+    folder = out_dir if out_dir is not None else Path(getattr(exc, "filename", None) or ".").parent
+    what = str(exc) if isinstance(exc, ResultsWriteError) else f"{type(exc).__name__}: {exc}"
+    if disk:
+        fix = f"{disk}: free space on it"
+    elif isinstance(exc, OSError):
+        fix = how_to_fix(exc, folder)
+    else:
+        fix = ""
+    parts = [what, fix, resume_hint(out_dir) if out_dir is not None else ""]
+    return "; ".join(p for p in parts if p)

@@ -47,7 +47,7 @@ from graphfl.common.config import RunConfig
 from graphfl.common.core import EVALUATE_PHASE, Phase, ServerContext, ServerCore
 from graphfl.common.finite import round_divergence
 from graphfl.common.registry import AlgorithmSpec
-from graphfl.common.results import STORAGE_ERRNOS, ResultsWriteError
+from graphfl.common.results import STORAGE_ERRNOS, ResultsWriteError, full_disk
 from graphfl.common.types import Arrays, ClientUpdate, Payload
 from graphfl.server import checkpoint
 from graphfl.server.exchange import ClientExchange, Reply, Request
@@ -111,7 +111,9 @@ def run_federated(
     end; on failure the status ``failed`` and the reason are written before re-raising. A failed
     write of the run's own files (:class:`~graphfl.common.results.ResultsWriteError`, or another
     storage errno) becomes a :class:`RunError` naming the file, what to do and the checkpoint
-    ``--resume`` continues from; it also says when ``run.json`` itself could not be updated.
+    ``--resume`` continues from; so does a failure while the output folder's disk is full (a
+    client that could not save its state, say). It also says when ``run.json`` itself could not
+    be updated.
     A run whose last round has an infinite per-client loss ends with the status ``diverged`` and
     the reason (:func:`graphfl.common.finite.round_divergence`), not ``completed``.
     """
@@ -120,9 +122,10 @@ def run_federated(
     try:
         core = _run(cfg, spec, exchange, inputs, recorder)
     except BaseException as exc:
+        disk = full_disk(recorder.out_dir) if recorder.out_dir is not None else None
         stored = isinstance(exc, ResultsWriteError) or (isinstance(exc, OSError) and exc.errno in STORAGE_ERRNOS)
-        reason = write_failure(exc, recorder.out_dir) if isinstance(exc, OSError) and stored \
-            else f"{type(exc).__name__}: {exc}"
+        stored = stored or (disk is not None and isinstance(exc, (OSError, RunError)))
+        reason = write_failure(exc, recorder.out_dir, disk) if stored else f"{type(exc).__name__}: {exc}"
         unwritten = recorder.fail(reason)
         if stored:  # a full disk, a quota, a read-only folder: one clear line, not a traceback
             raise RunError("; ".join(n for n in (reason, unwritten) if n)) from exc

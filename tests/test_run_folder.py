@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -115,3 +117,190 @@ def test_bigfl_needs_two_clients(tmp_path: Path) -> None:
 
     with pytest.raises(ConfigError, match="bigfl needs at least 2 clients"):
         preflight(_cfg(tmp_path, strategy="bigfl", nodes=1))
+
+
+# -- p2p: a finished run's folder is not silently replaced -------------------------------------------
+
+P2P_SMALL = ("--peers", "2", "--rounds", "2", "--problem", "linreg", "--quiet")
+
+
+def _snapshot(folder: Path, names: tuple[str, ...]) -> dict[str, bytes]:
+    return {name: (folder / name).read_bytes() for name in names}
+
+
+@pytest.mark.e2e
+def test_p2p_and_peer_refuse_a_finished_runs_folder_unless_overwrite(tmp_path: Path) -> None:
+    from graphfl.tests.cli_runner import graphfl_cli
+
+    out = tmp_path / "net"
+    first = graphfl_cli("p2p", *P2P_SMALL, "--out", str(out), timeout=300)
+    assert first.returncode == 0, first.stdout + first.stderr
+    kept = ("p2p.json", "certs/ca.crt", "network.toml", "peer-0.json", "peer-0.npz", "peer-0.rounds.jsonl",
+            "peer-0.ckpt.json")
+    before = _snapshot(out, kept)
+
+    again = graphfl_cli("p2p", *P2P_SMALL, "--seed", "1", "--out", str(out), timeout=300)
+    text = again.stdout + again.stderr
+    assert again.returncode == 2 and "already holds" in text and "--overwrite" in text and "Traceback" not in text, text
+
+    peer = graphfl_cli("peer", "--topology", str(out / "network.toml"), "--id", "0", "--out", str(out),
+                       "--set", "connect-timeout=1", timeout=300)
+    text = peer.stdout + peer.stderr
+    assert peer.returncode == 2 and "peer-0.json" in text and "finished" in text and "--overwrite" in text, text
+    resumed = graphfl_cli("peer", "--topology", str(out / "network.toml"), "--id", "0", "--out", str(out),
+                          "--resume", "--set", "connect-timeout=1", timeout=300)
+    text = resumed.stdout + resumed.stderr
+    assert resumed.returncode == 2 and "rounds" in text and "finished" in text, text
+    assert _snapshot(out, kept) == before  # nothing of the finished run was touched
+
+    (out / "notes.txt").write_text("mine")
+    foreign = graphfl_cli("p2p", *P2P_SMALL, "--out", str(out), "--overwrite", "--engine", "inprocess", timeout=300)
+    assert foreign.returncode == 2 and "notes.txt" in foreign.stdout + foreign.stderr
+    assert _snapshot(out, kept) == before
+    (out / "notes.txt").unlink()
+
+    others = _snapshot(out, ("p2p.json", "peer-1.json", "peer-1.npz", "peer-1.rounds.jsonl"))
+    peer = graphfl_cli("peer", "--topology", str(out / "network.toml"), "--id", "0", "--out", str(out),
+                       "--overwrite", "--set", "connect-timeout=1", timeout=300)
+    assert peer.returncode in (0, 5), peer.stdout + peer.stderr  # 5: it ran alone, its neighbour is gone
+    doc = json.loads((out / "peer-0.json").read_text())
+    assert doc["unreached_at_start"] and len(doc["records"]) == 2  # a new run, alone, replaced peer 0's files
+    assert _snapshot(out, tuple(others)) == others  # the network's and peer 1's files are not touched
+
+    over = graphfl_cli("p2p", *P2P_SMALL, "--seed", "1", "--out", str(out), "--overwrite", "--engine", "inprocess",
+                       timeout=300)
+    assert over.returncode == 0, over.stdout + over.stderr
+    assert json.loads((out / "p2p.json").read_text())["config"]["run"]["seed"] == 1
+    assert not (out / "certs").exists()  # the old network's CA went with the run it belonged to
+
+
+# -- a full disk or a file-size limit while writing results -----------------------------------------
+
+
+def _tmp_files(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if ".tmp" in p.name)
+
+
+def _limit_file_size(limit: int):
+    import resource
+
+    def apply() -> None:  # pragma: no cover - runs in the child before exec
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return apply
+
+
+def _run_argv(out: Path, rounds: int) -> list[str]:
+    import sys
+
+    exe = Path(sys.executable).with_name("graphfl")
+    return [str(exe), "run", "--engine", "inprocess", "--nodes", "2", "--rounds", str(rounds), "--out", str(out),
+            "--set", "train.local-steps=2"]
+
+
+def _rounds(doc: dict) -> list[int]:
+    return [r["round"] for r in doc["methods"]["fedavg"]["curve"]]
+
+
+@pytest.mark.e2e
+def test_a_result_file_over_the_size_limit_is_a_clear_error_and_resume_continues(tmp_path: Path) -> None:
+    """RLIMIT_FSIZE (EFBIG, portable, no privileges): the checkpoint outgrows the limit mid-run; run.json
+    (smaller) still takes the failed status and the reason; no temporary file is left; --resume finishes."""
+    import subprocess
+
+    from graphfl.deploy.run import preflight
+    from graphfl.tests.cli_runner import graphfl_cli
+
+    out = tmp_path / "run"
+    rounds = 30
+    preflight(_cfg(out, nodes=2, rounds=rounds))  # the task's data cache is written here, not under the limit
+    proc = subprocess.run(_run_argv(out, rounds), preexec_fn=_limit_file_size(50_000), capture_output=True,
+                          text=True, timeout=300, stdin=subprocess.DEVNULL, env={**os.environ, "COLUMNS": "200"})
+    text = (proc.stdout + proc.stderr).replace("\n", "")
+    assert proc.returncode == 1, text
+    assert "File too large" in text and "server-r" in text and "--resume" in text and "Traceback" not in text, text
+    doc = json.loads((out / "run.json").read_text())
+    assert doc["status"] == "failed" and "File too large" in doc["error"] and "server-r" in doc["error"]
+    assert _tmp_files(out) == []
+    at = json.loads((out / "checkpoint" / "checkpoint.json").read_text())["round"]
+    assert 1 <= at < rounds and _rounds(doc) == list(range(at + 2))  # the failed round's rows are kept too
+    resumed = graphfl_cli("run", "--resume", str(out), timeout=300)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    doc = json.loads((out / "run.json").read_text())
+    assert doc["status"] == "completed" and _rounds(doc) == list(range(rounds + 1)) and doc["resumed_from_round"] == at
+
+
+@pytest.mark.e2e
+def test_a_full_disk_is_a_clear_error_and_resume_continues_after_space_is_freed(tmp_path: Path) -> None:
+    """A real full file system: a 4 MB tmpfs (needs the right to mount; skipped, saying so, without it)
+    is filled while the run goes; run.json cannot be written at all, and the error says so."""
+    import errno
+    import subprocess
+
+    from graphfl.tests.cli_runner import graphfl_cli
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)], capture_output=True,
+                             text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"mounting a tmpfs is not permitted here ({mounted.stderr.strip() or mounted.returncode}); "
+                    "the RLIMIT_FSIZE test covers the same code without privileges")
+    try:
+        out = disk / "run"
+        rounds = 150
+        with (tmp_path / "run.log").open("w") as log:
+            proc = subprocess.Popen(_run_argv(out, rounds), stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, env={**os.environ, "COLUMNS": "200"})
+            try:
+                end = time.monotonic() + 180
+                while time.monotonic() < end and proc.poll() is None:
+                    ck = out / "checkpoint" / "checkpoint.json"
+                    if ck.is_file() and json.loads(ck.read_text() or "{}").get("round", 0) >= 2:
+                        break
+                    time.sleep(0.02)
+                with (disk / "filler").open("wb") as fh:  # fill every free byte
+                    try:
+                        while True:
+                            fh.write(b"\0" * 65536)
+                            fh.flush()
+                    except OSError as exc:
+                        assert exc.errno == errno.ENOSPC
+                code = proc.wait(timeout=180)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+        text = (tmp_path / "run.log").read_text().replace("\n", "")
+        assert code == 1, text
+        assert "No space left on device" in text and str(out) in text and "--resume" in text, text
+        assert "Traceback" not in text and "run.json" in text, text
+        assert _tmp_files(out) == []
+        doc = json.loads((out / "run.json").read_text())  # the last complete version, never half a file
+        assert doc["status"] in ("running", "failed")
+        if doc["status"] == "running":
+            assert "could not be updated" in text, text
+        at = json.loads((out / "checkpoint" / "checkpoint.json").read_text())["round"]
+        (disk / "filler").unlink()
+        resumed = graphfl_cli("run", "--resume", str(out), timeout=300)
+        assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+        doc = json.loads((out / "run.json").read_text())
+        assert doc["status"] == "completed" and _rounds(doc) == list(range(rounds + 1))
+        assert doc["resumed_from_round"] == at
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+
+
+def test_the_launcher_says_when_it_cannot_write_run_json(tmp_path: Path) -> None:
+    """finalize_status under a file-size limit: no exception, the reason returned, run.json and the folder intact."""
+    import subprocess
+    import sys
+
+    (tmp_path / "run.json").write_text(json.dumps({"name": "run", "status": "running", "methods": {}}))
+    before = (tmp_path / "run.json").read_bytes()
+    code = ("import sys; from pathlib import Path; from graphfl.deploy.run import finalize_status; "
+            "print(finalize_status(Path(sys.argv[1]), 'failed', 'x' * 200))")
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], preexec_fn=_limit_file_size(64),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "run.json" in proc.stdout and "File too large" in proc.stdout and "still says 'running'" in proc.stdout
+    assert (tmp_path / "run.json").read_bytes() == before and _tmp_files(tmp_path) == []
