@@ -4,11 +4,11 @@ Client i receives its own model ``θ_i^t``, the message ``m_i`` (``bigfl/m``), `
 (``bigfl/phi``) and ``â_i`` (config ``bigfl.a-ii``), runs ``train.local-steps`` minibatch SGD
 steps on its LL loss (eq. 10.17)::
 
-    data_i(θ) + (λ_LL/2)‖m_i + â_i θ φ − θ‖² + (κ/2)‖θ‖²
+    data_i(θ) + (λ/2)‖m_i + â_i θ φ − θ‖² + (κ/2)‖θ‖²
 
 with ``m_i`` and ``φ`` frozen, and uploads ``θ_i^{t+1}``. When the server asks for it
 (``bigfl.hessian``), it also uploads the Hessian of its data loss w.r.t. ``θ`` at
-``θ_i^{t+1}`` (``bigfl/hessian``, ``d×d``), which the ``neumann`` hypergradient needs.
+``θ_i^{t+1}`` (``bigfl/hessian``, ``d×d``), which the ``implicit`` hypergradient needs.
 
 With ``bigfl.layers`` set, ``θ`` is the concatenation of those parameters only; the others are
 trained with the data loss alone and either come from the server (``others = fedavg``) or
@@ -115,7 +115,7 @@ class BiGFLTrainer(ClientTrainer[BiGFLParams]):
                 f"{tuple(phi.shape)} do not match the {d} BiG-FL parameters"
             )
         a_ii = float(payload.config.get(A_II_KEY, 1.0))
-        lam, kappa = self.params.lambda_ll, self.params.kappa
+        lam, kappa = self.params.lam, self.params.kappa
 
         def penalty(mod: nn.Module) -> torch.Tensor:
             return bm.ll_reg_loss(flat_params(mod, keys), m_i, phi, a_ii, lam, kappa)

@@ -94,6 +94,9 @@ def build_dataclass(
 ) -> Any:
     """Build a frozen dataclass from flat ``{field-key: value}``; unknown keys are errors.
 
+    A key listed in the class's ``RENAMED_KEYS`` (``{old-key: what replaced it}``) is an error
+    that names its replacement.
+
     ``values`` uses canonical keys (``local-steps``). Choices declared in a field's
     ``metadata["choices"]`` are enforced, as are ``metadata["min"]``/``["max"]`` bounds.
     Fields passed in ``given`` (already-built sub-objects) are not read from ``values``.
@@ -101,6 +104,11 @@ def build_dataclass(
     hints = get_type_hints(cls)
     known = {_field_key(f.name): f for f in fields(cls) if f.init and f.name not in given}
     unknown = sorted(set(values) - set(known))
+    renamed = getattr(cls, "RENAMED_KEYS", {})
+    for key in unknown:
+        if key in renamed:
+            label = f"{section}.{key}" if section else key
+            raise ConfigError(f"{label} no longer exists; use {renamed[key]}")
     if unknown:
         where = f"[{section}]" if section else "top level"
         raise ConfigError(

@@ -1,4 +1,4 @@
-"""BiG-FL: bilevel-optimisation enhanced graph-aided FL (ALGORITHMS.md §5; seed 000 §10.4).
+"""BiG-FL: bilevel-optimisation enhanced graph-aided FL (ALGORITHMS.md §5 with §0.1 C2; seed 000 §10.4).
 
 The server holds the upper-level (UL) parameter ``φ ∈ R^{d×d}`` (initialised to ``I``), the
 client graph's GCN propagation matrix ``Â`` and the latest client models ``Θ ∈ R^{n×d}``.
@@ -7,14 +7,28 @@ Round t (seed 000, Algorithm 4; math in :mod:`graphfl.strategies.bigfl_math`):
 1. server → client i: its own model ``θ_i^t``, the message ``m_i = Σ_{j≠i} Â_ij θ_j φ``,
    ``φ`` and ``â_i = Â_ii``;
 2. client i: ``train.local-steps`` SGD steps (eq. 10.19) on its LL loss (eq. 10.17)
-   ``data_i(θ) + (λ_LL/2)‖m_i + â_i θ φ − θ‖² + (κ/2)‖θ‖²`` with ``m_i, φ`` frozen; uploads
-   ``θ_i^{t+1}`` (and, in ``neumann`` mode, its data-loss Hessian at ``θ_i^{t+1}``);
-3. server: ``H = ÂΘφ``; ``q`` fresh negatives per node; hypergradient ``ĝ_φ`` (eq. 10.20,
-   mode ``neumann``/``reg_only``/``first_order``, §5.4); ``φ ← φ − α ĝ_φ``; new messages.
+   ``data_i(θ) + (λ/2)‖m_i + â_i θ φ − θ‖² + (κ/2)‖θ‖²`` with ``m_i, φ`` frozen; uploads
+   ``θ_i^{t+1}`` (and, in ``implicit`` mode, its data-loss Hessian at ``θ_i^{t+1}``);
+3. server: ``H = Â(Θ − 1θ̄ᵀ)φ`` (centred parameters); ``q`` fresh negatives per node;
+   hypergradient ``ĝ`` (eq. 10.20; its implicit term ``J_Θᵀ v = ∇_Θ f`` solved by GMRES or a
+   Neumann series to a residual tolerance, §5.4 and C2 d); normalised step
+   ``φ ← φ − α ĝ/‖ĝ‖_F`` (C2 b); new messages.
 
-The data loss is the task's loss (mean over the batch, e.g. ``MSELoss``), so ``λ_LL`` and
-``κ`` are relative to it. Local steps, batch size and learning rate (the spec's ``τ, m, β``)
-come from ``[train]`` like every other strategy.
+One ``λ`` weighs both levels' regularisers, as in the paper (eqs. 10.14 and 10.17); ``λ = 0``
+is refused: it removes φ from the lower level, so the run would be local training with
+``κ``, not BiG-FL (C2 e). ``κ`` defaults to 0.2, above the curvature deficit measured on the
+synthetic MLP (C2 c); when the clients upload Hessians the server reports
+``ll_min_curvature = min_i λ_min(∇²data_i) + κ`` in round 1 and every ``curvature_every``
+rounds, and warns when it is not positive (the LL is then not strongly convex and the
+implicit term is not the derivative of a unique ``Θ*(φ)``).
+
+The data loss is the task's loss (mean over the batch, e.g. ``MSELoss``), so ``λ`` and ``κ``
+are relative to it. Local steps, batch size and learning rate (the spec's ``τ, m, β``) come
+from ``[train]`` like every other strategy.
+
+Server metrics every round: ``phi_minus_identity`` (``‖φ − I‖_F``), ``hypergrad_norm``
+(``‖ĝ‖_F`` before normalisation), ``phi_step`` (the step's length, ``α`` or 0),
+``implicit_residual`` / ``implicit_iterations`` / ``implicit_converged`` of the linear solve.
 
 Client graph: the task's (``ctx.client_graph``), else ``graph_file`` (an edge list ``i j
 [w]`` keyed by partition id), else ``missing_graph`` decides (``complete`` with a warning by
@@ -26,7 +40,7 @@ Large models (ALGORITHMS.md §5.7: ``φ`` is ``d×d``): ``layers`` restricts BiG
 parameters (``θ`` = their concatenation); the remaining parameters are averaged as in FedAvg
 (``others = "fedavg"``) or never leave the client (``others = "local"``). Messages per client
 and round: down ``d² + 2d`` floats (``φ`` in ``phi_dtype``), up ``d`` floats plus ``d²`` for the
-Hessian in ``neumann`` mode (skipped, i.e. ``reg_only``, when ``d > max_hessian_dim``).
+Hessian in ``implicit`` mode (skipped, i.e. ``reg_only``, when ``d > max_hessian_dim``).
 """
 
 from __future__ import annotations
@@ -35,6 +49,7 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -63,26 +78,40 @@ WANT_HESS_KEY = "bigfl.hessian"
 RESERVED_PREFIX = "bigfl/"
 
 
+def _positive_lambda(value: float) -> str:
+    if value > 0:
+        return ""
+    return ("lambda must be > 0: with lambda = 0 phi leaves the lower level and the run is local training "
+            "with kappa (BiG-FL disabled); use --strategy local for that")
+
+
 @dataclass(frozen=True)
 class BiGFLParams:
-    """BiG-FL hyperparameters (ALGORITHMS.md §5.2; all defaults reconstructed except ``q``).
+    """BiG-FL hyperparameters (ALGORITHMS.md §5.2 as corrected by §0.1 C2; only ``q`` is the paper's).
 
     Attributes
     ----------
     alpha
-        UL step size: ``φ ← φ − alpha · ĝ_φ``.
+        UL step length: ``φ ← φ − alpha · ĝ/‖ĝ‖_F`` (normalised step, C2 b).
     kappa
-        ``κ`` of the LL term ``(κ/2)‖θ_i‖²``.
-    lambda_ll, lambda_ul
-        Weights of the LL graph regulariser ``(λ_LL/2)R_i`` and of ``(λ_UL/2)‖φ − I‖²``.
+        ``κ`` of the LL term ``(κ/2)‖θ_i‖²``; must exceed the data loss's curvature deficit
+        ``−λ_min(∇²data_i)`` for a strongly convex LL (C2 c; see ``ll_min_curvature``).
+    lam
+        ``λ``: one weight for the LL graph regulariser ``(λ/2)R_i`` and the UL term
+        ``(λ/2)‖φ − I‖²`` (seed 000 eqs. 10.14, 10.17); must be > 0.
     q
         Negative samples per head node (seed 000: 10).
     hypergrad_mode
-        ``neumann`` (clients upload their data-loss Hessian), ``reg_only`` (Neumann series
-        with the server-side regulariser curvature only) or ``first_order`` (``v = 0``).
-    neumann_k, neumann_c
-        Terms ``K`` and step ``c`` of the Neumann series; ``neumann_c = 0`` means ``c =
-        train.lr`` (the LL step β, as the spec says).
+        ``implicit`` (full ``J_Θ``; clients upload their data-loss Hessian), ``reg_only``
+        (the server-side regulariser curvature and ``κ`` only) or ``first_order`` (``v = 0``).
+    solver
+        Linear solver of the implicit term: ``gmres`` or ``neumann``.
+    solver_tol, solver_max_iter
+        Relative residual tolerance and iteration cap (Neumann: terms ``K``) of the solve.
+    neumann_c
+        Neumann step ``c``; 0 = ``1/ρ̂`` with ``ρ̂`` a power-iteration estimate of ``‖J_Θ‖``.
+    curvature_every
+        Rounds between the LL strong-convexity checks (needs the clients' Hessians; 0 = never).
     layers
         Comma-separated parameter keys or prefixes BiG-FL acts on; empty = all parameters.
     others
@@ -93,7 +122,7 @@ class BiGFLParams:
         warning), ``isolated`` (no edges: BiG-FL degenerates to regularised local training)
         or ``error``.
     max_hessian_dim
-        In ``neumann`` mode clients upload a ``d×d`` Hessian only if ``d`` is at most this;
+        In ``implicit`` mode clients upload a ``d×d`` Hessian only if ``d`` is at most this;
         above it the round uses ``reg_only`` (logged once).
     hessian_samples
         Training samples used for the client Hessian (0 = the whole local training split).
@@ -101,14 +130,24 @@ class BiGFLParams:
         Wire dtype of ``φ`` (``float16`` halves the downlink; the server keeps float64).
     """
 
-    alpha: float = field(default=1e-3, metadata={"min": 0.0})
-    kappa: float = field(default=1e-3, metadata={"min": 0.0})
-    lambda_ll: float = field(default=0.1, metadata={"min": 0.0})
-    lambda_ul: float = field(default=0.01, metadata={"min": 0.0})
+    RENAMED_KEYS: ClassVar[dict[str, str]] = {
+        "lambda-ll": "bigfl.lam (one lambda for both levels, as in the paper)",
+        "lambda-ul": "bigfl.lam (one lambda for both levels, as in the paper)",
+        "lambda": "bigfl.lam",
+        "neumann-k": "bigfl.solver-max-iter (with bigfl.solver = 'neumann')",
+    }
+    """Keys that no longer exist and the key that replaced each (read by common.config)."""
+
+    alpha: float = field(default=2e-2, metadata={"min": 0.0})
+    kappa: float = field(default=0.2, metadata={"min": 0.0})
+    lam: float = field(default=0.1, metadata={"check": _positive_lambda})
     q: int = field(default=10, metadata={"min": 0})
-    hypergrad_mode: str = field(default="neumann", metadata={"choices": bm.HYPERGRAD_MODES})
-    neumann_k: int = field(default=3, metadata={"min": 0})
+    hypergrad_mode: str = field(default="implicit", metadata={"choices": bm.HYPERGRAD_MODES})
+    solver: str = field(default="gmres", metadata={"choices": bm.SOLVERS})
+    solver_tol: float = field(default=1e-6, metadata={"min": 1e-14, "max": 1.0})
+    solver_max_iter: int = field(default=300, metadata={"min": 1})
     neumann_c: float = field(default=0.0, metadata={"min": 0.0})
+    curvature_every: int = field(default=10, metadata={"min": 0})
     layers: str = ""
     others: str = field(default="fedavg", metadata={"choices": ("fedavg", "local")})
     missing_graph: str = field(default="complete",
@@ -118,11 +157,10 @@ class BiGFLParams:
     phi_dtype: str = field(default="float32", metadata={"choices": ("float32", "float16")})
 
 
-
 class BiGFLCore(ServerCore[BiGFLParams]):
     """Server half of BiG-FL (see the module docstring).
 
-    One phase per round (the default plan): the clients' Hessians, when the ``neumann``
+    One phase per round (the default plan): the clients' Hessians, when the ``implicit``
     hypergradient needs them, come back in the same reply as ``θ_i``.
     """
 
@@ -152,19 +190,23 @@ class BiGFLCore(ServerCore[BiGFLParams]):
             logger.info("bigfl: client(s) %s have no neighbour: no positive pairs, m_i = 0, "
                         "regulariser ||theta_i (phi - I)||^2", isolated)
         self.pos = torch.as_tensor(bm.positive_pairs(adj))
+        if self.n > 1 and int((adj > 0).sum()) == self.n * (self.n - 1):
+            logger.warning("bigfl: the client graph is complete: Â = 11ᵀ/n maps the centred parameters to H = 0, "
+                           "so the upper level has no signal and phi stays I (give the task's graph or graph_file)")
 
         theta0 = flatten_params(self.template, self.keys)
         self.theta = torch.as_tensor(np.tile(theta0, (self.n, 1)), dtype=torch.float64)
         self.phi = torch.eye(self.dim, dtype=torch.float64)
-        self.want_hessian = p.hypergrad_mode == "neumann" and self.dim <= p.max_hessian_dim
-        if p.hypergrad_mode == "neumann" and not self.want_hessian:
+        self.want_hessian = p.hypergrad_mode == "implicit" and self.dim <= p.max_hessian_dim
+        if p.hypergrad_mode == "implicit" and not self.want_hessian:
             logger.warning("bigfl: d = %d > max_hessian_dim = %d; clients upload no Hessian and "
                            "the hypergradient uses reg_only", self.dim, p.max_hessian_dim)
         self.hessians = (torch.zeros((self.n, self.dim, self.dim), dtype=torch.float32)
                          if self.want_hessian else None)
         self.shared: Arrays = {k: self.template[k] for k in self.other_keys}
         self.rng = np.random.default_rng([int(ctx.seed), 5, 1])
-        self.neumann_c = p.neumann_c or ctx.config.train.lr
+        self.neumann_c = p.neumann_c
+        self.min_curvature: float | None = None
         if self.dim * self.dim * self.n > 5e8:
             logger.warning("bigfl: phi is %d x %d (%.1f GB as float64); consider bigfl.layers",
                            self.dim, self.dim, self.dim**2 * 8 / 1e9)
@@ -223,35 +265,63 @@ class BiGFLCore(ServerCore[BiGFLParams]):
         if not good:
             logger.warning("bigfl round %d: no valid update; phi and the models are unchanged",
                            server_round)
+            metrics.update(phi_minus_identity=self.phi_distance(), hypergrad_norm=0.0, phi_step=0.0)
             metrics["server_seconds"] = time.perf_counter() - t0
             return metrics
 
         p = self.params
+        if self.hessians is not None and p.curvature_every and (
+                self.min_curvature is None or server_round % p.curvature_every == 0):
+            self._check_curvature(server_round)
         neg = torch.as_tensor(bm.sample_negatives(self.adj, p.q, self.rng))
-        mode = p.hypergrad_mode
         grad, info = bm.hypergradient(
             self.a_hat, self.theta, self.phi, self.pos, neg,
-            q=max(p.q, 1), lambda_ul=p.lambda_ul, lambda_ll=p.lambda_ll, kappa=p.kappa,
-            mode=mode, hessians=self.hessians, neumann_k=p.neumann_k,
+            q=max(p.q, 1), lam=p.lam, kappa=p.kappa, mode=p.hypergrad_mode,
+            hessians=self.hessians, solver=p.solver, tol=p.solver_tol, max_iter=p.solver_max_iter,
             neumann_c=self.neumann_c, max_halvings=20,
         )
         if info.neumann_halvings:
             # remember the safe step for the following rounds
             self.neumann_c = info.neumann_c
-        self.phi = self.phi - p.alpha * grad
+        if not info.converged and info.mode != "first_order":
+            logger.warning("bigfl round %d: the implicit term's %s solve stopped at relative residual "
+                           "%.2e after %d iterations (tolerance %.1e)", server_round, info.solver,
+                           info.residual, info.iterations, p.solver_tol)
+        self.phi, step = bm.normalised_step(self.phi, grad, p.alpha)
         self._refresh()
-        eye = torch.eye(self.dim, dtype=torch.float64)
         metrics.update(
             ul_loss=info.ul_loss,
             hypergrad_norm=float(grad.norm()),
+            hypergrad_direct_norm=info.grad_phi_direct_norm,
             hypergrad_correction_norm=info.correction_norm,
-            phi_minus_identity=float((self.phi - eye).norm()),
-            neumann_c=info.neumann_c,
-            neumann_halvings=info.neumann_halvings,
+            phi_minus_identity=self.phi_distance(),
+            phi_step=step,
+            implicit_residual=info.residual,
+            implicit_iterations=info.iterations,
+            implicit_converged=int(info.converged),
             hypergrad_fallback=int(info.fell_back),
         )
+        if info.solver == "neumann":
+            metrics.update(neumann_c=info.neumann_c, neumann_halvings=info.neumann_halvings)
+        if self.min_curvature is not None:
+            metrics["ll_min_curvature"] = self.min_curvature
         metrics["server_seconds"] = time.perf_counter() - t0
         return metrics
+
+    def phi_distance(self) -> float:
+        """``‖φ − I‖_F``."""
+        eye = torch.eye(self.dim, dtype=torch.float64)
+        return float((self.phi - eye).norm())
+
+    def _check_curvature(self, server_round: int) -> None:
+        """``ll_min_curvature`` from the uploaded Hessians; warn when the LL is not strongly convex."""
+        assert self.hessians is not None
+        self.min_curvature = bm.min_curvature(self.hessians, self.params.kappa)
+        if self.min_curvature <= 0:
+            logger.warning(
+                "bigfl round %d: the lower level is not strongly convex: min_i lambda_min(data Hessian_i) + kappa "
+                "= %.3g <= 0; raise bigfl.kappa above %.3g", server_round, self.min_curvature,
+                self.params.kappa - self.min_curvature)
 
     # -- helpers ---------------------------------------------------------------------
 
@@ -259,7 +329,7 @@ class BiGFLCore(ServerCore[BiGFLParams]):
         """UL loss at the current ``(φ, Θ)`` with freshly sampled negatives (diagnostics)."""
         neg = torch.as_tensor(bm.sample_negatives(self.adj, self.params.q, self.rng))
         return float(bm.ul_loss(self.a_hat, self.theta, self.phi, self.pos, neg,
-                                max(self.params.q, 1), self.params.lambda_ul))
+                                max(self.params.q, 1), self.params.lam))
 
     def _check(self, partition_id: int) -> int:
         if not 0 <= int(partition_id) < self.n:

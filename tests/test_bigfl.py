@@ -1,4 +1,4 @@
-"""BiG-FL: UL loss, LL gradient and hypergradient against references (ALGORITHMS.md §5)."""
+"""BiG-FL: UL loss, LL gradient and hypergradient against references (ALGORITHMS.md §5, §0.1 C2)."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def problem():
     return dict(adj=adj, a_hat=a_hat, theta=theta, phi=phi, pos=pos, neg=neg, amat=amat, bvec=bvec)
 
 
-HYP = dict(q=Q, lambda_ul=0.05, lambda_ll=0.7, kappa=1.0)
+HYP = dict(q=Q, lam=0.7, kappa=1.0)
 
 
 def test_pairs_and_negatives():
@@ -77,7 +77,7 @@ def test_pairs_and_negatives():
 def test_ul_loss_equals_cosine_embedding_loss(problem):
     p = problem
     f = bm.ul_loss(p["a_hat"], p["theta"], p["phi"], p["pos"], p["neg"], Q, 0.3)
-    h = p["a_hat"] @ p["theta"] @ p["phi"]
+    h = p["a_hat"] @ (p["theta"] - p["theta"].mean(0)) @ p["phi"]  # centred parameters (C2 a)
     cel = torch.nn.CosineEmbeddingLoss(margin=0.0, reduction="sum")
     pos, neg = p["pos"], p["neg"]
     ref = cel(h[pos[:, 0]], h[pos[:, 1]], torch.ones(len(pos))) / N
@@ -151,8 +151,8 @@ def _theta_star(p, phi, kappa, lambda_ll):
 
 
 def _ell(p, phi):
-    th = _theta_star(p, phi, HYP["kappa"], HYP["lambda_ll"])
-    return float(bm.ul_loss(p["a_hat"], th, phi, p["pos"], p["neg"], Q, HYP["lambda_ul"]))
+    th = _theta_star(p, phi, HYP["kappa"], HYP["lam"])
+    return float(bm.ul_loss(p["a_hat"], th, phi, p["pos"], p["neg"], Q, HYP["lam"]))
 
 
 def _fd_phi(fun, phi, eps=1e-6):
@@ -174,7 +174,7 @@ def test_first_order_is_partial_gradient_fd(problem):
     g, info = bm.hypergradient(p["a_hat"], p["theta"], p["phi"], p["pos"], p["neg"],
                                mode="first_order", **HYP)
     fd = _fd_phi(lambda ph: float(bm.ul_loss(p["a_hat"], p["theta"], ph, p["pos"], p["neg"], Q,
-                                             HYP["lambda_ul"])), p["phi"])
+                                             HYP["lam"])), p["phi"])
     assert torch.allclose(g, fd, atol=1e-7)
     assert info.mode == "first_order" and info.correction_norm == 0.0
 
@@ -182,9 +182,9 @@ def test_first_order_is_partial_gradient_fd(problem):
 def test_exact_and_neumann_hypergradient_match_fd_of_bilevel_objective(problem):
     p = problem
     phi = p["phi"]
-    theta = _theta_star(p, phi, HYP["kappa"], HYP["lambda_ll"])
+    theta = _theta_star(p, phi, HYP["kappa"], HYP["lam"])
     # the LL solution is a fixed point: F(φ, Θ*) = 0
-    assert float(_pseudo_grad(p, theta, phi, HYP["kappa"], HYP["lambda_ll"]).abs().max()) < 1e-9
+    assert float(_pseudo_grad(p, theta, phi, HYP["kappa"], HYP["lam"]).abs().max()) < 1e-9
     fd = _fd_phi(lambda ph: _ell(p, ph), phi)
     hess = _hessians(p)
     exact, _ = bm.hypergradient(p["a_hat"], theta, phi, p["pos"], p["neg"], mode="exact",
@@ -192,10 +192,14 @@ def test_exact_and_neumann_hypergradient_match_fd_of_bilevel_objective(problem):
     assert torch.allclose(exact, fd, atol=1e-6), (exact - fd).abs().max()
     # Neumann with many terms and a step below 1/‖J‖ converges to the same vector
     c = 0.5 / float(torch.linalg.matrix_norm(hess, ord=2).max() + 3.0)
-    neu, info = bm.hypergradient(p["a_hat"], theta, phi, p["pos"], p["neg"], mode="neumann",
-                                 hessians=hess, neumann_k=3000, neumann_c=c, **HYP)
-    assert info.neumann_halvings == 0 and not info.fell_back
+    neu, info = bm.hypergradient(p["a_hat"], theta, phi, p["pos"], p["neg"], mode="implicit", solver="neumann",
+                                 hessians=hess, max_iter=3000, neumann_c=c, tol=1e-10, **HYP)
+    assert info.neumann_halvings == 0 and not info.fell_back and info.converged
     assert torch.allclose(neu, fd, atol=1e-5), (neu - fd).abs().max()
+    # GMRES (the default solver) reaches its tolerance and the same vector
+    gm, info = bm.hypergradient(p["a_hat"], theta, phi, p["pos"], p["neg"], hessians=hess, tol=1e-10, **HYP)
+    assert info.solver == "gmres" and info.converged and info.residual <= 1e-10
+    assert torch.allclose(gm, fd, atol=1e-6), (gm - fd).abs().max()
     # and the correction matters: first-order differs from the true hypergradient
     fo, _ = bm.hypergradient(p["a_hat"], theta, phi, p["pos"], p["neg"], mode="first_order", **HYP)
     assert float((fo - fd).abs().max()) > 1e-3
@@ -203,13 +207,13 @@ def test_exact_and_neumann_hypergradient_match_fd_of_bilevel_objective(problem):
 
 def test_reg_only_is_neumann_without_data_hessians(problem):
     p = problem
-    kw = dict(neumann_k=5, neumann_c=0.05, **HYP)
+    kw = dict(solver="neumann", max_iter=5, neumann_c=0.05, **HYP)
     a, _ = bm.hypergradient(p["a_hat"], p["theta"], p["phi"], p["pos"], p["neg"],
                             mode="reg_only", hessians=_hessians(p), **kw)
     b, _ = bm.hypergradient(p["a_hat"], p["theta"], p["phi"], p["pos"], p["neg"],
-                            mode="neumann", hessians=None, **kw)
+                            mode="implicit", hessians=None, **kw)
     c, _ = bm.hypergradient(p["a_hat"], p["theta"], p["phi"], p["pos"], p["neg"],
-                            mode="neumann", hessians=_hessians(p), **kw)
+                            mode="implicit", hessians=_hessians(p), **kw)
     assert torch.allclose(a, b, atol=1e-14)
     assert not torch.allclose(a, c, atol=1e-8)
 
@@ -217,15 +221,15 @@ def test_reg_only_is_neumann_without_data_hessians(problem):
 def test_neumann_safeguard_halves_step(problem):
     p = problem
     g, info = bm.hypergradient(p["a_hat"], p["theta"], p["phi"], p["pos"], p["neg"],
-                               mode="neumann", hessians=_hessians(p) * 100.0,
-                               neumann_k=5, neumann_c=10.0, **HYP)
+                               mode="implicit", solver="neumann", hessians=_hessians(p) * 100.0,
+                               max_iter=5, neumann_c=10.0, **HYP)
     assert info.neumann_halvings > 0
     assert info.neumann_c < 10.0
     assert torch.isfinite(g).all()
     # impossible to fix within 0 halvings -> first-order fallback
     g2, info2 = bm.hypergradient(p["a_hat"], p["theta"], p["phi"], p["pos"], p["neg"],
-                                 mode="neumann", hessians=_hessians(p) * 100.0,
-                                 neumann_k=5, neumann_c=10.0, max_halvings=0, **HYP)
+                                 mode="implicit", solver="neumann", hessians=_hessians(p) * 100.0,
+                                 max_iter=5, neumann_c=10.0, max_halvings=0, **HYP)
     fo, _ = bm.hypergradient(p["a_hat"], p["theta"], p["phi"], p["pos"], p["neg"],
                              mode="first_order", **HYP)
     assert info2.fell_back and torch.allclose(g2, fo)
@@ -233,7 +237,7 @@ def test_neumann_safeguard_halves_step(problem):
 
 def test_unknown_mode_is_an_error(problem):
     p = problem
-    with pytest.raises(ValueError, match="neumann"):
+    with pytest.raises(ValueError, match="implicit"):
         bm.hypergradient(p["a_hat"], p["theta"], p["phi"], p["pos"], p["neg"], mode="bogus",
                          **HYP)
 
@@ -268,7 +272,7 @@ def _reply(core, i, value, hess=True):
 
 def test_core_payload_messages_and_phi_update():
     adj = _adj(4, [(0, 1), (1, 2)])  # node 3 isolated
-    core = bg.BiGFLCore(_core_ctx(adj, alpha=0.5, lambda_ul=0.0))
+    core = bg.BiGFLCore(_core_ctx(adj, alpha=0.5))
     p1 = core.configure_train(1, 1)
     assert set(p1.arrays) == {"l1.weight", "l2.weight", bg.M_KEY, bg.PHI_KEY}
     assert p1.arrays[bg.PHI_KEY].shape == (7, 7)
@@ -281,7 +285,7 @@ def test_core_payload_messages_and_phi_update():
     ups = {i: _reply(core, i, float(i + 1)) for i in range(4)}
     m = core.aggregate_train(1, ups)
     assert m["clients_aggregated"] == 4
-    assert m["phi_minus_identity"] > 0 and np.isfinite(m["ul_loss"])
+    assert m["phi_minus_identity"] == pytest.approx(0.5) and np.isfinite(m["ul_loss"])  # normalised step
     # messages use the new Θ and φ: m_i = Σ_{j≠i} Â_ij θ_j φ
     a_hat = core.a_hat.numpy()
     theta = core.theta.numpy()
@@ -358,7 +362,7 @@ def test_layer_subset_and_local_others():
 # ---------------------------------------------------------------------------------------
 
 
-def test_inprocess_two_rounds_neumann_with_nan_reply():
+def test_inprocess_two_rounds_implicit_with_nan_reply():
     import graphfl.strategies.bigfl  # noqa: F401  (registers "bigfl")
     from graphfl.common.config import parse_run_config
     from graphfl.server.inprocess import run_federated_inprocess

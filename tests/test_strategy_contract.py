@@ -210,7 +210,11 @@ def _check_bigfl(run: ContractRun) -> None:
     ups = _accepted_uploads(run, 2)
     core = run.core
     sent2, sent3 = run.trace.sent(2, "fit"), run.trace.sent(3, "fit")
-    assert not np.array_equal(sent2[0].arrays[PHI_KEY], sent3[0].arrays[PHI_KEY])   # φ took a step
+    # φ ← φ − α ĝ/‖ĝ‖_F. digits has no client graph, so BiG-FL runs on the complete fallback graph,
+    # where Â = 11ᵀ/n maps the centred parameters Θ − 1θ̄ᵀ to H = 0: no UL signal, ĝ = 0, no step.
+    assert core.graph_source.startswith("complete")
+    assert run.curve[2]["server"]["hypergrad_norm"] == 0.0 and run.curve[2]["server"]["phi_step"] == 0.0
+    np.testing.assert_array_equal(sent2[0].arrays[PHI_KEY], sent3[0].arrays[PHI_KEY])
     for pid in ACCEPTED_IN_ROUND_2:                                                   # own θ_i comes back
         for k in core.keys:
             np.testing.assert_array_equal(sent3[pid].arrays[k], ups[pid].arrays[k])
