@@ -21,6 +21,9 @@ from the progress callback):
   the reason, the launcher returns within the bound, no process is left.
 * ``flower-superlink-resume``: the same kill, then ``graphfl run --resume DIR``; reported as
   ``not available`` while ``graphfl run`` has no ``--resume`` (read from ``graphfl run --help``).
+* ``flower-concurrent-resume``: ``graphfl run --resume DIR`` while the run in ``DIR`` is alive;
+  refused with the folder lock's error naming the owner, the run completes and its ``run.json``
+  records no resume.
 
 p2p rows, real peer processes (``graphfl peer``, DFL-GT on ``linreg``, a ring, mutual TLS):
 
@@ -452,6 +455,52 @@ def flower_superlink_resume(out: Path, scale: Scale, seed: int) -> Row:
     row.check(f"resume finished within {bound:g} s", row.details.get("resume_rc") is not None, row.recover_s)
     row.lost = "nothing" if got == list(range(rounds + 1)) else f"rounds recorded: {got}"
     row.outcome = f"resumed run {doc.get('status')}"
+    return row
+
+
+def flower_concurrent_resume(out: Path, scale: Scale, seed: int) -> Row:
+    """After round 1, ``graphfl run --resume DIR`` on the live run's folder (a real CLI process)."""
+    row = Row("flower-concurrent-resume", "flower", "graphfl run --resume DIR while the run in DIR is alive")
+    attempt: dict[str, Any] = {}
+    bound = 120.0  # a refused CLI start: interpreter, imports, the lock
+
+    def on_round(r: int, fed: LocalFederation) -> None:
+        if r != 1 or attempt:
+            return
+        before = (out / "config.json").read_bytes()
+        t0 = time.monotonic()
+        log = out.parent / "concurrent-resume.log"
+        with log.open("w") as fh:  # a file, not a pipe: a wrongly accepted resume would start Flower processes
+            try:
+                rc: int | None = subprocess.run(
+                    [sys.executable, "-m", "graphfl.cli", "run", "--resume", str(out), "--rounds",
+                     str(scale.flower_rounds + 2)], stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    timeout=bound, env={**os.environ, "COLUMNS": "400", "NO_COLOR": "1"}).returncode
+            except subprocess.TimeoutExpired:
+                rc = None
+        attempt.update(rc=rc, seconds=time.monotonic() - t0, text=" ".join(log.read_text().split()),
+                       config_unchanged=(out / "config.json").read_bytes() == before)
+
+    run = run_flower(flower_values(scale, out, seed), on_round,
+                     run_timeout=120 + (scale.flower_rounds + 2) * 2 * scale.round_timeout + bound)
+    _flower_common(row, run, scale.flower_rounds)
+    text = str(attempt.get("text", ""))
+    row.recover_s = attempt.get("seconds")
+    row.bound_s = bound
+    row.details["resume_rc"] = attempt.get("rc")
+    row.details["resume_output"] = text[-1500:]
+    row.check("a --resume was tried while the run was alive (after round 1)", bool(attempt), sorted(attempt))
+    row.check(f"it was refused within {bound:g} s (exit code not 0)", attempt.get("rc") not in (0, None),
+              attempt.get("rc"))
+    row.check("its error is the folder lock's, naming the folder and the owner (this launcher's pid)",
+              "in use by another graphfl process" in text and f"pid {os.getpid()}" in text and str(out) in text,
+              text[-300:])
+    row.check("config.json untouched by the refused resume", attempt.get("config_unchanged") is True,
+              attempt.get("config_unchanged"))
+    resumes = {k: run.doc[k] for k in ("resumes", "resumed_from_round") if k in run.doc}
+    row.check("run.json records no resume", resumes == {}, resumes)
+    row.outcome = (f"--resume refused (exit {attempt.get('rc')}): {text[text.find('error'):][:140]}; "
+                   f"run {run.doc.get('status')}") if attempt else "no --resume was tried"
     return row
 
 
@@ -1060,6 +1109,7 @@ ROWS: dict[str, Callable[[Path, Scale, int], Row]] = {
     "flower-straggler": flower_straggler,
     "flower-superlink-kill": flower_superlink_kill,
     "flower-superlink-resume": flower_superlink_resume,
+    "flower-concurrent-resume": flower_concurrent_resume,
     "p2p-kill-resume": p2p_kill_resume,
     "p2p-sigstop": p2p_sigstop,
     "p2p-partition": p2p_partition,

@@ -65,6 +65,17 @@ def test_resume_row_says_not_available_without_the_option(tmp_path: Path, monkey
     assert row.green is None and row.outcome == "not available: graphfl run has no --resume"
 
 
+def test_concurrent_resume_row_is_green_on_a_real_deployment(tmp_path: Path) -> None:
+    """``flower-concurrent-resume`` on a real TLS deployment (2 warm SuperNodes, 2 rounds: about a minute):
+    the live run's folder refuses the ``--resume`` process, the run completes without a resume."""
+    import dataclasses
+
+    row = faults.run_row("flower-concurrent-resume", tmp_path, dataclasses.replace(faults.QUICK, flower_rounds=2), 0)
+    assert row.green is True, [c for c in row.checks if not c["ok"]] or row.error
+    assert row.recover_s is not None and row.bound_s is not None and row.recover_s <= row.bound_s
+    assert row.outcome.startswith("--resume refused") and row.status == "completed"
+
+
 def test_unknown_rows_are_refused_by_name() -> None:
     with pytest.raises(ConfigError, match="unknown row.*p2p-nope.*valid rows"):
         faults.select_rows("p2p-flood,p2p-nope")
