@@ -231,8 +231,8 @@ def test_curvature_deficit_is_reported_and_warned(caplog):
 
 def test_default_kappa_is_above_the_measured_curvature_deficit():
     # ALGORITHMS.md §0.1 C2 c: λ_min of the synthetic MLP's data Hessian ≈ −0.055 (review) and
-    # down to −0.14 in this project's B2 runs at step 1.0
-    assert bg.BiGFLParams().kappa > 0.14
+    # −0.14 and −0.20 in this project's B2 runs at step 1.0 (round 1, 50 and 20 clients)
+    assert bg.BiGFLParams().kappa > 0.2
 
 
 # ---------------------------------------------------------------------------------------
