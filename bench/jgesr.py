@@ -375,11 +375,16 @@ def _write(out: Path, doc: dict[str, Any], form: Form) -> None:
                markdown_table(diag_rows, list(diag_rows[0])), ""]
     md += ["## Settings not given by the paper", ""] + [f"- {s}" for s in doc["unspecified"]]
     atomic_write_text(out / f"{NAME}.md", "\n".join(md) + "\n")
-    series = {m: [{"missing": p["missing"], "acc": p["mean"], "sd": p["sd"]} for p in pts]
-              for m, pts in doc["missing_sweep"].items()}
-    panels: list[dict[str, Any]] = [{"x": "missing", "y": "acc", "band": "sd", "series": series,
-                                     "xlabel": "missing rate r", "ylabel": "mean client test accuracy",
-                                     "title": f"{doc['task']}, noise c = {c1}"}]
+    by_noise = {m: [{"c": row[lv]["c"], "acc": row[lv]["mean"], "sd": row[lv]["sd"]} for lv in ("noise1", "noise2")]
+                for m, row in doc["table"].items()}
+    panels: list[dict[str, Any]] = [{"x": "c", "y": "acc", "band": "sd", "series": by_noise,
+                                     "xlabel": "noise level c (sigma = c mean|theta0|)",
+                                     "ylabel": "mean client test accuracy", "title": f"{doc['task']}, no missing entries"}]
+    if len(form.missing_rates) > 1:
+        series = {m: [{"missing": p["missing"], "acc": p["mean"], "sd": p["sd"]} for p in pts]
+                  for m, pts in doc["missing_sweep"].items()}
+        panels.append({"x": "missing", "y": "acc", "band": "sd", "series": series, "xlabel": "missing rate r",
+                       "ylabel": "mean client test accuracy", "title": f"{doc['task']}, noise c = {c1}"})
     for key in DIAGNOSTICS:
         curves = {f"{m} c={doc['table'][m][lv]['c']}": [{"round": i + 1, key: v}
                                                         for i, v in enumerate(d[key]["mean_per_round"])]
