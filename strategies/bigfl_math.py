@@ -31,8 +31,9 @@ Notation (row vectors, ALGORITHMS.md §5.1):
 
   Its regulariser gradient is ``λ (â_i r_i φᵀ − r_i)`` (§5.3); stacked over clients
   ``F^R(φ, Θ) = λ (diag(â) R φᵀ − R)`` with ``R = ÂΘφ − Θ``. ``g_i`` is strongly convex in
-  ``θ_i`` (seed 000 l.245) when ``κ > −λ_min(∇²data_i)``: the regulariser's own block
-  ``λ B_i B_iᵀ`` (``B_i = â_i φ − I``) is positive semi-definite (C2 c).
+  ``θ_i`` (seed 000 l.245) when ``κ > −λ_min(∇²data_i + λ B_i B_iᵀ)`` (``B_i = â_i φ − I``; the
+  regulariser's own block ``λ B_i B_iᵀ`` is positive semi-definite, so ``κ > −λ_min(∇²data_i)``
+  suffices) (C2 c).
 * Hypergradient (seed eq. 10.20, practical form §5.4): with ``F`` the stacked LL
   pseudo-gradients and ``J_Θ = ∂F/∂Θ`` (not symmetric: the LL is a game)::
 
@@ -226,15 +227,26 @@ def reg_pseudo_grad(
     return lam * (a_diag * (r @ phi.T) - r)
 
 
-def min_curvature(hessians: torch.Tensor, kappa: float) -> float:
-    """``min_i λ_min(∇²data_i) + κ``: a lower bound of every ``g_i``'s curvature in ``θ_i``.
+def min_curvature(
+    hessians: torch.Tensor, kappa: float, lam: float = 0.0, a_diag: torch.Tensor | None = None,
+    phi: torch.Tensor | None = None,
+) -> float:
+    """``min_i λ_min(∇²data_i + λ B_i B_iᵀ) + κ``, ``B_i = â_i φ − I``: the smallest curvature of
+    any client's LL loss ``g_i`` in its own ``θ_i`` at the uploaded models.
 
-    Positive means every client's LL problem is strongly convex (the regulariser adds a
-    positive semi-definite block, module docstring). One batched symmetric eigenvalue solve
-    over the ``(n, d, d)`` data Hessians.
+    Positive means every client's LL problem is strongly convex there (seed 000 l.245). Without
+    ``a_diag``/``phi`` (or with ``lam = 0``) the regulariser's positive semi-definite block is
+    left out, which gives a lower bound. One batched symmetric eigenvalue solve over the
+    ``(n, d, d)`` data Hessians.
     """
-    sym = 0.5 * (hessians + hessians.transpose(1, 2))
-    lam_min = torch.linalg.eigvalsh(sym.to(torch.float64))[:, 0]
+    sym = 0.5 * (hessians + hessians.transpose(1, 2)).to(torch.float64)
+    if lam > 0 and a_diag is not None and phi is not None:
+        ph = phi.to(torch.float64)
+        a = a_diag.to(torch.float64)[:, None, None]
+        eye = torch.eye(ph.shape[0], dtype=torch.float64)
+        # B Bᵀ = â² φφᵀ − â (φ + φᵀ) + I
+        sym = sym + lam * (a**2 * (ph @ ph.T) - a * (ph + ph.T) + eye)
+    lam_min = torch.linalg.eigvalsh(sym)[:, 0]
     return float(lam_min.min()) + float(kappa)
 
 

@@ -220,13 +220,27 @@ def test_curvature_deficit_is_reported_and_warned(caplog):
     core = _core(kappa=0.2)
     with caplog.at_level(logging.WARNING, logger="graphfl.strategies.bigfl"):
         m = core.aggregate_train(1, _updates(core, 1.0, hess=-0.5))
-    assert m["ll_min_curvature"] == pytest.approx(-0.3, rel=1e-6)
+    # g_i's own block at φ = I: −0.5 I + λ (â_i − 1)² I + κ I, â_i = 1/2 on this graph (λ = 0.1)
+    assert m["ll_min_curvature"] == pytest.approx(-0.5 + 0.1 * 0.25 + 0.2, rel=1e-6)
     assert "not strongly convex" in caplog.text and "bigfl.kappa" in caplog.text
     caplog.clear()
     ok = _core(kappa=0.2)
     with caplog.at_level(logging.WARNING, logger="graphfl.strategies.bigfl"):
         m = ok.aggregate_train(1, _updates(ok, 1.0, hess=0.1))
-    assert m["ll_min_curvature"] == pytest.approx(0.3, rel=1e-6) and "strongly convex" not in caplog.text
+    assert m["ll_min_curvature"] == pytest.approx(0.1 + 0.025 + 0.2, rel=1e-6) and "strongly convex" not in caplog.text
+    # the regulariser's block, computed from φ, â and λ, is what g_i adds to the data Hessian
+    rng = np.random.default_rng(0)
+    phi = torch.eye(3, dtype=torch.float64) + 0.3 * torch.tensor(rng.standard_normal((3, 3)))
+    a_diag = torch.tensor([0.5, 0.25], dtype=torch.float64)
+    hess = torch.tensor(rng.standard_normal((2, 3, 3)))
+    hess = hess @ hess.transpose(1, 2) - 2.0 * torch.eye(3, dtype=torch.float64)
+    want = []
+    for i in range(2):
+        def g(t, i=i):
+            r = (a_diag[i] * t) @ phi - t
+            return 0.5 * t @ hess[i] @ t + 0.35 * (r**2).sum()
+        want.append(float(torch.linalg.eigvalsh(torch.autograd.functional.hessian(g, torch.zeros(3, dtype=torch.float64)))[0]))
+    assert bm.min_curvature(hess, 0.2, 0.7, a_diag, phi) == pytest.approx(min(want) + 0.2, rel=1e-6)
 
 
 def test_default_kappa_is_above_the_measured_curvature_deficit():
