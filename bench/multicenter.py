@@ -18,9 +18,12 @@ Fair set-up (issue 10):
   step per method chosen on the validation split (:mod:`graphfl.tasks.holdout`: 20 % of each
   client's training data; the first seed only; criterion = the mean validation MSE over clients
   after the last round). DFL uses the same constant step per iteration.
-* **BiG-FL**: step first (at λ_LL = 0.1, α = 1e-3), then the grid λ_LL ∈ {0, 1e-3, 1e-2, 0.1} ×
-  α ∈ {1e-3, 0.1, 1} on validation (with λ_LL = 0, φ does not enter the lower level, so α has no
-  effect and one run stands for the row).
+* **BiG-FL** (ALGORITHMS.md §0.1 C2): step first (at the defaults λ = 0.1, α = 2e-2), then the
+  form's λ × α grid on validation (α is the length of the normalised UL step). Every λ in the grid
+  is > 0: with λ = 0, φ leaves the lower level and the run is local training with κ, "BiG-FL
+  disabled", never a BiG-FL result (:func:`check_bigfl_grid`). The result keeps ``‖φ − I‖_F`` and
+  ``‖ĝ‖`` of every round and seed (``bigfl_phi``), and flags (warning + ``degenerate``) a run whose
+  φ ends within :data:`PHI_MOVED` of ``I``.
 * **FeSEM**: step first (warm-up = ``local-steps``), then the warm-up length ∈ {10, 50, 200, 1000}
   on validation. Reported: the center's test loss (``test_loss``, its default output) and the
   last local model's (``local_test_loss``). A planted-label start (the diagnostic "perfectly
@@ -79,9 +82,9 @@ REAL_PARAMS: dict[str, dict[str, Any]] = {
     "fesem": {"fesem.k": 3},
     "bigfl": {"bigfl.layers": "net.2", "bigfl.others": "fedavg"},
 }
-BIGFL_DEFAULT = {"bigfl.lambda-ll": 0.1, "bigfl.alpha": 1e-3}
-BIGFL_LAMBDAS = (0.0, 1e-3, 1e-2, 0.1)
-BIGFL_ALPHAS = (1e-3, 0.1, 1.0)
+BIGFL_DEFAULT = {"bigfl.lam": 0.1, "bigfl.alpha": 2e-2}
+PHI_MOVED = 0.05
+"""A BiG-FL run whose final ``‖φ − I‖_F`` is below this is reported as degenerate (φ did not move)."""
 FESEM_WARMUPS = (10, 50, 200, 1000)
 GRID_FACTOR = 3.0
 """An edge step that wins is extended by this factor (÷ below the grid, × above)."""
@@ -101,10 +104,13 @@ class Form:
     real_lr_grid: tuple[float, ...]
     tune_generators: tuple[str, ...]  # generators tuned on their own validation split
     testgraph: tuple[str, ...]  # generators run on the test graph
+    bigfl_lambdas: tuple[float, ...] = (0.01, 0.1, 1.0)  # all > 0 (check_bigfl_grid)
+    bigfl_alphas: tuple[float, ...] = (5e-3, 2e-2, 5e-2)  # normalised UL step lengths
 
 
 QUICK = Form(rounds=15, seeds=3, lr_grid=(0.3, 1.0, 3.0), real_rounds=10, real_lr_grid=(0.1, 0.3, 1.0),
-             tune_generators=("smooth",), testgraph=("smooth",))
+             tune_generators=("smooth",), testgraph=("smooth",), bigfl_lambdas=(0.01, 0.1, 1.0),
+             bigfl_alphas=(2e-2, 5e-2))
 FULL = Form(rounds=200, seeds=3, lr_grid=(0.1, 0.3, 1.0, 3.0), real_rounds=50, real_lr_grid=(0.03, 0.1, 0.3, 1.0),
             tune_generators=("mixture", "smooth"), testgraph=("mixture", "smooth"))
 
@@ -130,9 +136,12 @@ def unspecified(form: Form) -> list[str]:
         "tuning generators: " + ", ".join(form.tune_generators)
         + ("" if len(form.tune_generators) == len(GENERATORS) else
            " (quick form: the other generator reuses these settings)"),
-        "BiG-FL tuned coordinate-wise: step at lambda_LL = 0.1, alpha = 1e-3, then the lambda_LL x alpha grid "
-        "at that step",
-        "BiG-FL kappa = 1e-3, lambda_UL = 0.01, q = 10 (paper), hypergradient 'neumann' with K = 3, c = step",
+        "BiG-FL tuned coordinate-wise: step at lambda = 0.1, alpha = 2e-2, then the lambda x alpha grid "
+        f"{list(form.bigfl_lambdas)} x {list(form.bigfl_alphas)} at that step (lambda = 0 is BiG-FL disabled, "
+        "not in the grid)",
+        "BiG-FL (ALGORITHMS.md §0.1 C2): UL embedding on centred parameters A(Theta - mean)phi, normalised UL "
+        "step of length alpha, one lambda for both levels, kappa = 0.3, q = 10 (paper), implicit hypergradient "
+        "with the clients' data Hessians solved by GMRES to relative residual 1e-6 (at most 300 iterations)",
         "FeSEM K = 3 (paper), squared L2 on all parameters, E-step every round, unweighted M-step, "
         "prox-lambda 0, k-means++ on the warmed-up models; step and warm-up tuned on the center's loss",
         f"seeds: {form.seeds} (mean ± sd); digits: {form.real_rounds} rounds, step grid "
@@ -309,6 +318,81 @@ def tune_lr(method: str, task: str, nodes: int, rounds: int, seed: int, grid: tu
             "extended": found.extended, "run": runs[found.chosen]}
 
 
+def check_bigfl_grid(lambdas: tuple[float, ...]) -> None:
+    """Refuse a BiG-FL grid with ``λ <= 0``: that run is local training with κ ("BiG-FL disabled",
+    ALGORITHMS.md §0.1 C2 e), and a tuning that picked it would report local training as BiG-FL.
+    """
+    bad = [lam for lam in lambdas if not lam > 0]
+    if bad:
+        raise ValueError(f"BiG-FL grid lambda {bad}: lambda = 0 removes phi from the lower level "
+                         "(BiG-FL disabled); every lambda in the grid must be > 0")
+
+
+def tune_bigfl_grid(task: str, rounds: int, seed: int, lr: float, form: Form,
+                    default_run: dict[str, Any]) -> dict[str, Any]:
+    """BiG-FL's λ × α grid on validation at step ``lr`` (``default_run`` = the run at the defaults).
+
+    Returns the grid of validation MSEs and of final ``‖φ − I‖_F`` and the chosen ``lam``/``alpha``.
+    """
+    check_bigfl_grid(form.bigfl_lambdas)
+    lam0, alpha0 = BIGFL_DEFAULT["bigfl.lam"], BIGFL_DEFAULT["bigfl.alpha"]
+    grid: dict[str, dict[str, float | None]] = {}
+    phi_grid: dict[str, dict[str, float | None]] = {}
+    best = (val_score(default_run, False), lam0, alpha0)
+    for lam in form.bigfl_lambdas:
+        row: dict[str, float | None] = {}
+        prow: dict[str, float | None] = {}
+        for alpha in form.bigfl_alphas:
+            if lam == lam0 and alpha == alpha0:
+                r: dict[str, Any] | None = default_run
+            else:
+                r = _try(f"tuning bigfl lam={lam} alpha={alpha}", "bigfl", task, NODES, rounds,
+                         seed, {"lr": lr, "bigfl.lam": lam, "bigfl.alpha": alpha}, TRAIN)
+            s = float("inf") if r is None else val_score(r, False)
+            row[f"alpha={alpha:g}"] = s if np.isfinite(s) else None
+            prow[f"alpha={alpha:g}"] = None if r is None else _server_metric(r["curve"][-1], "phi_minus_identity")
+            if s < best[0]:
+                best = (s, lam, alpha)
+        grid[f"lam={lam:g}"] = row
+        phi_grid[f"lam={lam:g}"] = prow
+    return {"lam_alpha_grid_val_mse": grid, "lam_alpha_grid_phi_minus_identity": phi_grid,
+            "grid": {"lam": list(form.bigfl_lambdas), "alpha": list(form.bigfl_alphas)},
+            "lam": best[1], "alpha": best[2],
+            "note": "lambda = 0 (BiG-FL disabled: local training with kappa) is not a BiG-FL setting and is not in "
+                    "the grid"}
+
+
+def _server_metric(row: dict[str, Any], key: str) -> float | None:
+    v = (row.get("server") or {}).get(key)
+    return None if v is None or not np.isfinite(v) else float(v)
+
+
+def bigfl_phi_report(runs: list[dict[str, Any]], seeds: list[int], where: str) -> dict[str, Any]:
+    """``‖φ − I‖_F`` and ``‖ĝ‖`` per round and seed of BiG-FL runs, and the degeneracy flag.
+
+    A run whose final ``‖φ − I‖_F`` is below :data:`PHI_MOVED` is degenerate (φ stayed at the
+    identity: the UL did not act); it is logged as a warning and named in ``degenerate``.
+    """
+    per_seed: dict[str, Any] = {}
+    degenerate: list[int] = []
+    for s, r in zip(seeds, runs):
+        rows = [row for row in r["curve"] if row.get("server")]
+        phi = [_server_metric(row, "phi_minus_identity") for row in rows]
+        per_seed[str(s)] = {"round": [row["round"] for row in rows], "phi_minus_identity": phi,
+                            "hypergrad_norm": [_server_metric(row, "hypergrad_norm") for row in rows],
+                            "implicit_residual": [_server_metric(row, "implicit_residual") for row in rows]}
+        final = phi[-1] if phi else None
+        if final is None or final < PHI_MOVED:
+            degenerate.append(s)
+    finals = [(v["phi_minus_identity"] or [None])[-1] for v in per_seed.values()]
+    mean, sd = _stats(finals)
+    if degenerate:
+        logger.warning("B2 %s: BiG-FL's phi stayed within %g of I (||phi - I||_F final %s) for seed(s) %s: "
+                       "the upper level did not act (degenerate)", where, PHI_MOVED, finals, degenerate)
+    return {"per_seed": per_seed, "final_phi_minus_identity": finals, "final_phi_minus_identity_mean": mean,
+            "final_phi_minus_identity_sd": sd, "threshold": PHI_MOVED, "degenerate": degenerate}
+
+
 def tune_generator(gen: str, form: Form, seed: int) -> dict[str, Any]:
     """Every method's settings for generator ``gen`` from its validation split."""
     task = validation_task(GENERATORS[gen])
@@ -324,30 +408,9 @@ def tune_generator(gen: str, form: Form, seed: int) -> dict[str, Any]:
         settings[m] = {"lr": t["lr"], **base}
         lr = t["lr"]
         if m == "bigfl":
-            grid: dict[str, dict[str, float | None]] = {}
-            best = (val_score(t["run"], False), BIGFL_DEFAULT["bigfl.lambda-ll"], BIGFL_DEFAULT["bigfl.alpha"])
-            for lam in BIGFL_LAMBDAS:
-                row: dict[str, float | None] = {}
-                shared: float | None = None
-                for alpha in BIGFL_ALPHAS:
-                    if lam == BIGFL_DEFAULT["bigfl.lambda-ll"] and alpha == BIGFL_DEFAULT["bigfl.alpha"]:
-                        s = val_score(t["run"], False)
-                    elif lam == 0.0 and shared is not None:
-                        s = shared  # phi does not enter the lower level: alpha has no effect
-                    else:
-                        r = _try(f"tuning bigfl lambda_ll={lam} alpha={alpha}", "bigfl", task, NODES, rounds,
-                                 seed, {"lr": lr, "bigfl.lambda-ll": lam, "bigfl.alpha": alpha}, TRAIN)
-                        s = float("inf") if r is None else val_score(r, False)
-                        if lam == 0.0:
-                            shared = s
-                    row[f"alpha={alpha:g}"] = s if np.isfinite(s) else None
-                    if s < best[0]:
-                        best = (s, lam, alpha)
-                grid[f"lambda_ll={lam:g}"] = row
-            out[m]["lambda_alpha_grid_val_mse"] = grid
-            out[m]["lambda_ll"], out[m]["alpha"] = best[1], best[2]
-            out[m]["note"] = "lambda_ll = 0: one run for the row (alpha has no effect)"
-            settings[m] = {"lr": t["lr"], "bigfl.lambda-ll": best[1], "bigfl.alpha": best[2]}
+            grid = tune_bigfl_grid(task, rounds, seed, lr, form, t["run"])
+            out[m].update(grid)
+            settings[m] = {"lr": t["lr"], "bigfl.lam": grid["lam"], "bigfl.alpha": grid["alpha"]}
         if m == "fesem":
             sweep: dict[str, dict[str, float | None]] = {}
             best_w = (val_score(t["run"], False), int(TRAIN["train.local-steps"]))
@@ -397,6 +460,10 @@ def _combine(runs: list[dict[str, Any]], metric: str) -> dict[str, Any]:
         aris = [(row.get("server") or {}).get("ari") for row in rows]
         if any(a is not None for a in aris):
             entry["ari"], entry["ari_sd"] = _stats(aris)
+        for key in ("phi_minus_identity", "hypergrad_norm"):  # BiG-FL's UL, every round
+            vals = [_server_metric(row, key) for row in rows]
+            if any(v is not None for v in vals):
+                entry[key], entry[f"{key}_sd"] = _stats(vals)
         curve.append(entry)
     finals = [final_metric(r, metric) for r in runs]
     mean, sd = _stats(finals)
@@ -464,7 +531,8 @@ def phi_hook(phi: Any) -> Hook:
     return hook
 
 
-def run(quick: bool = False, seed: int = 0, out: Path | str = Path("runs/bench")) -> dict[str, Any]:
+def run(quick: bool = False, seed: int = 0, out: Path | str = Path("runs/bench"),
+        form: Form | None = None) -> dict[str, Any]:
     """Run B2 (+ the digits planted-cluster study) and write ``<out>/multicenter.*``.
 
     Parameters
@@ -477,13 +545,15 @@ def run(quick: bool = False, seed: int = 0, out: Path | str = Path("runs/bench")
         First seed (also the tuning seed).
     out
         Output folder.
+    form
+        Replaces the quick/full form (a cut-down check; written to the result's ``config.form``).
     """
     from graphfl.common.envinfo import env_info
     from graphfl.common.results import atomic_write_text, write_json
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    form = QUICK if quick else FULL
+    form = form or (QUICK if quick else FULL)
     seeds = [seed + k for k in range(form.seeds)]
     t_start = time.perf_counter()
     global _cache
@@ -511,6 +581,8 @@ def run(quick: bool = False, seed: int = 0, out: Path | str = Path("runs/bench")
                 runs.append(r)
             b2_runs[gen][m] = runs
             res["methods"][m] = {**_combine(runs, "test_loss"), "settings": st[m]}
+            if m == "bigfl":
+                res["bigfl_phi"] = bigfl_phi_report(runs, seeds, f"{gen} generator, train graph")
         # diagnostic: FeSEM started from the planted clusters (test split; not a tuned method)
         diag: dict[str, Any] = {}
         for label, extra in (("planted, EM continues", {}), ("planted, assignment frozen",
@@ -588,10 +660,12 @@ def run(quick: bool = False, seed: int = 0, out: Path | str = Path("runs/bench")
     doc: dict[str, Any] = {
         "name": NAME,
         "config": {
-            "quick": quick, "seeds": seeds, "tuning_seed": seed, "rounds": form.rounds, "nodes": NODES,
+            "quick": quick, "form": dataclasses.asdict(form),
+            "seeds": seeds, "tuning_seed": seed, "rounds": form.rounds, "nodes": NODES,
             "generators": GENERATORS, "testgraph_generators": list(form.testgraph),
             "tune_generators": list(form.tune_generators), "lr_grid": list(form.lr_grid),
-            "bigfl_grid": {"lambda_ll": list(BIGFL_LAMBDAS), "alpha": list(BIGFL_ALPHAS)},
+            "bigfl_grid": {"lam": list(form.bigfl_lambdas), "alpha": list(form.bigfl_alphas),
+                           "defaults": BIGFL_DEFAULT, "phi_moved_threshold": PHI_MOVED},
             "fesem_warmups": list(FESEM_WARMUPS), "train": TRAIN, "params": METHOD_PARAMS,
             "validation_fraction": VALIDATION_FRACTION,
             "real": {"task": REAL_TASK, "nodes": REAL_NODES, "rounds": form.real_rounds, **REAL_TRAIN,
@@ -678,6 +752,21 @@ def _settings_str(s: dict[str, Any]) -> str:
                      for k, v in s.items())
 
 
+def _phi_lines(bp: dict[str, Any], curve: list[dict[str, Any]]) -> list[str]:
+    """BiG-FL's upper level in the report: ‖φ − I‖_F and ‖ĝ‖ per round (mean over seeds), degeneracy."""
+    fin = ", ".join("–" if v is None else f"{v:.3f}" for v in bp["final_phi_minus_identity"])
+    out = [f"BiG-FL upper level: final ‖φ − I‖_F per seed {fin}"
+           + (f"; **degenerate** (φ within {bp['threshold']:g} of I) for seed(s) {bp['degenerate']}"
+              if bp["degenerate"] else f" (all ≥ {bp['threshold']:g}: φ moved)") + ".", "",
+           "| round | ‖φ − I‖_F | ‖ĝ‖ |", "|---|---|---|"]
+    for row in curve:
+        if row.get("phi_minus_identity") is None:
+            continue
+        out.append(f"| {row['round']} | {_pm(row['phi_minus_identity'], row.get('phi_minus_identity_sd'))} | "
+                   f"{_pm(row.get('hypergrad_norm'), row.get('hypergrad_norm_sd'), '{:.3g}')} |")
+    return out + [""]
+
+
 def render_markdown(doc: dict[str, Any]) -> str:
     cfg = doc["config"]
     lines = [f"# {NAME} (B2, seed 000 Fig. 10.3)", "",
@@ -706,6 +795,8 @@ def render_markdown(doc: dict[str, Any]) -> str:
             lines += [""]
             lines += ["Paired per seed (negative = first better): "
                       + "; ".join(f"{k} {_fmt_d(v)}" for k, v in res["paired"].items()), ""]
+            if "bigfl_phi" in res:
+                lines += _phi_lines(res["bigfl_phi"], res["methods"]["bigfl"]["curve"])
     lines += ["## Tuning on validation (never test)", ""]
     for gen, t in doc["tuning"].items():
         lines += [f"### {gen} generator ({t['task']})", "", "| method | val MSE per step | chosen |", "|---|---|---|"]
@@ -714,13 +805,16 @@ def render_markdown(doc: dict[str, Any]) -> str:
             lines.append(f"| {m} | " + ", ".join(f"{k}: {'–' if v is None else f'{v:.4f}'}" for k, v in g.items())
                          + f" | {t[m]['lr']:g}{_edge_note(t[m])} |")
         b = t["bigfl"]
-        lines += ["", f"BiG-FL λ_LL × α (val MSE at step {b['lr']:g}; chosen λ_LL = {b['lambda_ll']:g}, "
+        alphas = b["grid"]["alpha"]
+        lines += ["", f"BiG-FL λ × α (val MSE, and final ‖φ − I‖_F, at step {b['lr']:g}; chosen λ = {b['lam']:g}, "
                       f"α = {b['alpha']:g}; {b['note']}):", "",
-                  "| λ_LL | " + " | ".join(f"α = {a:g}" for a in BIGFL_ALPHAS) + " |",
-                  "|---|" + "---|" * len(BIGFL_ALPHAS)]
-        for lam, row in b["lambda_alpha_grid_val_mse"].items():
-            lines.append(f"| {lam.split('=')[1]} | " + " | ".join("–" if v is None else f"{v:.4f}"
-                                                                  for v in row.values()) + " |")
+                  "| λ | " + " | ".join(f"α = {a:g}" for a in alphas) + " |",
+                  "|---|" + "---|" * len(alphas)]
+        for lam, row in b["lam_alpha_grid_val_mse"].items():
+            prow = b["lam_alpha_grid_phi_minus_identity"][lam]
+            lines.append(f"| {lam.split('=')[1]} | " + " | ".join(
+                ("–" if v is None else f"{v:.4f}") + ("" if pv is None else f" (‖φ − I‖ {pv:.3f})")
+                for v, pv in zip(row.values(), prow.values())) + " |")
         f = t["fesem"]
         lines += ["", f"FeSEM warm-up sweep (val, step {f['lr']:g}; chosen {f['warmup_steps']}):", "",
                   "| warm-up steps | val MSE (center) | val MSE (local model) | ARI |", "|---|---|---|---|"]
@@ -739,7 +833,7 @@ def render_markdown(doc: dict[str, Any]) -> str:
         lines.append(f"| {m} | {step} | {_pm(f['test_acc'], f['test_acc_sd'], '{:.3f}')} | "
                      f"{_pm(f.get('test_loss'), f.get('test_loss_sd'))} | {per} | {ari} |")
     t = doc["timing"]
-    lines += ["", "## Server time per round (n = 50, d = 512, smooth generator, same runs)", "",
+    lines += ["", f"## Server time per round (n = {t['n']}, d = {t['d']}, smooth generator, same runs)", "",
               "| quantity | seconds |", "|---|---|"]
     for key in ("bigfl_server_seconds_per_round", "fedavg_aggregate_seconds_per_round",
                 "fesem_server_seconds_per_round", "bigfl_round_wall_seconds", "fedavg_round_wall_seconds"):
