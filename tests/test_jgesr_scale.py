@@ -122,7 +122,7 @@ def test_solvers_keep_the_scale_and_decrease_the_objective(solve, miss):
     _on_scale(res.graph, N)
     assert _non_increasing(res.objective)
     assert res.objective[-1] < res.objective[0]
-    # warm start from a graph that is not on the scale: projected onto it, still monotone
+    # warm start from a graph that is not on the scale: rescaled onto it, still monotone
     warm = solve(y, mask, graph_init=3.0 * res.graph, psi_init=res.psi)
     _on_scale(warm.graph, N)
     assert _non_increasing(warm.objective)
