@@ -19,7 +19,9 @@ algorithm, listens, handshakes with its neighbours (bounded by ``connect-timeout
 Exit codes: 0 done, 1 internal error (traceback in the log and in ``peer-<id>.json``),
 2 configuration error, 3 refused handshake / TLS, 4 round failed (``on-missing = "fail"``),
 5 unreachable neighbours under ``on-missing = "fail"``, or no message from any neighbour in any
-round (outcome ``isolated``), 6 a port cannot be bound (outcome ``bind-failed``), 130 stopped.
+round (outcome ``isolated``), 6 a port cannot be bound (outcome ``bind-failed``), 7 a result file
+cannot be written (outcome ``write-failed``: a full disk, a quota, a file-size limit, a read-only
+file system; see :func:`write_failed`), 130 stopped.
 In a peer process gRPC core logs at ``GRPC_VERBOSITY=ERROR`` unless the environment says
 otherwise (:mod:`graphfl.p2p.grpc_env`).
 """
@@ -42,8 +44,8 @@ from graphfl.common.config import ConfigError, device_problem
 from graphfl.common.envinfo import peak_rss_mb
 from graphfl.common.finite import final_losses, node_divergence
 from graphfl.common.malloc import keep_freed_memory
+from graphfl.common.results import ResultsWriteError, how_to_fix, write_json
 from graphfl.common.results import clean_json as _clean
-from graphfl.common.results import write_json
 from graphfl.p2p import checkpoint, grpc_env  # grpc_env before any module that imports grpc: gRPC core's log level
 from graphfl.p2p.algorithms.base import NodeContext, NodeState
 from graphfl.p2p.config import NetworkFile, load_network_file
@@ -58,6 +60,7 @@ logger = logging.getLogger(__name__)
 
 EXIT_OK, EXIT_ERROR, EXIT_CONFIG, EXIT_REFUSED, EXIT_ROUND_FAILED, EXIT_UNREACHABLE, EXIT_STOPPED = 0, 1, 2, 3, 4, 5, 130
 EXIT_BIND = 6
+EXIT_WRITE = 7
 
 
 STATUS_EVERY_S = 0.25
@@ -69,6 +72,93 @@ ring, ``GRAPHFL_PROFILE``); every round still goes to ``peer-<id>.rounds.jsonl``
 def _write_json(path: Path, obj: Any) -> None:
     """Atomic, strict JSON (NaN/Inf become ``null``: ``Infinity`` is not JSON)."""
     write_json(path, obj)
+
+
+def append_line(path: Path, line: str) -> None:
+    """Append ``line`` and a newline to ``path``; a failed write leaves the file as it was.
+
+    Raises
+    ------
+    ResultsWriteError
+        The write failed (a full disk, a file-size limit, ...); the bytes of ``line`` that did get
+        written are cut off again, so the file never ends in half a line.
+    """
+    data = memoryview((line + "\n").encode())
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise ResultsWriteError(path, exc) from exc
+    try:
+        start = os.fstat(fd).st_size
+        try:
+            while data:
+                data = data[os.write(fd, data):]
+        except OSError:
+            os.ftruncate(fd, start)
+            raise
+    except OSError as exc:
+        raise ResultsWriteError(path, exc) from exc
+    finally:
+        os.close(fd)
+
+
+def resume_hint(network_file: str | Path, peer_id: int, out: Path) -> str:
+    """``"nothing written before is lost: `graphfl peer ... --resume` continues from the checkpoint of round
+    R"``, or ``""`` when ``out`` holds no readable checkpoint of peer ``peer_id``.
+    """
+    try:
+        at = int(json.loads(checkpoint.json_path(out, peer_id).read_text())["round"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+    return (f"nothing written before is lost: `graphfl peer --topology {network_file} --id {peer_id} --out {out} "
+            f"--resume` continues from the checkpoint of round {at}")
+
+
+def write_failed(exc: ResultsWriteError, network_file: str | Path, peer_id: int, out: Path) -> str:
+    """The one-line error of a peer stopped by a failed write: the file and the errno (the
+    :class:`~graphfl.common.results.ResultsWriteError`), what to do about it, and, when the peer
+    has a checkpoint, that ``graphfl peer --resume`` continues from it (the Flower side's wording,
+    :func:`graphfl.server.recorder.write_failure`).
+    """
+    return "; ".join(p for p in (str(exc), how_to_fix(exc, out), resume_hint(network_file, peer_id, out)) if p)
+
+
+def _finish(out: Path, peer_id: int, result: dict[str, Any], status_file: Path,
+            network_file: str | Path, code: int) -> int:
+    """Write ``peer-<id>.json`` and the final status; returns the exit code.
+
+    When ``peer-<id>.json`` cannot be written, the peer ends ``write-failed`` (exit
+    :data:`EXIT_WRITE`) with one error line (:func:`write_failed`), and what still fits is written:
+    a compact ``peer-<id>.json`` without the records (they are in ``peer-<id>.rounds.jsonl``),
+    holding ``run_outcome`` / ``run_error`` (how the run itself ended), then the status file.
+    Nothing already written is touched: a failed atomic write leaves the previous file.
+    """
+    path = out / f"peer-{peer_id}.json"
+    try:
+        _write_json(path, result)
+    except ResultsWriteError as exc:
+        reason = write_failed(exc, network_file, peer_id, out)
+        logger.error("peer %d: %s", peer_id, reason)
+        compact = {k: result[k] for k in ("peer", "config", "resumed_from", "start_t", "final_t", "seconds")
+                   if k in result}
+        compact.update({"outcome": "write-failed", "error": reason, "run_outcome": result.get("outcome"),
+                        "run_error": result.get("error"), "rounds_completed": len(result["records"]),
+                        "records_file": f"peer-{peer_id}.rounds.jsonl"})
+        result = compact
+        code = EXIT_WRITE
+        try:
+            _write_json(path, compact)
+        except ResultsWriteError as again:
+            logger.debug("peer %d: compact %s not written either: %s", peer_id, path.name, again)
+    try:
+        _write_json(status_file, {"peer": peer_id, "state": result["outcome"],
+                                  "round": result.get("rounds_completed", len(result.get("records", ()))),
+                                  "error": result.get("error")})
+    except ResultsWriteError as exc:
+        if code != EXIT_WRITE:
+            logger.error("peer %d: %s", peer_id, write_failed(exc, network_file, peer_id, out))
+            code = EXIT_WRITE
+    return code
 
 
 def never_heard(records: list[dict[str, Any]], neighbours: list[int]) -> str:
@@ -216,8 +306,8 @@ def run_peer(network_file: str | Path, peer_id: int, out_dir: str | Path, overri
 
         def on_round(rec: dict[str, Any]) -> None:
             result["records"].append(rec)
-            with rounds_file.open("a") as fh:  # appended as it goes: a killed peer keeps every finished round
-                fh.write(json.dumps(_clean(rec), allow_nan=False) + "\n")
+            # appended as it goes: a killed peer keeps every finished round
+            append_line(rounds_file, json.dumps(_clean(rec), allow_nan=False))
             now = time.monotonic()
             if now - last_status[0] < STATUS_EVERY_S and rec["round"] < run.rounds:
                 return   # the progress file is for eyes and the launcher: not rewritten faster than this
@@ -264,6 +354,10 @@ def run_peer(network_file: str | Path, peer_id: int, out_dir: str | Path, overri
     except TransportError as exc:
         result["outcome"], result["error"], code = "unreachable", str(exc), EXIT_UNREACHABLE
         logger.error("%s", exc)
+    except ResultsWriteError as exc:  # a round's record, the checkpoint, the output arrays, the status file
+        reason = write_failed(exc, network_file, peer_id, out)
+        result["outcome"], result["error"], code = "write-failed", reason, EXIT_WRITE
+        logger.error("peer %d: %s", peer_id, reason)
     except Exception as exc:
         result["outcome"], code = "error", EXIT_ERROR
         result["error"] = f"{type(exc).__name__}: {exc}"
@@ -275,9 +369,7 @@ def run_peer(network_file: str | Path, peer_id: int, out_dir: str | Path, overri
         result["torch_imported"] = "torch" in sys.modules
         if transport is not None:
             transport.close()
-        _write_json(out / f"peer-{peer_id}.json", result)
-        _write_json(status_file, {"peer": peer_id, "state": result["outcome"], "round": len(result["records"]),
-                                  "error": result.get("error")})
+        code = _finish(out, peer_id, result, status_file, network_file, code)
     return code
 
 
