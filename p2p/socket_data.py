@@ -36,7 +36,13 @@ What a receiver checks, and when (the same checks as the gRPC ``Push``, see
 * the preamble: the token is the one this peer gave the claimed id in an accepted handshake
   (compared in constant time); with TLS, the client certificate is ``peer-<claimed id>``; the
   claimed id may have at most ``streams_per_sender`` connections open (slots per identity,
-  taken only after these checks, so strangers never hold one);
+  taken only after these checks, so strangers never hold one). When all of them are taken, the
+  new, authenticated connection replaces the identity's least recently used idle one (waiting
+  between messages), which is closed: a peer that restarted while its old connections stayed
+  half-open (a partition: no FIN or RST reached this peer) gets its slots back at once instead of
+  after :data:`IDLE_TIMEOUT`. Only a connection that passed every check above can replace one,
+  and only one of its own identity; a connection in the middle of a message is never replaced,
+  so with every slot busy the new one is refused;
 * every frame: its length is at most ``max_frame_bytes`` before anything is allocated;
 * every message: the header's sender is the connection's, and its declared tensors and round
   pass :meth:`~graphfl.p2p.transport.Mailbox.check_header` before the receive buffers are made;
@@ -195,11 +201,20 @@ def certificate_names(sock: socket.socket) -> list[str]:
 class _Inbound:
     """One authenticated connection: its socket and a duplicate of it that can shut it down from
     another thread (a deadline) without racing the reader for the socket object.
+
+    ``who`` is the sender's identity, ``last_used`` when its last message ended (or when it was
+    admitted), ``busy`` whether a message is being read or answered, ``replaced`` whether a newer
+    connection of ``who`` took its slot (:meth:`DataServer._claim_slot`). The three flags change
+    under the server's lock.
     """
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, who: int) -> None:
         self.sock = sock
         self.control = socket.socket(fileno=os.dup(sock.fileno()))
+        self.who = who
+        self.last_used = time.monotonic()
+        self.busy = False
+        self.replaced = False
 
     def abort(self) -> None:
         try:
@@ -530,14 +545,15 @@ class DataServer:
         self._forget(p)
         magic, who, token = PREAMBLE.unpack(bytes(p.buf))
         reason = self._admit(p.sock, magic, who, token)
-        if not reason and not self.t.take_stream_slot(who):
-            reason = f"peer {who} already has {self.t.streams_per_sender} open data connections; refused"
+        if not reason and not self._claim_slot(who):
+            reason = (f"peer {who} already has {self.t.streams_per_sender} open data connections, each in the "
+                      "middle of a message; refused")
         if reason:
             self._refuse(p, reason)
             return
         try:
             p.sock.settimeout(self.preauth_timeout)
-            conn = _Inbound(p.sock)
+            conn = _Inbound(p.sock, who)
         except OSError as exc:  # out of file descriptors: this connection only
             self.t.release_stream_slot(who)
             p.sock.close()
@@ -553,6 +569,27 @@ class DataServer:
                                   name=f"p2p-data-rx-{self.t.peer_id}")
             self._threads.add(th)
         th.start()
+
+    def _claim_slot(self, who: int) -> bool:
+        """A slot of ``who`` for a connection that passed authentication: a free one, or the slot of
+        ``who``'s least recently used idle connection, which is closed (its reader thread ends
+        without freeing the slot: it is this connection's now). False when every connection of
+        ``who`` is in the middle of a message.
+        """
+        with self._lock:
+            if self.t.take_stream_slot(who):
+                return True
+            idle = [c for c in self._live if c.who == who and not c.busy and not c.replaced]
+            victim = min(idle, key=lambda c: c.last_used, default=None)
+            if victim is None:
+                return False
+            victim.replaced = True
+            idle_s = time.monotonic() - victim.last_used
+        victim.abort()
+        logger.info("peer %d: a new data connection of peer %d replaced its least recently used idle one (idle "
+                    "%.1f s; all %d slots were taken: a restarted peer's old connections, or ones it closed)",
+                    self.t.peer_id, who, idle_s, self.t.streams_per_sender)
+        return True
 
     def _refuse(self, p: _Pending, reason: str) -> None:
         """Count the refusal (rate-limited log), answer it with its reason when the socket takes
@@ -575,18 +612,28 @@ class DataServer:
             while True:
                 conn.sock.settimeout(IDLE_TIMEOUT)
                 first = read_length(conn.sock)
-                if not self._message(conn, who, first):
-                    return
+                with self._lock:
+                    if conn.replaced:  # a newer connection of the same peer took the slot meanwhile
+                        return
+                    conn.busy = True
+                try:
+                    if not self._message(conn, who, first):
+                        return
+                finally:
+                    with self._lock:
+                        conn.busy = False
+                        conn.last_used = time.monotonic()
         except (OSError, ValueError, struct.error) as exc:  # closed, cut by a deadline, idle
             logger.debug("peer %d: data connection ended: %s", t.peer_id, exc)
         except Exception:  # a bug here must not pass silently; the connection closes, the peer serves on
             logger.exception("peer %d: data connection failed", t.peer_id)
         finally:
-            t.release_stream_slot(who)
-            conn.close()
             with self._lock:
                 self._live.discard(conn)
                 self._threads.discard(threading.current_thread())
+                if not conn.replaced:  # a replaced connection's slot belongs to the one that replaced it
+                    t.release_stream_slot(who)
+            conn.close()
 
     def _admit(self, sock: socket.socket, magic: bytes, who: int, token: bytes) -> str:
         """Why the preamble is refused ("" = admitted)."""

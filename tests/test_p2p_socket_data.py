@@ -181,13 +181,16 @@ def test_preamble_refusals(topo):
             s.close()
         assert "bad preamble" in reasons["magic"] and "not a neighbour" in reasons["stranger"]
         assert reasons["token"].startswith("unknown-peer") and reasons["no handshake"].startswith("unknown-peer")
-        # at most streams_per_sender (2) connections per identity
+        # at most streams_per_sender (2) connections per identity: a third, authenticated one replaces the
+        # least recently used idle one (tests/test_reliability_followups.py: busy ones are never replaced)
         held = [raw_connect(b, 0, token)[0] for _ in range(2)]
         s, ack = raw_connect(b, 0, token)
-        assert not ack.accepted and "open data connections" in ack.reason
+        assert ack.accepted, ack.reason
+        closed_within(held[0], 2.0)
+        assert len(b.data_server._live) == 2
         for c in [*held, s]:
             c.close()
-        assert b.stats()["messages_rejected"] >= 5
+        assert b.stats()["messages_rejected"] >= 4
     finally:
         a.close()
         b.close()

@@ -11,11 +11,20 @@ from __future__ import annotations
 import json
 import os
 import resource
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import numpy as np
 import pytest
+
+from graphfl.common.ports import free_ports
+from graphfl.p2p import codec
+from graphfl.p2p.grpc_transport import GrpcTransport, Identity
+from graphfl.p2p.socket_data import MAGIC, PREAMBLE, read_ack, write_record
+from graphfl.p2p.topology import make_topology
 
 GRAPHFL = str(Path(sys.executable).with_name("graphfl"))
 
@@ -98,3 +107,121 @@ def test_a_peer_that_cannot_write_its_result_file_says_so_in_one_line_and_resume
     doc = json.loads((out / "peer-0.json").read_text())
     assert doc["resumed_from"]["round"] == rounds and doc["outcome"] in ("done", "isolated"), doc
     assert _tmp_files(out) == []
+
+
+# -- 2. a restarted peer's stale data connections do not lock it out -----------------------------------
+
+DIM = 8
+
+
+def _transport(topo, i: int) -> GrpcTransport:
+    t = GrpcTransport(Identity(i, "dfl-gt", "abc", topo.fingerprint), topo, None, data_path="socket")
+    t.mailbox.expect("params", {"theta": ("float32", (DIM,))})
+    t.serve()
+    return t
+
+
+def _raw(target: GrpcTransport, claimed: int, token: bytes) -> tuple[socket.socket, bool, str]:
+    """A hand-made data connection to ``target``: preamble, then the callee's Ack (accepted, reason)."""
+    s = socket.create_connection(("127.0.0.1", target.data_server.port), timeout=10.0)
+    s.sendall(PREAMBLE.pack(MAGIC, claimed, token))
+    ack = read_ack(s)
+    return s, ack.accepted, ack.reason
+
+
+def _message(s: socket.socket, round_: int) -> tuple[bool, str]:
+    for frame in codec.encode(0, round_, "params", {"theta": np.full(DIM, float(round_), np.float32)}):
+        write_record(s, frame.SerializeToString())
+    ack = read_ack(s)
+    return ack.accepted, ack.reason
+
+
+def _closed_by_callee(s: socket.socket, seconds: float) -> bool:
+    """Whether the callee closes ``s`` within ``seconds`` (it sends nothing else on an idle connection)."""
+    s.settimeout(seconds)
+    try:
+        return s.recv(1 << 16) == b""
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+def _live(t: GrpcTransport) -> int:
+    """Authenticated data connections ``t`` serves (in the test below, all of them peer 0's)."""
+    assert t.data_server is not None
+    with t.data_server._lock:
+        return len(t.data_server._live)
+
+
+def test_a_restarted_peer_replaces_its_half_open_data_connections_and_strangers_replace_none() -> None:
+    """Peer 0's first incarnation leaves its 2 data connections to peer 1 open and silent (a partition:
+    no FIN/RST reaches peer 1); the restarted peer 0 handshakes again and its authenticated connections
+    take their slots at once (before: refused until the 10-minute idle limit); a connection with an
+    invalid token is still refused and closes none of peer 0's connections; connections in the middle
+    of a message are never replaced."""
+    topo = make_topology("ring", 4, ports=free_ports(4))
+    b = _transport(topo, 1)
+    old_a = _transport(topo, 0)
+    stale: list[socket.socket] = []
+    a = None
+    try:
+        old_a.handshake(1, 5.0)
+        token = b.data_tokens[0]
+        for r in (0, 1):  # the first incarnation's connections: used once each, then silent forever
+            s, ok, why = _raw(b, 0, token)
+            assert ok, why
+            assert _message(s, r) == (True, "")
+            stale.append(s)
+        old_a.close()  # the process is gone; its connections are not (nothing reached peer 1)
+        assert _live(b) == 2
+
+        a = _transport(topo, 0)  # the restarted peer 0: handshakes again, then sends over a new connection
+        a.handshake(1, 5.0)
+        assert a.data_contacts[1][1] == b.data_tokens[0]  # the callee's token for peer 0 (kept across handshakes)
+        sent = a.send(1, 2, "params", {"theta": np.full(DIM, 2.0, np.float32)}, timeout=10.0)
+        assert sent.ok, sent.reason
+        assert _closed_by_callee(stale[0], 5.0)  # the least recently used stale connection made room
+        assert not _closed_by_callee(stale[1], 0.3)
+        fresh, ok, why = _raw(b, 0, token)  # a second new connection: takes the other stale one's slot
+        assert ok, why
+        assert _closed_by_callee(stale[1], 5.0)
+        assert _message(fresh, 3) == (True, "")
+        got = b.receive(3, ["params"], [0], timeout=10.0)
+        assert sorted(r for r in range(4) if 0 in b.receive(r, ["params"], [0], timeout=2.0)) == [0, 1, 2, 3]
+        np.testing.assert_array_equal(got[0]["params"].arrays["theta"], np.full(DIM, 3.0, np.float32))
+
+        # a connection claiming peer 0 with a wrong token is refused and replaces nothing
+        bad, ok, why = _raw(b, 0, bytes(16))
+        bad.close()
+        assert not ok and why.startswith("unknown-peer"), why
+        assert _live(b) == 2
+        assert _message(fresh, 4) == (True, "")
+        again = a.send(1, 5, "params", {"theta": np.full(DIM, 5.0, np.float32)}, timeout=10.0)
+        assert again.ok, again.reason
+        assert _live(b) == 2  # the restarted peer's connection was not replaced either
+
+        # both of peer 0's connections in the middle of a message: a third one is refused, not let in
+        a.close()
+        a = None
+        end = time.monotonic() + 10.0
+        while _live(b) > 1 and time.monotonic() < end:  # a's own connection closes with it
+            time.sleep(0.05)
+        second, ok, why = _raw(b, 0, token)
+        assert ok, why
+        big = list(codec.encode(0, 6, "params", {"theta": np.ones(DIM, np.float32)}))
+        header = big[0].SerializeToString()
+        for s in (fresh, second):  # the header only: the callee waits for the message's data frames
+            write_record(s, header)
+        time.sleep(0.5)
+        third, ok, why = _raw(b, 0, token)
+        third.close()
+        assert not ok and "middle of a message" in why, why
+        for s in (fresh, second):
+            s.close()
+    finally:
+        for s in stale:
+            s.close()
+        for t in (a, old_a, b):
+            if t is not None:
+                t.close()
