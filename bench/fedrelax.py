@@ -147,7 +147,11 @@ FULL_CUTS = (
     "Part 1 FedRelax tunes tree depth over {4, 6} only (Local/Pooled over 1, 2, 3, 4, 6): each FedRelax tree run "
     "costs ~14 s on the loaded 2-core machine",
     "the heterogeneous network tunes λ only (its models are fixed: depth-4 trees, 5-NN)",
-    "λ grids of 4 values per part (a decade apart)",
+    "λ grids a decade apart (two clusters 1e-3..100, heterogeneous 0.01..10, FDU-MTL 1..1000: at the top the "
+    "models already agree on D', GTV < 1e-3 x its initial value)",
+    "the GTVMin check runs on one draw (first seed, n_train = 100) at ridge α = 1",
+    "the reference code's demo data (QuizGraphLearning.pickle) is not available: the §7.7 two-cluster stand-in "
+    "replaces it",
 )
 
 
@@ -161,8 +165,9 @@ def make_plan(quick: bool, seed: int, n_seeds: int | None = None) -> Plan:
                     mixed_lambdas=(1.0,), fdu_lambdas=(10.0, 100.0, 1000.0), check_lambdas=(10.0, 1000.0),
                     check_iters=(1, 10, 30), cuts=("quick form",))
     k = 5 if n_seeds is None else n_seeds
-    return Plan(seeds=tuple(seed + i for i in range(k)), lambdas=(0.01, 0.1, 1.0, 10.0), fedrelax_depths=(4, 6),
-                fdu_train_sizes=(100, 400), cuts=FULL_CUTS)
+    return Plan(seeds=tuple(seed + i for i in range(k)), lambdas=(0.001, 0.01, 0.1, 1.0, 10.0, 100.0),
+                fedrelax_depths=(4, 6), mixed_lambdas=(0.01, 0.1, 1.0, 10.0), fdu_train_sizes=(100, 400),
+                fdu_ridges=(0.01, 0.1, 1.0, 10.0), cuts=FULL_CUTS)
 
 
 _cache = RunCache(None)  # run() points it at <out>/cache
@@ -390,17 +395,29 @@ def p1_run(ctx: P1Context, job: dict[str, Any]) -> dict[str, Any]:
             "seconds": time.perf_counter() - t0}
 
 
-def _tuned(rows: list[dict[str, Any]], key: Callable[[dict[str, Any]], Any], grid_lambdas: Sequence[float],
-           label: str, diagnostics: list[str]) -> dict[str, Any]:
-    """The row that ``key`` ranks first, with diagnostics for a choice at the edge of the λ grid or no coupling."""
-    best = max(rows, key=key)
-    lo, hi = min(grid_lambdas), max(grid_lambdas)
-    if len(grid_lambdas) > 1 and best["lambda"] in (lo, hi):
-        msg = f"{label}: validation chose λ = {best['lambda']:g} at the {'bottom' if best['lambda'] == lo else 'top'} " \
-              f"of the grid {list(grid_lambdas)}"
+def _edge(name: str, value: float, grid: Sequence[float], label: str, diagnostics: list[str],
+          extra: str = "") -> None:
+    """Record and log a validation choice at an end of its grid (the grid may be too narrow)."""
+    if len(grid) > 1 and value in (min(grid), max(grid)):
+        msg = (f"{label}: validation chose {name} = {value:g} at the {'bottom' if value == min(grid) else 'top'} "
+               f"of the grid {list(grid)}{extra}")
         diagnostics.append(msg)
         logger.warning("%s", msg)
+
+
+def _tuned(rows: list[dict[str, Any]], key: Callable[[dict[str, Any]], Any], grid_lambdas: Sequence[float],
+           label: str, diagnostics: list[str], other_grids: dict[str, Sequence[float]] | None = None) -> dict[str, Any]:
+    """The row that ``key`` ranks first, with diagnostics for a choice at an end of a grid or no coupling.
+
+    At the top of the λ grid the message gives the run's GTV ratio: near 0 means the models already
+    agree on ``D'`` (a larger λ changes nothing).
+    """
+    best = max(rows, key=key)
     ratio = best.get("gtv_ratio")
+    _edge("λ", best["lambda"], grid_lambdas, label, diagnostics,
+          f" (GTV on D' {ratio:.2g} x its initial value)" if ratio is not None else "")
+    for name, grid in (other_grids or {}).items():
+        _edge(name, best[name], grid, label, diagnostics)
     if best["lambda"] > 0 and ratio is not None and ratio >= 0.99:
         msg = f"{label}: the chosen run did not couple its models (GTV on D' {ratio:.3f} x its initial value)"
         diagnostics.append(msg)
@@ -420,7 +437,8 @@ def run_two_clusters(seed: int, plan: Plan) -> dict[str, Any]:
     for graph, rows in rows_by_graph.items():
         lams = sorted({r["lambda"] for r in rows})
         name = "fedrelax-mixed" if graph == "mixed-prediction" else f"fedrelax-{graph}"
-        best = _tuned(rows, lambda r: -r["val_mse"], lams, f"two-cluster seed {seed} {name}", out["diagnostics"])
+        best = _tuned(rows, lambda r: -r["val_mse"], lams, f"two-cluster seed {seed} {name}", out["diagnostics"],
+                      {"depth": sorted({r["depth"] for r in rows})})
         out["methods"][name] = {k: v for k, v in best.items() if k != "curves"}
         out["paths"][graph] = [{k: v for k, v in r.items() if k != "curves"} for r in rows]
         if graph == "prediction":
@@ -434,6 +452,8 @@ def run_two_clusters(seed: int, plan: Plan) -> dict[str, Any]:
                                       f"by > 1e-3 (relative) in their last iteration (oscillating iterates, §7.6)")
     ref = next(r for r in out["paths"]["descriptor"] if r["lambda"] == REF_LAMBDA and r["depth"] == REF_DEPTH)
     out["methods"]["fedrelax-reference"] = ref
+    for m in ("local", "pooled", "cluster-pooled"):
+        _edge("depth", ctx.methods[m]["depth"], DEPTHS, f"two-cluster seed {seed} {m}", out["diagnostics"])
     out["graphs"] = {}
     for g in (*P1_GRAPHS, "mixed-prediction"):
         adj = ctx.graphs[g]
@@ -529,6 +549,8 @@ class P2Context:
     shared: FloatArray
     graphs: dict[str, FloatArray]
     methods: dict[str, dict[str, Any]]
+    graph_ridge: float
+    """Local's ridge α chosen on validation: the local models that built the prediction graph."""
 
 
 def _record(devices: FduDevices, models: Sequence[Any], **extra: Any) -> dict[str, Any]:
@@ -560,16 +582,21 @@ def prepare_fdu(devices: FduDevices, n_train: int, seed: int, plan: Plan) -> P2C
     methods["pooled"] = max(pooled_rows, key=_validation_key)
     preds = np.stack([np.asarray(m.predict(shared)) for m in local_models[ridge]])
     graphs = {"prediction": weighted_knn(preds), "complete": np.ones((n, n)) - np.eye(n)}
-    return P2Context(seed, n_train, devices, train, shared, graphs, methods)
+    return P2Context(seed, n_train, devices, train, shared, graphs, methods, ridge)
 
 
 P2_GRAPHS = ("prediction", "complete")
 
 
-def p2_jobs(plan: Plan, seed: int, n_train: int) -> list[dict[str, Any]]:
+def _graph_key(graph: str, graph_ridge: float) -> dict[str, Any]:
+    """What determines a Part 2 graph beyond (seed, n_train): the prediction graph's local ridge α."""
+    return {"graph": graph, **({"graph_ridge": graph_ridge} if graph == "prediction" else {})}
+
+
+def p2_jobs(plan: Plan, seed: int, n_train: int, graph_ridge: float) -> list[dict[str, Any]]:
     """Every Part 2 FedRelax run of one (seed, n_train) as its cache key."""
     return [{"part": "fdu_mtl", "seed": seed, "n_train": n_train, "shared": plan.fdu_shared, "dim": FDU_DIM,
-             "graph": g, "ridge": r, "lambda": lam, "max_iter": plan.max_iter}
+             **_graph_key(g, graph_ridge), "ridge": r, "lambda": lam, "max_iter": plan.max_iter}
             for g in P2_GRAPHS for r in plan.fdu_ridges for lam in plan.fdu_lambdas]
 
 
@@ -585,23 +612,27 @@ def p2_run(ctx: P2Context, job: dict[str, Any]) -> dict[str, Any]:
                                                "seconds": time.perf_counter() - t0})
 
 
-def run_fdu(devices: FduDevices, n_train: int, seed: int, plan: Plan) -> dict[str, Any]:
+def run_fdu(devices: FduDevices, n_train: int, seed: int, plan: Plan, ctx: P2Context | None = None) -> dict[str, Any]:
     """Constant, Local, Pooled and FedRelax ((α, λ) tuned, two graphs) on one draw of training rows."""
     t0 = time.perf_counter()
-    ctx = prepare_fdu(devices, n_train, seed, plan)
+    ctx = ctx or prepare_fdu(devices, n_train, seed, plan)
     out: dict[str, Any] = {"seed": seed, "n_train": n_train, "methods": dict(ctx.methods), "paths": {},
                            "diagnostics": []}
     for g in P2_GRAPHS:
         rows = [_cached(job, lambda job=job: p2_run(ctx, job))  # type: ignore[misc]
-                for job in p2_jobs(plan, seed, n_train) if job["graph"] == g]
+                for job in p2_jobs(plan, seed, n_train, ctx.graph_ridge) if job["graph"] == g]
         out["paths"][g] = rows
         out["methods"][f"fedrelax-{g}"] = _tuned(rows, _validation_key, plan.fdu_lambdas,
-                                                 f"fdu_mtl n={n_train} seed {seed} fedrelax-{g}", out["diagnostics"])
+                                                 f"fdu_mtl n={n_train} seed {seed} fedrelax-{g}", out["diagnostics"],
+                                                 {"ridge": plan.fdu_ridges})
         bad = [r for r in rows if not r["converged"]]
         if bad:
             out["diagnostics"].append(f"fdu_mtl n={n_train} seed {seed} fedrelax-{g}: {len(bad)} of {len(rows)} runs "
                                       f"stopped at max_iter without meeting the stopping rule")
     n = len(devices.domains)
+    for m in ("local", "pooled"):
+        _edge("ridge", ctx.methods[m]["ridge"], plan.fdu_ridges, f"fdu_mtl n={n_train} seed {seed} {m}",
+              out["diagnostics"])
     out["graph_neighbours"] = {devices.domains[i]: [devices.domains[j] for j in np.flatnonzero(ctx.graphs["prediction"][i])]
                                for i in range(n)}
     out["edges"] = {g: float(np.count_nonzero(a) / 2) for g, a in ctx.graphs.items()}
@@ -659,10 +690,11 @@ def gtvmin_minimiser(train: Sequence[Split], shared: FloatArray, adjacency: Floa
     return [LinearModel(coef=theta[i * q:i * q + p].copy(), intercept=float(theta[i * q + p])) for i in range(v)]
 
 
-def check_jobs(plan: Plan, seed: int, n_train: int) -> list[dict[str, Any]]:
+def check_jobs(plan: Plan, seed: int, n_train: int, graph_ridge: float) -> list[dict[str, Any]]:
     """The GTVMin check's runs (one per graph and λ) as cache keys."""
     return [{"part": "gtvmin-check", "seed": seed, "n_train": n_train, "shared": plan.fdu_shared, "dim": FDU_DIM,
-             "graph": g, "ridge": CHECK_RIDGE, "lambda": lam, "iters": list(plan.check_iters), "max_iter": plan.max_iter}
+             **_graph_key(g, graph_ridge), "ridge": CHECK_RIDGE, "lambda": lam, "iters": list(plan.check_iters),
+             "max_iter": plan.max_iter}
             for g in P2_GRAPHS for lam in plan.check_lambdas]
 
 
@@ -861,7 +893,7 @@ def run(quick: bool, seed: int, out: Path, data_dir: str | Path | None = None,
         _cache = RunCache(None)
 
 
-def estimate(plan: Plan, devices: FduDevices | None) -> dict[str, Any]:
+def estimate(plan: Plan, devices: FduDevices | None, contexts: dict[tuple[int, int], P2Context]) -> dict[str, Any]:
     """Time one pending run of each kind (the pilot: the one with the largest λ, which stops last; its
     result is cached, not lost) and extrapolate.
 
@@ -873,9 +905,10 @@ def estimate(plan: Plan, devices: FduDevices | None) -> dict[str, Any]:
     kinds["two-cluster"] = {"pending": _pending(p1), "total": len(p1)}
     if devices is not None:
         n0, s0 = min(plan.fdu_train_sizes), plan.seeds[0]
-        p2 = [j for n in plan.fdu_train_sizes for s in plan.seeds for j in p2_jobs(plan, s, n)]
+        p2 = [j for (s, n), c in contexts.items() for j in p2_jobs(plan, s, n, c.graph_ridge)]
         kinds["fdu_mtl"] = {"pending": _pending(p2), "total": len(p2)}
-        kinds["gtvmin-check"] = {"pending": _pending(check_jobs(plan, s0, n0)), "total": len(plan.check_lambdas) * 2}
+        kinds["gtvmin-check"] = {"pending": _pending(check_jobs(plan, s0, n0, contexts[s0, n0].graph_ridge)),
+                                 "total": len(plan.check_lambdas) * 2}
     total = 0.0
     for kind, info in kinds.items():
         pend = info.pop("pending")
@@ -890,7 +923,7 @@ def estimate(plan: Plan, devices: FduDevices | None) -> dict[str, Any]:
             _cached(job, lambda ctx1=ctx1, job=job: p1_run(ctx1, job))  # type: ignore[misc]
         else:
             assert devices is not None
-            ctx2 = prepare_fdu(devices, job["n_train"], job["seed"], plan)
+            ctx2 = contexts[job["seed"], job["n_train"]]
             fn = p2_run if kind == "fdu_mtl" else check_run
             _cached(job, lambda fn=fn, ctx2=ctx2, job=job: fn(ctx2, job))  # type: ignore[misc]
         info["pilot_seconds"] = time.perf_counter() - t0
@@ -910,7 +943,9 @@ def _run(quick: bool, plan: Plan, out: Path, data_dir: str | Path | None, t_star
     except DataError as exc:
         skipped = f"FDU-MTL part skipped: {exc}"
         logger.warning("%s", skipped)
-    est = estimate(plan, devices)
+    contexts = {(s, n): prepare_fdu(devices, n, s, plan) for n in plan.fdu_train_sizes for s in plan.seeds} \
+        if devices is not None else {}
+    est = estimate(plan, devices, contexts)
     p1_runs = []
     for s in plan.seeds:
         logger.info("B6 two clusters, seed %d", s)
@@ -926,13 +961,14 @@ def _run(quick: bool, plan: Plan, out: Path, data_dir: str | Path | None, t_star
             p2_runs[n_train] = []
             for s in plan.seeds:
                 logger.info("B6 FDU-MTL n_train=%d, seed %d", n_train, s)
-                p2_runs[n_train].append(run_fdu(devices, n_train, s, plan))
+                p2_runs[n_train].append(run_fdu(devices, n_train, s, plan, contexts[s, n_train]))
             p2[n_train] = _aggregate(p2_runs[n_train], P2_METHODS, ("val_mse", "test_mse", "val_acc", "test_acc"))
             p2_pairs[n_train] = {f"{a}−{b}": paired(p2_runs[n_train], a, b, "test_acc", False) for a, b in P2_PAIRS}
         n0, s0 = min(plan.fdu_train_sizes), plan.seeds[0]
         logger.info("B6 GTVMin check (n_train=%d, seed %d)", n0, s0)
-        ctx = prepare_fdu(devices, n0, s0, plan)
-        checks = [_cached(job, lambda job=job: check_run(ctx, job)) for job in check_jobs(plan, s0, n0)]  # type: ignore[misc]
+        ctx = contexts[s0, n0]
+        checks = [_cached(job, lambda job=job: check_run(ctx, job))  # type: ignore[misc]
+                  for job in check_jobs(plan, s0, n0, ctx.graph_ridge)]
     verdict = verdicts(p1_pairs, p2_pairs, p1_runs, checks, {"two-cluster": len(GRID_SHARED), "fdu_mtl": plan.fdu_shared})
     for name, v in verdict.items():
         logger.info("B6 verdict %s: %s", name, v["verdict"])

@@ -179,3 +179,13 @@ def test_a_stopped_run_resumes_from_its_cache_and_logs_an_estimate_first(tmp_pat
     assert grid["fedrelax λ"] == list(TINY.lambdas) and grid["local/pooled/cluster-pooled depth"] == list(fr.DEPTHS)
     md = (out / "fedrelax.md").read_text()
     assert "## Verdicts" in md and "Paired differences" in md and "Constant (pooled training mean)" in md
+
+
+def test_a_cached_part2_run_is_keyed_by_the_local_ridge_that_built_its_prediction_graph():
+    plan = fr.make_plan(False, 0)
+    a, b = fr.p2_jobs(plan, 0, 100, 0.1), fr.p2_jobs(plan, 0, 100, 1.0)
+    pred_a = [j for j in a if j["graph"] == "prediction"]
+    pred_b = [j for j in b if j["graph"] == "prediction"]
+    assert pred_a and all(x != y for x, y in zip(pred_a, pred_b))
+    assert [j for j in a if j["graph"] == "complete"] == [j for j in b if j["graph"] == "complete"]
+    assert len(a) == len(fr.P2_GRAPHS) * len(plan.fdu_ridges) * len(plan.fdu_lambdas)
