@@ -91,6 +91,31 @@ def mean_finite(values: Sequence[float | None]) -> float | None:
     return float(np.mean(vals)) if vals else None
 
 
+def final_value(row: Mapping[str, Any], key: str) -> tuple[float | None, str]:
+    """The value of metric ``key`` that ``final`` reports for the evaluated ``row``, and a note
+    ("" when the value is finite or missing).
+
+    Rule: the mean over the clients' values, skipping NaN (undefined: a client without test rows,
+    :mod:`graphfl.common.finite`) but not infinities: a client whose value is ``±inf`` makes the
+    mean infinite (``nan`` when both signs occur), and the note names the metric, the round and
+    those clients. Without per-client values, the row's own mean.
+    """
+    per_client = row.get(f"{key}_per_client")
+    if not isinstance(per_client, Mapping):
+        value = row.get(key)
+        return (float(value) if isinstance(value, (int, float)) else None), ""
+    vals = {str(c): float(v) for c, v in per_client.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v)}
+    if not vals:
+        return None, ""
+    bad = sorted((c for c, v in vals.items() if math.isinf(v)), key=lambda c: (len(c), c))
+    value = float(np.mean(list(vals.values())))
+    if not bad:
+        return value, ""
+    signs = sorted({"inf" if vals[c] > 0 else "-inf" for c in bad})
+    return value, f"{key} is {' and '.join(signs)} in round {row.get('round')} on client(s) {', '.join(bad)}"
+
+
 def _per_client_sum(phases: Sequence[PhaseOutcome], key: str) -> float | None:
     """Mean over clients of ``key`` summed over the phases each client served."""
     totals: dict[int, float] = {}
@@ -203,11 +228,7 @@ class RunRecorder:
         from graphfl.common.config import config_hash
 
         curve = [self.rounds[r] for r in sorted(self.rounds)]
-        evaluated = [row for row in curve if row.get("test_loss") is not None]
-        final: dict[str, Any] = {"test_loss": None, "test_acc": None}
-        if evaluated:
-            final = {"test_loss": evaluated[-1].get("test_loss"), "test_acc": evaluated[-1].get("test_acc")}
-            final.update({k: evaluated[-1][k] for k in TASK_FINAL_KEYS if evaluated[-1].get(k) is not None})
+        final = self._final_eval(curve)
         timed = [row["seconds"] for row in curve if row.get("seconds") is not None]
         final["seconds_per_round"] = float(np.median(timed)) if timed else None
         final["rounds_completed"] = max((row["round"] for row in curve if "seconds" in row), default=0)
@@ -220,6 +241,31 @@ class RunRecorder:
             "env": self.env,
             **self.extra,
         }
+
+    @staticmethod
+    def _final_eval(curve: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """``test_loss``, ``test_acc`` (and :data:`TASK_FINAL_KEYS`) of ``final``: those of the last
+        evaluated round (``eval_round``), by :func:`final_value` — never an older round's value when
+        the last one's is missing or not finite. Infinite values stay ``inf`` here (``null`` in the
+        strict JSON of ``run.json``, ``inf`` in ``run.md``) and ``non_finite`` says which metric,
+        round and clients.
+        """
+        final: dict[str, Any] = {"test_loss": None, "test_acc": None}
+        evaluated = [row for row in curve if row.get("clients_evaluated")]
+        if not evaluated:
+            return final
+        last = evaluated[-1]
+        final["eval_round"] = last.get("round")
+        notes = []
+        for key in ("test_loss", "test_acc", *TASK_FINAL_KEYS):
+            value, note = final_value(last, key)
+            if value is not None or key in final:
+                final[key] = value
+            if note:
+                notes.append(note)
+        if notes:
+            final["non_finite"] = "; ".join(notes)
+        return final
 
     def flush(self, plot: bool = False) -> None:
         """Write the result files (atomically) when the run has an output folder."""

@@ -225,3 +225,66 @@ def test_a_restarted_peer_replaces_its_half_open_data_connections_and_strangers_
         for t in (a, old_a, b):
             if t is not None:
                 t.close()
+
+
+# -- 3. the final numbers of a diverged run are its last round's, not an older finite one -------------
+
+
+def _devices(root: Path, scale_y: dict[int, float], n: int = 2, rows: int = 12) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    for d in range(n):
+        rng = np.random.default_rng(d)
+        x = rng.normal(size=(rows, 2))
+        y = rng.normal(size=rows) * scale_y.get(d, 1.0)
+        lines = ["a,b,y", *(f"{a!r},{b!r},{v!r}" for (a, b), v in zip(x.tolist(), y.tolist()))]
+        (root / f"device-{d}.csv").write_text("\n".join(lines) + "\n")
+    return root
+
+
+def _strict(text: str):
+    def refuse(name: str):
+        raise AssertionError(f"run.json holds {name}: not strict JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def _final_table(md: str) -> str:
+    return md.split("## Final metrics", 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_final_numbers_of_a_diverged_run_are_its_last_rounds(tmp_path: Path) -> None:
+    """Device 1's targets of 1e30 (float32 holds them, their squares overflow): the test loss becomes
+    infinite. ``final`` is the last round's evaluation: ``inf`` in the document, ``null`` plus a
+    ``non_finite`` note naming metric, round and clients in run.json (strict JSON), ``inf`` in run.md;
+    before, ``final`` showed round 0's finite mean (which had skipped the infinite client)."""
+    from graphfl.common.config import parse_run_config
+    from graphfl.server.inprocess import run_federated_inprocess
+
+    rounds = 2
+    values = {"strategy": "fedavg", "task": "csv", "nodes": 2, "rounds": rounds, "engine": "inprocess",
+              "data-dir": str(_devices(tmp_path / "data", {1: 1e30})), "train.local-steps": 3}
+    out = tmp_path / "out"
+    with np.errstate(over="ignore", invalid="ignore"):
+        doc, _ = run_federated_inprocess(parse_run_config(values), out_dir=out)
+    assert doc["status"] == "diverged"
+    curve = doc["methods"]["fedavg"]["curve"]
+    stale = [row["test_loss"] for row in curve if row.get("test_loss") is not None]
+    assert stale, "the test needs an earlier round with a finite mean test loss"
+    final = doc["methods"]["fedavg"]["final"]
+    assert final["eval_round"] == rounds and final["test_loss"] == float("inf"), final
+    assert "test_loss is inf in round 2 on client(s) 0, 1" in final["non_finite"], final
+
+    saved = _strict((out / "run.json").read_text())
+    sfinal = saved["methods"]["fedavg"]["final"]
+    assert saved["status"] == "diverged" and sfinal["test_loss"] is None and sfinal["eval_round"] == rounds
+    assert sfinal["non_finite"] == final["non_finite"]
+    table = _final_table((out / "run.md").read_text())
+    assert "| inf |" in table and "non_finite" in table, table
+    assert all(f"{v:.4f}" not in table for v in stale), table
+
+    # a finite run of the same shape: final is its last round's finite mean, with no note
+    doc, _ = run_federated_inprocess(parse_run_config({**values, "data-dir": str(_devices(tmp_path / "fine", {}))}),
+                                     out_dir=tmp_path / "fine-out")
+    final = doc["methods"]["fedavg"]["final"]
+    assert doc["status"] == "completed" and "non_finite" not in final and final["eval_round"] == rounds
+    assert final["test_loss"] == pytest.approx(doc["methods"]["fedavg"]["curve"][-1]["test_loss"], rel=1e-9)
