@@ -288,3 +288,28 @@ def test_the_final_numbers_of_a_diverged_run_are_its_last_rounds(tmp_path: Path)
     final = doc["methods"]["fedavg"]["final"]
     assert doc["status"] == "completed" and "non_finite" not in final and final["eval_round"] == rounds
     assert final["test_loss"] == pytest.approx(doc["methods"]["fedavg"]["curve"][-1]["test_loss"], rel=1e-9)
+
+
+APPEND = """
+import resource, sys
+from pathlib import Path
+from graphfl.common.results import ResultsWriteError
+from graphfl.p2p.peer import append_line
+path = Path(sys.argv[1])
+resource.setrlimit(resource.RLIMIT_FSIZE, (150, 150))
+try:
+    append_line(path, "x" * 200)
+except ResultsWriteError as exc:
+    print("refused:", exc)
+"""
+
+
+def test_a_round_line_that_does_not_fit_leaves_rounds_jsonl_as_it_was(tmp_path: Path) -> None:
+    """The kernel writes what fits under the limit (50 of 201 bytes) before EFBIG: the part is cut off."""
+    path = tmp_path / "peer-0.rounds.jsonl"
+    path.write_text('{"round": 1}\n' * 7 + "{}\n")  # 100 bytes
+    before = path.read_bytes()
+    proc = subprocess.run([sys.executable, "-c", APPEND, str(path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert f"refused: cannot write {path}: File too large (EFBIG)" in proc.stdout, proc.stdout
+    assert path.read_bytes() == before
