@@ -44,7 +44,7 @@ from graphfl.common.config import ConfigError, device_problem
 from graphfl.common.envinfo import peak_rss_mb
 from graphfl.common.finite import final_losses, node_divergence
 from graphfl.common.malloc import keep_freed_memory
-from graphfl.common.results import ResultsWriteError, how_to_fix, write_json
+from graphfl.common.results import ResultsWriteError, atomic_write_bytes, how_to_fix, write_json
 from graphfl.common.results import clean_json as _clean
 from graphfl.p2p import checkpoint, grpc_env  # grpc_env before any module that imports grpc: gRPC core's log level
 from graphfl.p2p.algorithms.base import NodeContext, NodeState
@@ -131,7 +131,9 @@ def _finish(out: Path, peer_id: int, result: dict[str, Any], status_file: Path,
     :data:`EXIT_WRITE`) with one error line (:func:`write_failed`), and what still fits is written:
     a compact ``peer-<id>.json`` without the records (they are in ``peer-<id>.rounds.jsonl``),
     holding ``run_outcome`` / ``run_error`` (how the run itself ended), then the status file.
-    Nothing already written is touched: a failed atomic write leaves the previous file.
+    Nothing already written is touched: a failed atomic write leaves the previous file. A status
+    file that cannot be written after a complete ``peer-<id>.json`` is logged as an error only
+    (the exit code follows the result file, which holds the whole result).
     """
     path = out / f"peer-{peer_id}.json"
     try:
@@ -157,7 +159,6 @@ def _finish(out: Path, peer_id: int, result: dict[str, Any], status_file: Path,
     except ResultsWriteError as exc:
         if code != EXIT_WRITE:
             logger.error("peer %d: %s", peer_id, write_failed(exc, network_file, peer_id, out))
-            code = EXIT_WRITE
     return code
 
 
@@ -324,7 +325,8 @@ def run_peer(network_file: str | Path, peer_id: int, out_dir: str | Path, overri
         node = run_node(algo, oracle, exchange, run.iterations, ctx=ctx, state=state, start_t=start_t,
                         eval_every=run.eval_every, min_round_seconds=run.min_round_seconds, on_round=on_round,
                         on_checkpoint=on_checkpoint, stop=stop)
-        checkpoint.savez(out / f"peer-{peer_id}.npz", **algo.output(node.state, oracle))
+        arrays = algo.output(node.state, oracle)
+        atomic_write_bytes(out / f"peer-{peer_id}.npz", lambda fh: checkpoint.savez(fh, **arrays))
         result["report"] = algo.report(node.state, oracle, ctx)
         result["start_t"] = start_t
         result["final_t"] = node.state.t

@@ -109,6 +109,48 @@ def test_a_peer_that_cannot_write_its_result_file_says_so_in_one_line_and_resume
     assert _tmp_files(out) == []
 
 
+
+@pytest.mark.e2e
+def test_a_peer_whose_round_record_does_not_fit_stops_write_failed_and_resume_continues(tmp_path: Path) -> None:
+    """A lower limit: a round's line of rounds.jsonl stops fitting mid-run. The peer stops at once with
+    outcome write-failed (exit EXIT_WRITE), the error names rounds.jsonl, every line written is whole,
+    no temporary file is left, and --resume continues from the checkpoint of the last round."""
+    from graphfl.p2p.peer import EXIT_WRITE
+
+    rounds = 20
+    net = _network(tmp_path, rounds)
+    out = tmp_path / "out"
+    env = {**os.environ, "COLUMNS": "1000", "GRAPHFL_LOG": "INFO"}
+    with (tmp_path / "peer-1.log").open("w") as log1:
+        other = subprocess.Popen(_peer_argv(net, 1, out), stdout=log1, stderr=subprocess.STDOUT,
+                                 stdin=subprocess.DEVNULL, env=env)
+        try:
+            limited = subprocess.run(_peer_argv(net, 0, out), preexec_fn=_limit_file_size(5_000), capture_output=True,
+                                     text=True, timeout=300, stdin=subprocess.DEVNULL, env=env)
+        finally:
+            other.kill()
+            other.wait(timeout=60)
+    text = limited.stdout + limited.stderr
+    assert "Traceback" not in text and limited.returncode == EXIT_WRITE, text
+    first = " ".join(text[text.index(" ERROR "):].split())
+    assert str(out / "peer-0.rounds.jsonl") in first and "EFBIG" in first and "--resume" in first, first
+    assert _tmp_files(out) == []
+    lines = (out / "peer-0.rounds.jsonl").read_text().splitlines()
+    done = [json.loads(x)["round"] for x in lines]
+    assert 1 <= len(done) < rounds and done == list(range(1, len(done) + 1))
+    at = json.loads((out / "peer-0.ckpt.json").read_text())["round"]
+    assert at in (len(done), len(done) + 1)  # the checkpoint of the round whose line did not fit may be written
+    doc = json.loads((out / "peer-0.json").read_text())
+    assert doc["outcome"] == "write-failed", doc  # compact or whole, the reason is the round's line
+    assert any("peer-0.rounds.jsonl: File too large" in (doc.get(k) or "") for k in ("error", "run_error")), doc
+
+    resumed = subprocess.run(_peer_argv(net, 0, out, "--resume", "--set", "connect-timeout=1", "--set",
+                                        "round-timeout=0.2"), capture_output=True, text=True, timeout=300,
+                             stdin=subprocess.DEVNULL, env=env)
+    assert resumed.returncode in (0, 5), resumed.stdout + resumed.stderr  # 5: alone, peer 1 is gone
+    doc = json.loads((out / "peer-0.json").read_text())
+    assert doc["resumed_from"]["round"] == at and doc["final_t"] > 0 and _tmp_files(out) == []
+
 # -- 2. a restarted peer's stale data connections do not lock it out -----------------------------------
 
 DIM = 8
