@@ -141,8 +141,8 @@ def _finish(out: Path, peer_id: int, result: dict[str, Any], status_file: Path,
     except ResultsWriteError as exc:
         reason = write_failed(exc, network_file, peer_id, out)
         logger.error("peer %d: %s", peer_id, reason)
-        compact = {k: result[k] for k in ("peer", "config", "resumed_from", "start_t", "final_t", "seconds")
-                   if k in result}
+        kept: tuple[str, ...] = ("peer", "config", "resumed_from", "start_t", "final_t", "seconds")
+        compact: dict[str, Any] = {k: result[k] for k in kept if k in result}
         compact.update({"outcome": "write-failed", "error": reason, "run_outcome": result.get("outcome"),
                         "run_error": result.get("error"), "rounds_completed": len(result["records"]),
                         "records_file": f"peer-{peer_id}.rounds.jsonl"})
