@@ -171,7 +171,7 @@ def test_centred_embedding_unsaturates_the_ul_loss(float64):
     torch.testing.assert_close(h, a_hat @ (theta - theta.mean(0)) @ phi.detach())
     # invariant to a shift shared by every client
     shifted = bm.ul_loss(a_hat, theta + 5.0, phi.detach(), pos, neg, 2, lam=0.0)
-    assert float(shifted) == pytest.approx(float(f), rel=1e-9)
+    assert float(shifted) == pytest.approx(float(f.detach()), rel=1e-9)
 
 
 # ---------------------------------------------------------------------------------------
