@@ -147,7 +147,7 @@ FULL_CUTS = (
     "Part 1 FedRelax tunes tree depth over {4, 6} only (Local/Pooled over 1, 2, 3, 4, 6): each FedRelax tree run "
     "costs ~14 s on the loaded 2-core machine",
     "the heterogeneous network tunes λ only (its models are fixed: depth-4 trees, 5-NN)",
-    "λ grids a decade apart (two clusters 1e-3..100, heterogeneous 0.01..10, FDU-MTL 1..1000: at the top the "
+    "λ grids a decade apart (two clusters 1e-3..100, heterogeneous 0.01..10, FDU-MTL 0.01..1000: at the top the "
     "models already agree on D', GTV < 1e-3 x its initial value)",
     "the GTVMin check runs on one draw (first seed, n_train = 100) at ridge α = 1",
     "the reference code's demo data (QuizGraphLearning.pickle) is not available: the §7.7 two-cluster stand-in "
@@ -167,7 +167,7 @@ def make_plan(quick: bool, seed: int, n_seeds: int | None = None) -> Plan:
     k = 5 if n_seeds is None else n_seeds
     return Plan(seeds=tuple(seed + i for i in range(k)), lambdas=(0.001, 0.01, 0.1, 1.0, 10.0, 100.0),
                 fedrelax_depths=(4, 6), mixed_lambdas=(0.01, 0.1, 1.0, 10.0), fdu_train_sizes=(100, 400),
-                fdu_ridges=(0.01, 0.1, 1.0, 10.0), cuts=FULL_CUTS)
+                fdu_ridges=(0.01, 0.1, 1.0, 10.0), fdu_lambdas=(0.01, 0.1, 1.0, 10.0, 100.0, 1000.0), cuts=FULL_CUTS)
 
 
 _cache = RunCache(None)  # run() points it at <out>/cache
