@@ -185,6 +185,13 @@ def parse_p2p_config(values: Mapping[str, Any], base: P2PConfig | None = None) -
     merged.update(flat)
     algorithm = str(merged.get("algorithm", DEFAULT_ALGORITHM))
     spec = registry.get(algorithm)
+    if spec.problems:
+        if "problem" not in flat and str(merged.get("problem", "")) not in spec.problems:
+            merged["problem"] = spec.problems[0]
+        elif str(merged["problem"]) not in spec.problems:
+            raise ConfigError(f"algorithm {algorithm!r} runs on tabular data: problem must be one of "
+                              f"{list(spec.problems)}, got {merged['problem']!r} (--problem linreg, or --data-dir DIR "
+                              "for your own device-<id>.csv files)")
     for key in [k for k in merged if k.startswith(f"{algorithm}.")]:  # fedrelax.model -> model
         short = key[len(algorithm) + 1:]
         if short in merged and key in flat and short not in flat:

@@ -106,6 +106,7 @@ from graphfl.p2p.algorithms.base import (
     Phase,
 )
 from graphfl.p2p.algorithms.registry import P2PAlgorithmSpec, PrepareContext, register
+from graphfl.p2p.oracles import DATA_PROBLEMS
 
 if TYPE_CHECKING:  # the cores import scipy / scikit-learn: loaded when first used, not by every peer
     from graphfl.p2p import admm_math as am
@@ -608,6 +609,7 @@ SPEC = register(P2PAlgorithmSpec(
     summary="FedADMM: fused-lasso M-estimation by decentralized stochastic ADMM, edge selection, IPW (ALGORITHMS §6)",
     example={"problem": "linreg", "lam": "0.05", "step": "constant", "step-c": 0.05},
     prepare=prepare,
+    problems=DATA_PROBLEMS,
 ))
 
 __all__ = ["ADMM", "ADMMParams", "SPEC", "choose_lambda", "prepare", "selected_edges", "selection_records", "test_edge"]

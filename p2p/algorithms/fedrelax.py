@@ -63,6 +63,7 @@ from graphfl.p2p.algorithms.base import (
     Phase,
 )
 from graphfl.p2p.algorithms.registry import P2PAlgorithmSpec, register
+from graphfl.p2p.oracles import DATA_PROBLEMS
 
 logger = logging.getLogger(__name__)
 
@@ -332,6 +333,7 @@ SPEC = register(P2PAlgorithmSpec(
     FedRelax.name, FedRelaxParams, FedRelax,
     summary="FedRelax: model-agnostic FL, any scikit-learn estimator, predictions on a shared set (ALGORITHMS §7)",
     example={"problem": "linreg", "lam": 0.5, "model-args": '{"max_depth": 3}'},
+    problems=DATA_PROBLEMS,
 ))
 
 __all__ = ["FedRelax", "FedRelaxParams", "SPEC", "estimator_class", "make_estimator", "model_args"]

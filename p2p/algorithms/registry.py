@@ -78,6 +78,9 @@ class P2PAlgorithmSpec(Generic[P]):
         and as real peer processes.
     prepare
         Optional :data:`Prepare` hook run by ``graphfl p2p`` before the peers start.
+    problems
+        The problems the algorithm runs on (empty: any). A ``[run]`` without ``problem`` gets the
+        first; any other problem is refused when the configuration is parsed, before a peer starts.
     """
 
     name: str
@@ -86,6 +89,7 @@ class P2PAlgorithmSpec(Generic[P]):
     summary: str = ""
     example: Mapping[str, Any] = dataclasses.field(default_factory=lambda: {"problem": "linreg"})
     prepare: Prepare | None = None
+    problems: tuple[str, ...] = ()
 
     def param_keys(self) -> list[str]:
         """The ``[run]`` keys of this algorithm's hyperparameters (``init-tracker``, ...)."""
