@@ -389,7 +389,8 @@ def bench(
     seed: int = typer.Option(0, help="Base random seed."),
     out: Path | None = typer.Option(None, "--out", help="Output folder (default ./runs/bench-NAME-<ts>)."),
     task: str | None = typer.Option(None, "--task",
-                                    help="Task, for benchmarks that take one (apflgate; jgesr: digits, digits-permuted, mnist, cifar10)."),
+                                    help="Task, for benchmarks that take one "
+                                         "(apflgate; jgesr: digits, digits-permuted, mnist, cifar10)."),
     data_dir: str | None = typer.Option(None, "--data-dir", help="Data folder, for benchmarks that take one."),
     emulation: str | None = typer.Option(None, "--emulation",
                                          help="Link emulation, for benchmarks that take one (network: auto = "
