@@ -362,6 +362,50 @@ def tune_bigfl_grid(task: str, rounds: int, seed: int, lr: float, form: Form,
                     "the grid"}
 
 
+CONSTANT_LEVEL = 0.97
+"""A method whose final test MSE is at least this fraction of the best constant predictor's is flagged
+as being at the constant-predictor level (a degenerate result, logged and written in the result)."""
+
+
+def constant_predictors(task: str, nodes: int, seeds: list[int]) -> dict[str, Any]:
+    """Trivial baselines on ``task``'s local test splits: no training, mean over clients, per seed.
+
+    ``own-mean`` predicts each client's own training mean of ``y``; ``pooled-mean`` the mean of
+    all clients' training ``y``; ``zero`` predicts 0. The metric is the methods' (MSE over a
+    client's test samples and outputs, averaged over clients).
+    """
+    from graphfl.common.config import DataConfig
+    from graphfl.tasks import registry
+
+    per: dict[str, list[float]] = {"own-mean": [], "pooled-mean": [], "zero": []}
+    for s in seeds:
+        t = registry.create(task, data=DataConfig(), data_dir="", seed=s)
+        data = [t.client_data(i, nodes) for i in range(nodes)]
+        pooled = np.concatenate([np.asarray(d.y_train, np.float64) for d in data]).mean(axis=0)
+        ys = [(np.asarray(d.y_test, np.float64), np.asarray(d.y_train, np.float64)) for d in data]
+        per["own-mean"].append(float(np.mean([np.mean((yt - ytr.mean(axis=0)) ** 2) for yt, ytr in ys])))
+        per["pooled-mean"].append(float(np.mean([np.mean((yt - pooled) ** 2) for yt, _ in ys])))
+        per["zero"].append(float(np.mean([np.mean(yt ** 2) for yt, _ in ys])))
+    out: dict[str, Any] = {}
+    for name, vals in per.items():
+        mean, sd = _stats(list(vals))
+        out[name] = {"test_loss": mean, "test_loss_sd": sd, "per_seed": vals}
+    return out
+
+
+def at_constant_level(methods: dict[str, Any], constants: dict[str, Any], where: str) -> list[str]:
+    """Methods whose final test MSE is within :data:`CONSTANT_LEVEL` of the best constant predictor (logged)."""
+    best = min(float(c["test_loss"]) for c in constants.values())
+    flagged = []
+    for m, r in methods.items():
+        v = r["final"].get("test_loss")
+        if v is not None and v >= CONSTANT_LEVEL * best:
+            flagged.append(m)
+            logger.warning("B2 %s: %s's test MSE %.4f is at the constant-predictor level (best constant %.4f): "
+                           "it learned nothing beyond a constant", where, m, v, best)
+    return flagged
+
+
 def _server_metric(row: dict[str, Any], key: str) -> float | None:
     v = (row.get("server") or {}).get(key)
     return None if v is None or not np.isfinite(v) else float(v)
@@ -591,6 +635,9 @@ def run(quick: bool = False, seed: int = 0, out: Path | str = Path("runs/bench")
                             hook_key="planted") for s in seeds]
             diag[label] = _combine(runs, "test_loss")
         res["fesem_planted"] = diag
+        res["constant_predictors"] = constant_predictors(task, NODES, seeds)
+        res["at_constant_level"] = at_constant_level(res["methods"], res["constant_predictors"],
+                                                     f"{gen} generator, train graph")
         mm = res["methods"]
         res["paired"] = {"bigfl_minus_fesem": _paired(mm["bigfl"], mm["fesem"]),
                          "fesem_minus_fedavg": _paired(mm["fesem"], mm["fedavg"]),
@@ -621,6 +668,9 @@ def run(quick: bool = False, seed: int = 0, out: Path | str = Path("runs/bench")
             r.pop("phi", None)
         res["methods"]["bigfl (phi = I)"] = {**_combine(runs, "test_loss"), "settings": frozen,
                                              "protocol": "control: phi = I frozen"}
+        res["constant_predictors"] = constant_predictors(task, NODES, seeds)
+        res["at_constant_level"] = at_constant_level(res["methods"], res["constant_predictors"],
+                                                     f"{gen} generator, test graph")
         mm = res["methods"]
         res["paired"] = {"bigfl_minus_fesem": _paired(mm["bigfl"], mm["fesem"]),
                          "bigfl_minus_fedavg": _paired(mm["bigfl"], mm["fedavg"]),
@@ -723,6 +773,11 @@ def verdict(doc: dict[str, Any]) -> list[str]:
                 f = mm["fesem"]["final"]
                 text += (f"; FeSEM last local model {f['local_test_loss']:.4f} (center {f['test_loss']:.4f}), "
                          f"ARI {f.get('ari') if f.get('ari') is None else round(f['ari'], 2)}")
+            if res.get("constant_predictors"):
+                best = min(res["constant_predictors"].items(), key=lambda kv: kv[1]["test_loss"])
+                text += f"; best constant predictor ({best[0]}) {best[1]['test_loss']:.4f}"
+                if res.get("at_constant_level"):
+                    text += f", at its level: {', '.join(res['at_constant_level'])}"
             lines.append(text)
     return lines
 
@@ -792,7 +847,13 @@ def render_markdown(doc: dict[str, Any]) -> str:
                              f"{', '.join('–' if v is None else f'{v:.4f}' for v in f['per_seed'])} | "
                              f"{_pm(f.get('local_test_loss'), f.get('local_test_loss_sd'))} | "
                              f"{_pm(f.get('ari'), f.get('ari_sd'), '{:.2f}')} | |")
+            for label, c in res.get("constant_predictors", {}).items():
+                lines.append(f"| constant predictor: {label} (no training) | – | {_pm(c['test_loss'], c['test_loss_sd'])} | "
+                             f"{', '.join(f'{v:.4f}' for v in c['per_seed'])} | | | |")
             lines += [""]
+            if res.get("at_constant_level"):
+                lines += [f"**At the constant-predictor level** (final MSE ≥ {CONSTANT_LEVEL:g} × the best constant "
+                          f"predictor's): {', '.join(res['at_constant_level'])}.", ""]
             lines += ["Paired per seed (negative = first better): "
                       + "; ".join(f"{k} {_fmt_d(v)}" for k, v in res["paired"].items()), ""]
             if "bigfl_phi" in res:
