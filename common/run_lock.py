@@ -27,10 +27,12 @@ import fcntl
 import json
 import logging
 import os
+import shutil
 import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -195,4 +197,54 @@ def acquire(folder: str | Path, *, name: str = LOCK_NAME, role: str = "", **info
     lock._write_owner()
     with _GUARD:
         _HELD[key] = lock
+    return lock
+
+
+def claim_output_folder(out: Path, *, overwrite: bool, kind: str, own_file: Callable[[str], bool],
+                        ignore: Callable[[str], bool] = lambda name: name in LOCK_FILES,
+                        role: str = "", **info: Any) -> FolderLock:
+    """Create ``out``, take its lock, and check what it holds: the claim of a run's output folder.
+
+    The lock is taken first (one system call: of two runs claiming one folder at once exactly one
+    gets it), then the content is checked under it. A folder holding names other than the
+    ``ignore`` d ones (lock files) is refused unless ``overwrite``; with ``overwrite`` the names
+    for which ``own_file`` is true (what a ``kind`` writes) are removed, and a folder holding
+    anything else is refused. The caller holds the returned lock and releases it.
+
+    Raises
+    ------
+    FolderBusy
+        Another process owns the folder.
+    ConfigError
+        ``out`` is a file, cannot be created or locked, or holds files (see above).
+    """
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out}: exists and is not a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"--out {out}: cannot create the folder ({exc.strerror or exc})") from None
+    try:
+        lock = acquire(out, role=role, **info)
+    except FolderBusy:
+        raise
+    except ConfigError as exc:
+        raise ConfigError(f"--out {out}: {exc}") from None
+    try:
+        present = sorted(p.name for p in out.iterdir() if not ignore(p.name))
+        if present and not overwrite:
+            raise ConfigError(f"--out {out} already holds {', '.join(present[:6])}{' ...' if len(present) > 6 else ''}"
+                              f"; choose a new folder, or pass --overwrite to replace a previous {kind}'s files")
+        foreign = [name for name in present if not own_file(name)]
+        if foreign:
+            raise ConfigError(f"--out {out} holds files that are not a graphfl {kind}'s ({', '.join(foreign[:6])}); "
+                              f"--overwrite only replaces {kind} files: choose another folder")
+        for name in present:
+            path = out / name
+            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+        if present:
+            logger.warning("--overwrite: removed the previous %s's files from %s", kind, out)
+    except BaseException:
+        lock.release()
+        raise
     return lock

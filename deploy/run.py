@@ -69,36 +69,9 @@ def claim_out_dir(out: Path, overwrite: bool = False, **owner: Any) -> run_lock.
         The path is a file, lies under a file, cannot be created or written, holds files, or
         another process owns it (:class:`~graphfl.common.run_lock.FolderBusy`).
     """
-    import shutil
-
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out}: exists and is not a folder")
+    lock = run_lock.claim_output_folder(out, overwrite=overwrite, kind="run", own_file=RUN_FILES.__contains__,
+                                        role="launcher", **owner)
     try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(f"--out {out}: cannot create the folder ({exc.strerror or exc})") from None
-    try:
-        lock = run_lock.acquire(out, role="launcher", **owner)
-    except run_lock.FolderBusy:
-        raise
-    except ConfigError as exc:
-        raise ConfigError(f"--out {out}: {exc}") from None
-    try:
-        present = sorted(p.name for p in out.iterdir() if p.name not in run_lock.LOCK_FILES)
-        if present:
-            foreign = [name for name in present if name not in RUN_FILES]
-            if not overwrite:
-                raise ConfigError(
-                    f"--out {out} already holds {', '.join(present[:6])}{' ...' if len(present) > 6 else ''}; "
-                    "choose a new folder, or pass --overwrite to replace a previous run's files"
-                )
-            if foreign:
-                raise ConfigError(f"--out {out} holds files that are not a graphfl run's ({', '.join(foreign[:6])}); "
-                                  "--overwrite only replaces run files: choose another folder")
-            for name in present:
-                path = out / name
-                shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
-            logger.warning("--overwrite: removed the previous run's files from %s", out)
         probe = out / ".graphfl-write-test"
         try:
             probe.write_text("")

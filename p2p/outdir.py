@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import logging
 import re
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -51,10 +50,6 @@ def _is_lock(name: str) -> bool:
     return name in run_lock.LOCK_FILES or (name.startswith(".graphfl-peer-") and name.endswith(".lock"))
 
 
-def _remove(path: Path) -> None:
-    shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
-
-
 def claim_network_folder(out: Path, overwrite: bool = False) -> run_lock.FolderLock:
     """Take ``out`` for a ``graphfl p2p`` run (see the module docstring); the caller releases the lock.
 
@@ -64,30 +59,8 @@ def claim_network_folder(out: Path, overwrite: bool = False) -> run_lock.FolderL
         ``out`` is a file, cannot be created, holds files (without ``overwrite``), holds files a
         p2p run does not write (even with ``overwrite``), or another process owns it.
     """
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out}: exists and is not a folder")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(f"--out {out}: cannot create the folder ({exc.strerror or exc})") from None
-    lock = run_lock.acquire(out, role="p2p launcher")
-    try:
-        present = sorted(p.name for p in out.iterdir() if not _is_lock(p.name))
-        if present and not overwrite:
-            raise ConfigError(f"--out {out} already holds {', '.join(present[:6])}{' ...' if len(present) > 6 else ''}"
-                              "; choose a new folder, or pass --overwrite to replace a previous p2p run's files")
-        foreign = [name for name in present if not is_p2p_file(name)]
-        if foreign:
-            raise ConfigError(f"--out {out} holds files that are not a p2p run's ({', '.join(foreign[:6])}); "
-                              "--overwrite only replaces p2p run files: choose another folder")
-        for name in present:
-            _remove(out / name)
-        if present:
-            logger.warning("--overwrite: removed the previous p2p run's files from %s", out)
-    except BaseException:
-        lock.release()
-        raise
-    return lock
+    return run_lock.claim_output_folder(out, overwrite=overwrite, kind="p2p run", own_file=is_p2p_file,
+                                        ignore=_is_lock, role="p2p launcher")
 
 
 def _peer_files(out: Path, peer_id: int) -> list[Path]:
