@@ -259,11 +259,12 @@ def test_a_full_disk_is_a_clear_error_and_resume_continues_after_space_is_freed(
                     if ck.is_file() and json.loads(ck.read_text() or "{}").get("round", 0) >= 2:
                         break
                     time.sleep(0.02)
-                with (disk / "filler").open("wb") as fh:  # fill every free byte
+                # fill every free byte; unbuffered, so closing the file has nothing left to flush (a buffered
+                # file can raise ENOSPC again from close(), outside this try)
+                with (disk / "filler").open("wb", buffering=0) as fh:
                     try:
                         while True:
                             fh.write(b"\0" * 65536)
-                            fh.flush()
                     except OSError as exc:
                         assert exc.errno == errno.ENOSPC
                 code = proc.wait(timeout=180)
