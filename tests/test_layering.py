@@ -19,11 +19,13 @@ REPO = Path(__file__).resolve().parents[1]
 # rank of each top-level package (and root module): a module may import ranks strictly below its own
 RANKS: dict[str, int] = {
     "common": 0,       # kernel: types, contracts, config, registry, results, graph, certs, ports
+    "flowerx": 0,      # the Flower seam: every non-public flwr name (imports only flwr and the standard library)
     "tasks": 1,        # datasets, partitions, models
     "strategies": 2,   # server halves (pure cores) and their hyperparameters
     "client": 3,       # client halves (trainers) and the ClientApp
     "server": 4,       # Flower ServerApp, strategy adapter, round loop, in-process driver
     "p2p": 4,          # gRPC peer runtime, transport, topologies, decentralized algorithms
+    "flower": 4,       # Flower-native strategy classes and client mods for a user's own Flower App
     "deploy": 5,       # launching real processes
     "bench": 6,        # paper reproductions and system benchmarks
     "cli": 7,          # the command line (root module cli.py)

@@ -1,0 +1,6 @@
+"""Flower-native graphfl strategies: classes a user drops into their own ServerApp.
+
+Each class is a real Flower ``Strategy`` built on graphfl's pure server cores
+(``graphfl.strategies``); the client helpers (Flower mods) a ClientApp adds where an
+algorithm needs the client's cooperation live beside them.
+"""
