@@ -432,7 +432,7 @@ def bench(
 def _register_plugins() -> None:
     """Commands defined next to their subsystem (p2p)."""
     try:
-        plugin = importlib.import_module("graphfl.p2p.cli")
+        plugin = importlib.import_module("graphfl.deploy.p2p_cli")
     except ImportError as exc:  # the p2p layer may be absent in a trimmed install
         logger.debug("p2p commands unavailable: %s", exc)
         return

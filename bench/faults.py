@@ -85,10 +85,10 @@ from graphfl.common.config import ConfigError, parse_run_config
 from graphfl.common.envinfo import env_info
 from graphfl.common.results import markdown_table, write_json
 from graphfl.deploy.federation import FederationError, LocalFederation
+from graphfl.deploy.p2p_launch import PeerProcesses, prepare_network
 from graphfl.deploy.processes import pids_with_env
 from graphfl.deploy.run import run_experiment
 from graphfl.p2p import hostile
-from graphfl.p2p.launcher import PeerProcesses, prepare_network
 from graphfl.p2p.proto import graphfl_p2p_pb2 as pb
 
 logger = logging.getLogger(__name__)

@@ -324,8 +324,8 @@ def p2p_run(profile: LinkProfile, out: Path, seed: int, rounds: int, nodes: int 
     at its address there (certificates re-issued to name the lab's addresses), no proxies.
     """
     from graphfl.common.certs import generate_network_certs
+    from graphfl.deploy.p2p_launch import PeerProcesses, collect, prepare_network, write_report
     from graphfl.p2p.config import load_network_file, write_network_file
-    from graphfl.p2p.launcher import PeerProcesses, collect, prepare_network, write_report
 
     settings = {**P2P_SETTINGS, "rounds": rounds, "seed": seed}
     real_file = prepare_network(out, "ring", nodes, settings, seed=seed)

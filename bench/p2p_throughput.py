@@ -67,7 +67,7 @@ from graphfl.bench.ring_floor import recv_into, ring_weights
 from graphfl.common.envinfo import env_info
 from graphfl.common.ports import free_ports
 from graphfl.common.results import markdown_table, plot_panels, write_json
-from graphfl.p2p.launcher import PeerProcesses, prepare_network
+from graphfl.deploy.p2p_launch import PeerProcesses, prepare_network
 from graphfl.p2p.mixing import mix
 
 logger = logging.getLogger(__name__)
@@ -316,7 +316,7 @@ def _median(values: list[Any]) -> float | None:
 
 def measure_inprocess(out: Path, nodes: int, rounds: int) -> dict[str, Any]:
     """Milliseconds per round of DFL-GT on ``linreg`` with ``nodes`` nodes on a ring: vectorised vs per-node driver."""
-    from graphfl.p2p.inprocess import launch_inprocess
+    from graphfl.deploy.p2p_inprocess import launch_inprocess
 
     res: dict[str, Any] = {"nodes": nodes, "rounds": rounds, "algorithm": "dfl-gt", "problem": "linreg"}
     for vec in (True, False):

@@ -8,6 +8,7 @@ per process, docs/p2p.md "Lighter peers"); everything else goes to the typer app
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 
 
@@ -40,9 +41,12 @@ def peer_main(argv: list[str]) -> int:
                 args.listen)
 
 
+COMMANDS_MODULE = "graphfl.deploy.p2p_cli"
+"""The typer commands (``p2p``, and ``peer --help``), loaded by name: they start processes, which is
+:mod:`graphfl.deploy`'s job, a layer above this package (the same by-name loading as the main CLI's)."""
+
+
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "peer" and not {"--help", "-h"} & set(sys.argv[2:]):
         sys.exit(peer_main(sys.argv[2:]))
-    from graphfl.p2p.cli import make_app
-
-    make_app()()
+    importlib.import_module(COMMANDS_MODULE).make_app()()

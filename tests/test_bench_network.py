@@ -86,7 +86,7 @@ def test_small_network_bench_runs_through_the_proxies(tmp_path: Path) -> None:
 
 
 def test_peer_listen_must_be_host_port(tmp_path: Path) -> None:
-    from graphfl.p2p.launcher import prepare_network
+    from graphfl.deploy.p2p_launch import prepare_network
     from graphfl.p2p.peer import EXIT_CONFIG, run_peer
 
     net = prepare_network(tmp_path, "ring", 3, {"problem": "linreg", "rounds": 1}, insecure=True)

@@ -190,7 +190,7 @@ def huge_devices(root: Path, scale_y: dict[int, float], n: int = 2, rows: int = 
 
 
 def test_p2p_inprocess_run_on_values_of_1e200_ends_diverged(tmp_path):
-    from graphfl.p2p.inprocess import launch_inprocess
+    from graphfl.deploy.p2p_inprocess import launch_inprocess
 
     root = huge_devices(tmp_path / "data", {0: 1e200, 1: 1e200}, scale_x=1e200)
     with np.errstate(over="ignore", invalid="ignore"):
@@ -240,7 +240,7 @@ def test_flower_csv_refuses_values_beyond_float32(tmp_path):
 
 @pytest.mark.e2e
 def test_p2p_peer_processes_on_values_of_1e200_end_diverged(tmp_path):
-    from graphfl.p2p.launcher import launch
+    from graphfl.deploy.p2p_launch import launch
 
     root = huge_devices(tmp_path / "data", {0: 1e200, 1: 1e200}, scale_x=1e200)
     result = launch(None, None, {"algorithm": "dfl-sgd", "rounds": 2}, out=tmp_path / "o", data_dir=root,

@@ -7,10 +7,10 @@ import typer
 from typer.testing import CliRunner
 
 from graphfl.common.config import ConfigError
+from graphfl.deploy.p2p_cli import register
 from graphfl.p2p.algorithms.dfl_gt import DFLGTParams
 from graphfl.p2p.algorithms.dfl_sgd import DFLSGDParams
 from graphfl.p2p.algorithms.gossip import GossipParams
-from graphfl.p2p.cli import register
 from graphfl.p2p.config import P2PConfig, TlsSection, load_network_file, parse_p2p_config, write_network_file
 from graphfl.p2p.topology import make_topology
 
@@ -115,8 +115,8 @@ def test_commands_are_registered_and_fail_clearly(tmp_path):
 
 
 def test_launcher_device_is_written_for_every_peer_and_a_bad_one_is_refused(tmp_path):
+    from graphfl.deploy.p2p_launch import prepare_network
     from graphfl.p2p.config import load_network_file
-    from graphfl.p2p.launcher import prepare_network
 
     path = prepare_network(tmp_path / "a", "ring", 3, {"problem": "linreg"}, insecure=True, device="cuda:1",
                            reserve_ports=False)

@@ -31,12 +31,12 @@ from typing import Any
 import numpy as np
 import pytest
 
+from graphfl.deploy.p2p_launch import PeerProcesses, prepare_network
 from graphfl.p2p import checkpoint
 from graphfl.p2p.algorithms import NodeContext, NodeState, registry
 from graphfl.p2p.config import NetworkFile, load_network_file
 from graphfl.p2p.driver import run_network_inprocess, run_node
 from graphfl.p2p.exchange import FailurePolicy, NeighbourExchange
-from graphfl.p2p.launcher import PeerProcesses, prepare_network
 from graphfl.p2p.oracles import ProblemSpec, make_oracle
 from graphfl.p2p.peer import problem_spec
 from graphfl.p2p.topology import make_topology

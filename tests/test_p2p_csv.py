@@ -143,7 +143,7 @@ def test_a_csv_data_set_round_trips_through_graphfl_p2p(tmp_path):
     selection on the given graph: p2p.json's estimates, kept edges and test MSE == the in-process run."""
     from typer.testing import CliRunner
 
-    from graphfl.p2p.cli import make_app
+    from graphfl.deploy.p2p_cli import make_app
 
     root = write_devices(tmp_path / "data")
     out = tmp_path / "run"

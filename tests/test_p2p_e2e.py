@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from graphfl.deploy.p2p_launch import PeerProcesses, launch, prepare_network
 from graphfl.p2p.config import load_network_file
 from graphfl.p2p.driver import run_network_inprocess
-from graphfl.p2p.launcher import PeerProcesses, launch, prepare_network
 from graphfl.p2p.oracles import make_oracle
 from graphfl.p2p.peer import EXIT_REFUSED, problem_spec
 from graphfl.tests.cli_runner import default_sigint

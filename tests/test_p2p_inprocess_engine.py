@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from graphfl.deploy.p2p_cli import make_app
+from graphfl.deploy.p2p_inprocess import launch_inprocess
 from graphfl.p2p.algorithms import registry
 from graphfl.p2p.algorithms.base import NodeContext
-from graphfl.p2p.cli import make_app
 from graphfl.p2p.driver import run_network_inprocess
-from graphfl.p2p.inprocess import launch_inprocess
 from graphfl.p2p.mixing import mix, mixing_matrix
 from graphfl.p2p.oracles import ProblemSpec, make_oracle
 from graphfl.p2p.topology import make_topology
@@ -141,11 +141,11 @@ def test_numpy_peer_import_path_does_not_import_torch(tmp_path):
     """A peer on a numpy problem (linreg, vector, ADMM least squares) never imports torch."""
     code = textwrap.dedent(f"""
         import sys
-        from graphfl.p2p.cli import make_app
-        import graphfl.p2p.peer, graphfl.p2p.inprocess
+        from graphfl.deploy.p2p_cli import make_app
+        import graphfl.p2p.peer, graphfl.deploy.p2p_inprocess
         from graphfl.p2p.algorithms import registry
         registry.names()
-        from graphfl.p2p.inprocess import launch_inprocess
+        from graphfl.deploy.p2p_inprocess import launch_inprocess
         for algo, problem in [("dfl-gt", "linreg"), ("gossip", "vector"), ("admm", "clusters"), ("fedrelax", "clusters")]:
             doc = launch_inprocess("ring", 3, {{"algorithm": algo, "rounds": 2, "problem": problem}},
                                    out={str(tmp_path)!r} + "/" + algo, vectorise=False)

@@ -157,7 +157,7 @@ def test_a_grpc_only_peer_restarts_at_once_on_its_fixed_port():
 
 
 def _network(tmp_path: Path, n: int, insecure: bool = True, **run) -> Path:
-    from graphfl.p2p.launcher import prepare_network
+    from graphfl.deploy.p2p_launch import prepare_network
 
     return prepare_network(tmp_path, "ring", n, {"algorithm": "dfl-gt", "problem": "linreg", "data-path": "socket",
                                                   "connect-timeout": 0.5, "round-timeout": 0.3, "send-timeout": 0.3,

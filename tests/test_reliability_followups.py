@@ -44,7 +44,7 @@ def _tmp_files(folder: Path) -> list[str]:
 
 
 def _network(tmp_path: Path, rounds: int) -> Path:
-    from graphfl.p2p.launcher import prepare_network
+    from graphfl.deploy.p2p_launch import prepare_network
 
     return prepare_network(tmp_path / "net", "ring", 2,
                            {"algorithm": "dfl-gt", "problem": "linreg", "rounds": rounds, "checkpoint-every": 1,
@@ -96,7 +96,7 @@ def test_a_peer_that_cannot_write_its_result_file_says_so_in_one_line_and_resume
     assert [json.loads(x)["round"] for x in lines] == list(range(1, rounds + 1))
     assert json.loads((out / "peer-0.ckpt.json").read_text())["round"] == rounds
     # the launcher's summary reads it as not done, with the reason
-    from graphfl.p2p.launcher import collect
+    from graphfl.deploy.p2p_launch import collect
 
     summary = collect(out, net)
     assert summary["peers"]["0"]["outcome"] == "write-failed" and "EFBIG" in summary["peers"]["0"]["error"]

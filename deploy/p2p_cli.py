@@ -40,7 +40,7 @@ def peer_command(
                                    "(default: refuse them; --resume continues instead)"),
 ) -> None:
     """Run one p2p peer process (one per device)."""
-    from graphfl.p2p.outdir import claim_peer_folder
+    from graphfl.deploy.p2p_outdir import claim_peer_folder
     from graphfl.p2p.peer import main
 
     try:
@@ -95,9 +95,9 @@ def p2p_command(
                                     "lock-step, no sockets; 1000+ nodes on linear models)"),
 ) -> None:
     """Launch N local peer processes on 127.0.0.1 (or run the network in-process), results in <out>/p2p.{json,md,png}."""
-    from graphfl.p2p.inprocess import ENGINES, launch_inprocess
-    from graphfl.p2p.launcher import LaunchError, default_out, launch
-    from graphfl.p2p.outdir import claim_network_folder
+    from graphfl.deploy.p2p_inprocess import ENGINES, launch_inprocess
+    from graphfl.deploy.p2p_launch import LaunchError, default_out, launch
+    from graphfl.deploy.p2p_outdir import claim_network_folder
     from graphfl.tasks.base import DataError
 
     try:

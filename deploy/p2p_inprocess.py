@@ -1,6 +1,6 @@
 """``graphfl p2p --engine inprocess``: the whole network in this process, same config, same result files.
 
-The network file is prepared exactly as for the process engine (:func:`graphfl.p2p.launcher.prepare_network`:
+The network file is prepared exactly as for the process engine (:func:`graphfl.deploy.p2p_launch.prepare_network`:
 topology, mixing rule, ``[run]`` settings, the algorithm's ``prepare`` hook), then every node's
 local problem is built from it (:func:`graphfl.p2p.peer.problem_spec`, the peers' own rule) and the
 algorithm runs in lock-step:
@@ -10,7 +10,7 @@ algorithm runs in lock-step:
 * anything else: the per-node driver :func:`graphfl.p2p.driver.run_network_inprocess`.
 
 No sockets, no TLS, no failures: every neighbour is always heard. ``<out>/p2p.{json,md,png}`` have
-the process engine's layout (:func:`graphfl.p2p.launcher.write_report`); ``config.engine`` says
+the process engine's layout (:func:`graphfl.deploy.p2p_launch.write_report`); ``config.engine`` says
 which engine and path ran, per-peer ``compute_s``/``comm_s`` are ``null`` (nothing is timed per
 peer), and ``<out>/peer-<id>.npz`` holds each node's output arrays. A failure (an exception in a
 step, a non-finite final model) is reported as ``ok: false`` with the error, never as done.
@@ -47,8 +47,8 @@ def launch_inprocess(topology: str | None, peers: int | None, overrides: Mapping
 
     ``vectorise=False`` forces the per-node driver (tests compare the two).
     """
+    from graphfl.deploy.p2p_launch import prepare_network, write_report
     from graphfl.p2p.driver import run_network_inprocess
-    from graphfl.p2p.launcher import prepare_network, write_report
     from graphfl.p2p.oracles import make_oracle
     from graphfl.p2p.peer import problem_spec
     from graphfl.p2p.vectorised import run_vectorised, supports

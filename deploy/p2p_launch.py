@@ -488,7 +488,7 @@ def launch(
 ) -> dict[str, Any]:
     """Run a whole local network; returns the result dict plus ``text`` (a one-line summary).
 
-    ``out`` is claimed first (:func:`graphfl.p2p.outdir.claim_network_folder`): a folder in use
+    ``out`` is claimed first (:func:`graphfl.deploy.p2p_outdir.claim_network_folder`): a folder in use
     or holding files is refused unless ``overwrite`` (which replaces only a p2p run's files);
     its lock is held until the run's report is written.
 
@@ -501,7 +501,7 @@ def launch(
     KeyboardInterrupt
         After tearing every peer down.
     """
-    from graphfl.p2p.outdir import claim_network_folder
+    from graphfl.deploy.p2p_outdir import claim_network_folder
 
     out = Path(out) if out is not None else default_out()
     with claim_network_folder(out, overwrite):
