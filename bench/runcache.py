@@ -26,11 +26,14 @@ ARRAY_KEYS = ("phi",)
 
 
 class RunCache:
-    """``RunCache(folder)(key, fn)`` returns the stored result of ``key`` or stores ``fn()``'s."""
+    """``RunCache(folder)(key, fn)`` returns the stored result of ``key`` or stores ``fn()``'s.
 
-    def __init__(self, folder: Path | None) -> None:
+    ``folder = None`` caches nothing; ``create = False`` does not create the folder (a reader).
+    """
+
+    def __init__(self, folder: Path | None, create: bool = True) -> None:
         self.folder = folder
-        if folder is not None:
+        if folder is not None and create:
             folder.mkdir(parents=True, exist_ok=True)
 
     def _path(self, key: dict[str, Any]) -> Path:
@@ -38,16 +41,28 @@ class RunCache:
         text = json.dumps({"version": VERSION, **key}, sort_keys=True, default=str)
         return self.folder / (hashlib.sha1(text.encode()).hexdigest()[:20] + ".json")
 
+    def has(self, key: dict[str, Any]) -> bool:
+        """Whether ``key``'s result is stored."""
+        return self.folder is not None and self._path(key).is_file()
+
+    def get(self, key: dict[str, Any]) -> dict[str, Any] | None:
+        """The stored result of ``key``, or ``None``."""
+        if not self.has(key):
+            return None
+        path = self._path(key)
+        doc: dict[str, Any] = json.loads(path.read_text())
+        for name in doc.pop("_arrays", []):
+            doc[name] = _as_tensor(np.load(path.with_suffix(f".{name}.npy")))
+        logger.debug("cached: %s", key)
+        return doc
+
     def __call__(self, key: dict[str, Any], fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         if self.folder is None:
             return fn()
+        found = self.get(key)
+        if found is not None:
+            return found
         path = self._path(key)
-        if path.is_file():
-            doc: dict[str, Any] = json.loads(path.read_text())
-            for name in doc.pop("_arrays", []):
-                doc[name] = _as_tensor(np.load(path.with_suffix(f".{name}.npy")))
-            logger.debug("cached: %s", key)
-            return doc
         result = fn()
         stored = {k: v for k, v in result.items() if k not in ARRAY_KEYS}
         arrays = [k for k in ARRAY_KEYS if k in result]

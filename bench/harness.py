@@ -1,0 +1,569 @@
+"""The benchmark harness: a benchmark declares what to run, the harness runs, resumes, tunes and reports.
+
+A benchmark is a :class:`Bench`: its methods, its grid points (e.g. ``{"topology": "ring5",
+"tau": 1}``), its seeds, its metrics, and what one **cell** computes (``run_cell``: one method at
+one grid point with one seed and one setting of the tuned parameter, on the test split or on the
+validation split). :func:`run_bench` then
+
+1. **resumes**: every cell goes through the run cache (:class:`~graphfl.bench.runcache.RunCache`
+   under ``<out>/cache``, keyed by ``Bench.key``), so a killed benchmark continues where it
+   stopped; a failed cell (diverged, error) is cached too;
+2. **tunes on validation** where the benchmark declares a :class:`Tuning`: per grid point (or at
+   the point ``Tuning.at`` names), one value for all methods (``shared``) or one per method, by
+   :func:`~graphfl.bench.tuning.search_grid` on the cells' validation metric — the test split is
+   never used for a choice; a test cell that fails at the chosen value backs off to smaller
+   values when ``Tuning.backoff_halvings`` is set;
+3. **estimates the remaining time**: before the first cell it logs how many cells are cached and
+   how many are to run (a dry pass through the same tuning code, reading only the cache); with a
+   declared ``Bench.seconds`` it logs the estimate then, otherwise right after the first computed
+   cell (its time × the remaining cells' ``Bench.cost`` weights), then once per computed cell;
+4. **aggregates**: per (point, method) each metric's mean ± sd over seeds with the per-seed values
+   (:mod:`graphfl.bench.stats`), the mean curve, and paired per-seed differences against
+   ``Bench.reference`` (or the declared ``pairs``);
+5. **reports** in one layout (:mod:`graphfl.bench.report`): ``<out>/<name>.{json,md,png}``.
+
+What stays in a benchmark module is what is specific to it: the problem, ``run_cell``, its cache
+key, the extra verdicts or tables it writes beside the common ones.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .runcache import RunCache
+from .stats import mean_curve, mean_sd, paired_difference
+from .tuning import search_grid
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Bench", "Cell", "Metric", "Tuning", "Outcome", "run_bench", "plan"]
+
+Point = Mapping[str, Any]
+
+
+def _items(d: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
+    return tuple(d.items())
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One unit of work: ``method`` at grid ``point`` with ``seed`` and the tuned ``params``, on ``split``."""
+
+    point: tuple[tuple[str, Any], ...]
+    method: str
+    seed: int
+    params: tuple[tuple[str, Any], ...] = ()
+    split: str = "test"
+
+    @property
+    def at(self) -> dict[str, Any]:
+        """The grid point as a dict."""
+        return dict(self.point)
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        """The tuned parameters as a dict."""
+        return dict(self.params)
+
+    def label(self) -> str:
+        parts = [f"{k}={v}" for k, v in self.point] + [self.method, f"seed {self.seed}"]
+        parts += [f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in self.params]
+        return " ".join(parts) + ("" if self.split == "test" else f" ({self.split})")
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A metric a cell reports in its ``final`` dict.
+
+    ``scale`` multiplies values in the Markdown table only (e.g. 100 for percent).
+    """
+
+    name: str
+    label: str = ""
+    lower_is_better: bool = True
+    fmt: str = ".4f"
+    scale: float = 1.0
+
+    @property
+    def title(self) -> str:
+        return self.label or self.name
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """How a parameter is chosen on validation cells (never on test).
+
+    Parameters
+    ----------
+    param
+        Name of the tuned parameter (a cell's ``params`` key).
+    grid
+        Initial values (positive), or a function of the tuning point giving them.
+    metric
+        The validation cell's ``final`` metric scored.
+    lower_is_better
+        Direction of ``metric``.
+    shared
+        One value for all methods at a point, scored by the mean over the methods; a value at which
+        any method fails is not eligible (the methods are evaluated in order and the first failure
+        ends that value's evaluation). Otherwise one value per method.
+    factor, max_extensions
+        :func:`~graphfl.bench.tuning.search_grid`'s extension past a winning edge.
+    seed
+        The seed of the validation cells (default: the benchmark's first seed).
+    at
+        The point whose tuning applies at a grid point (default: the point itself).
+    backoff_halvings
+        When set, a test cell that fails at the chosen value is rerun with the next smaller value
+        of the grid, then with up to this many halvings of the grid's smallest value.
+    if_all_fail
+        Value used when every grid value fails (``None``: raise :class:`RuntimeError`).
+    refine
+        Second stage after the grid search: ``refine(method, params, evaluate) -> (params, record)``
+        where ``evaluate(params)`` returns the validation metric of a cell (``None`` when it failed).
+    """
+
+    param: str
+    grid: Sequence[float] | Callable[[Point], Sequence[float]]
+    metric: str
+    lower_is_better: bool = True
+    shared: bool = False
+    factor: float = 3.0
+    max_extensions: int = 0
+    seed: int | None = None
+    at: Callable[[Point], Point] | None = None
+    backoff_halvings: int | None = None
+    if_all_fail: float | None = None
+    refine: Callable[[str, dict[str, Any], Callable[[dict[str, Any]], float | None]],
+                     tuple[dict[str, Any], dict[str, Any]]] | None = None
+
+    def values(self, point: Point) -> tuple[float, ...]:
+        grid = self.grid(point) if callable(self.grid) else self.grid
+        return tuple(float(v) for v in grid)
+
+
+@dataclass
+class Bench:
+    """A benchmark's declaration (see the module docstring).
+
+    ``run_cell(cell)`` returns a JSON-able dict; ``final(result)`` its metrics (default
+    ``result["final"]``); ``failed(result)`` why it failed or ``None`` (default: the result's
+    ``failed``, ``diverged`` or ``error`` entry). ``key(cell)`` is its run-cache key (default: the
+    benchmark's name, the cell's point, method, seed, params and split). ``cost(cell)`` weighs
+    cells for the time estimate (default 1 each); ``seconds(cell)`` declares a cell's expected
+    seconds (then the estimate needs no timed cell). ``curve_keys`` are averaged over seeds into
+    each (point, method)'s ``curve`` (``curve_sd_keys`` also get a ``<key>_sd``).
+    """
+
+    name: str
+    title: str
+    methods: Sequence[str]
+    points: Sequence[Point]
+    seeds: Sequence[int]
+    metrics: Sequence[Metric]
+    run_cell: Callable[[Cell], dict[str, Any]]
+    key: Callable[[Cell], dict[str, Any]] | None = None
+    final: Callable[[dict[str, Any]], Mapping[str, Any]] | None = None
+    failed: Callable[[dict[str, Any]], str | None] | None = None
+    tuning: Tuning | None = None
+    reference: str | None = None
+    pairs: Sequence[tuple[str, str]] | None = None
+    cost: Callable[[Cell], float] | None = None
+    seconds: Callable[[Cell], float] | None = None
+    curve_keys: Sequence[str] = ()
+    curve_sd_keys: Sequence[str] = ()
+    methods_at: Callable[[Point], Sequence[str]] | None = None
+    """The methods run at a point (default: all of ``methods``)."""
+
+    def methods_for(self, point: Point) -> list[str]:
+        return list(self.methods_at(point) if self.methods_at else self.methods)
+
+    def cell_key(self, cell: Cell) -> dict[str, Any]:
+        if self.key is not None:
+            return self.key(cell)
+        return {"bench": self.name, **cell.at, "method": cell.method, "seed": cell.seed, **cell.settings,
+                "split": cell.split}
+
+    def finals(self, result: dict[str, Any]) -> Mapping[str, Any]:
+        if self.final is not None:
+            return self.final(result)
+        f: Mapping[str, Any] = result.get("final") or {}
+        return f
+
+    def failure(self, result: dict[str, Any]) -> str | None:
+        if self.failed is not None:
+            return self.failed(result)
+        for k in ("failed", "diverged", "error"):
+            if result.get(k):
+                return str(result[k])
+        return None
+
+    def pair_list(self) -> list[tuple[str, str]]:
+        if self.pairs is not None:
+            return list(self.pairs)
+        if self.reference is None:
+            return []
+        return [(m, self.reference) for m in self.methods if m != self.reference]
+
+
+class NotCached(Exception):
+    """A dry pass reached a cell that is not in the cache."""
+
+
+@dataclass
+class _Progress:
+    """Counts and times computed cells; logs the estimate of the remaining time."""
+
+    bench: Bench
+    pending: list[Cell]
+    started: float = field(default_factory=time.perf_counter)
+    done: int = 0
+    computed_seconds: float = 0.0
+    computed_weight: float = 0.0
+    estimate: dict[str, Any] = field(default_factory=dict)
+
+    def weight(self, cell: Cell) -> float:
+        return float(self.bench.cost(cell)) if self.bench.cost else 1.0
+
+    def remaining_weight(self) -> float:
+        return sum(self.weight(c) for c in self.pending[self.done:])
+
+    def computed(self, cell: Cell, seconds: float) -> None:
+        self.computed_seconds += seconds
+        self.computed_weight += self.weight(cell)
+        self.done = min(self.done + 1, len(self.pending))
+        left = self.remaining_weight() * self.computed_seconds / max(self.computed_weight, 1e-12)
+        if not self.estimate.get("from"):
+            self.estimate.update({"from": "timed first cell", "first_cell": cell.label(),
+                                  "first_cell_seconds": seconds, "seconds": seconds + left})
+            logger.info("%s: the first cell (%s) took %.1f s; estimate: about %s more for the %d cells left "
+                        "(tuning extensions and back-offs not counted)", self.bench.name, cell.label(), seconds,
+                        _duration(left), len(self.pending) - self.done)
+        else:
+            logger.info("%s: cell %d/%d done (%s, %.1f s); about %s left", self.bench.name, self.done,
+                        len(self.pending), cell.label(), seconds, _duration(left))
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+
+
+class _Runner:
+    """Evaluates cells through the cache.
+
+    In ``dry`` mode it only reads the cache: a missing validation cell raises :class:`NotCached`
+    (what follows depends on it), a missing test cell is recorded in ``missing`` and answered
+    with a placeholder (:data:`PENDING`), so the walk goes on.
+    """
+
+    def __init__(self, bench: Bench, cache: RunCache, dry: bool, progress: _Progress | None = None) -> None:
+        self.bench, self.cache, self.dry, self.progress = bench, cache, dry, progress
+        self.seen: list[Cell] = []
+        self.missing: list[Cell] = []
+
+    def __call__(self, cell: Cell) -> dict[str, Any]:
+        key = self.bench.cell_key(cell)
+        self.seen.append(cell)
+        if self.dry:
+            found = self.cache.get(key)
+            if found is None:
+                self.missing.append(cell)
+                if cell.split != "test":
+                    raise NotCached(cell.label())
+                return dict(PENDING)
+            return found
+        if self.cache.has(key):
+            return self.cache(key, lambda: {})
+        t0 = time.perf_counter()
+        result = self.cache(key, lambda: self.bench.run_cell(cell))
+        if self.progress is not None:
+            self.progress.computed(cell, time.perf_counter() - t0)
+        return result
+
+
+PENDING = {"_pending": True}
+"""A dry pass's stand-in for a test cell not yet cached."""
+
+
+@dataclass
+class Outcome:
+    """What :func:`run_bench` computed, before the report."""
+
+    results: list[dict[str, Any]]
+    paired: list[dict[str, Any]]
+    tuning: list[dict[str, Any]]
+    estimate: dict[str, Any]
+    runs: dict[tuple[tuple[tuple[str, Any], ...], str], list[dict[str, Any] | None]]
+    """(point, method) -> per-seed cell results (``None`` where every setting failed)."""
+    seconds: float
+
+
+def _tune(bench: Bench, point: Point, run: _Runner) -> dict[tuple[str, ...], dict[str, Any]]:
+    """Tuned params per method at ``point`` (key ``(method,)``) and the record of the search."""
+    tn = bench.tuning
+    assert tn is not None
+    tpoint = dict(tn.at(point) if tn.at else point)
+    seed = tn.seed if tn.seed is not None else bench.seeds[0]
+    methods = bench.methods_for(tpoint)
+    sign = 1.0 if tn.lower_is_better else -1.0
+
+    def val(method: str, params: dict[str, Any]) -> tuple[float | None, str | None]:
+        res = run(Cell(_items(tpoint), method, seed, _items(params), "val"))
+        why = bench.failure(res)
+        if why:
+            return None, why
+        v = bench.finals(res).get(tn.metric)
+        if v is None or not math.isfinite(float(v)):
+            return None, f"{tn.metric} is {v}"
+        return float(v), None
+
+    def search(group: list[str]) -> dict[str, Any]:
+        scores: dict[str, float | None] = {}
+        per_method: dict[str, dict[str, float | None]] = {m: {} for m in group}
+        failed: dict[str, str] = {}
+
+        def score(value: float) -> float | None:
+            vals: list[float] = []
+            for m in group:
+                v, why = val(m, {tn.param: value})
+                per_method[m][f"{value:g}"] = v
+                if v is None:
+                    failed[f"{value:g}"] = str(why)
+                    scores[f"{value:g}"] = None
+                    return None
+                vals.append(v)
+            s = sum(vals) / len(vals)
+            scores[f"{value:g}"] = s
+            return sign * s
+
+        grid = tn.values(tpoint)
+        record: dict[str, Any] = {"point": tpoint, "methods": group, "param": tn.param, "seed": seed,
+                                  "initial_grid": list(grid)}
+        try:
+            found = search_grid(score, grid, factor=tn.factor, max_extensions=tn.max_extensions)
+        except RuntimeError:
+            if tn.if_all_fail is None:
+                raise RuntimeError(f"{bench.name} {_label(tpoint)}: every {tn.param} in {list(grid)} failed for "
+                                   f"some method of {group}: {failed}") from None
+            record.update(chosen=tn.if_all_fail, at_edge=False, extended=[], all_failed=True)
+        else:
+            record.update(chosen=found.chosen, at_edge=found.at_edge, extended=found.extended)
+        record.update(scores={k: scores[k] for k in sorted(scores, key=float)}, per_method=per_method,
+                      failed=failed)
+        return record
+
+    groups = [methods] if tn.shared else [[m] for m in methods]
+    out: dict[tuple[str, ...], dict[str, Any]] = {}
+    for group in groups:
+        rec = search(group)
+        params = {tn.param: rec["chosen"]}
+        if tn.refine is not None:
+            for m in group:
+                def evaluate(p: dict[str, Any], m: str = m) -> float | None:
+                    return val(m, p)[0]
+
+                params_m, extra = tn.refine(m, dict(params), evaluate)
+                out[(m,)] = {**rec, "methods": [m], "params": params_m, "refined": extra}
+        else:
+            for m in group:
+                out[(m,)] = {**rec, "params": params}
+    return out
+
+
+def _label(point: Point) -> str:
+    return " ".join(f"{k}={v}" for k, v in point.items()) or "-"
+
+
+def _candidates(tn: Tuning, point: Point, chosen: float) -> list[float]:
+    if tn.backoff_halvings is None:
+        return [chosen]
+    grid = tn.values(dict(tn.at(point) if tn.at else point))
+    below = [min(grid) / 2 ** k for k in range(1, tn.backoff_halvings + 1)]
+    return sorted({chosen, *(a for a in grid if a <= chosen), *below}, reverse=True)
+
+
+def _walk(bench: Bench, run: _Runner) -> Iterator[tuple[Point, str, int, dict[str, Any] | None, dict[str, Any],
+                                                        list[str], dict[str, Any] | None]]:
+    """Yield ``(point, method, seed, result or None, params used, failures, tuning record)`` in run order.
+
+    ``result`` is ``None`` when the cell failed at every value tried; ``failures`` lists why each
+    value tried failed.
+    """
+    tuned_at: dict[tuple[tuple[str, Any], ...], dict[tuple[str, ...], dict[str, Any]]] = {}
+    tn = bench.tuning
+    for point in bench.points:
+        records: dict[tuple[str, ...], dict[str, Any]] = {}
+        if tn is not None:
+            tkey = _items(dict(tn.at(point) if tn.at else point))
+            if tkey not in tuned_at:
+                tuned_at[tkey] = _tune(bench, point, run)
+            records = tuned_at[tkey]
+        for method in bench.methods_for(point):
+            rec = records.get((method,))
+            params = dict(rec["params"]) if rec else {}
+            tries = ([{**params, tn.param: v} for v in _candidates(tn, point, params[tn.param])]
+                     if tn is not None and rec is not None else [params])
+            for seed in bench.seeds:
+                result: dict[str, Any] | None = None
+                used: dict[str, Any] = {}
+                failures: list[str] = []
+                for k, p in enumerate(tries):
+                    res = run(Cell(_items(point), method, seed, _items(p)))
+                    why = None if res.get("_pending") else bench.failure(res)
+                    if not why:
+                        result, used = res, p
+                        break
+                    failures.append(why)
+                    if k + 1 < len(tries):
+                        logger.warning("%s %s seed %d: %s; backing off to the next smaller %s", bench.name, method,
+                                       seed, why, tn.param if tn else "value")
+                yield point, method, seed, result, used, failures, rec
+
+
+def plan(bench: Bench, out: Path | None) -> tuple[list[Cell], int]:
+    """The cells still to run (in order, as far as the cache determines them) and the number cached.
+
+    A dry pass through the same tuning and back-off code, reading only the cache. Where a tuning
+    still needs a validation cell, the rest of that point is counted as its initial grid's
+    validation cells not yet cached plus its test cells (back-offs and grid extensions are not
+    counted).
+    """
+    cache = RunCache(out / "cache" if out is not None else None, create=False)
+    pending: list[Cell] = []
+    counted: set[str] = set()
+    cached = 0
+    tn = bench.tuning
+
+    def add(cell: Cell) -> None:
+        k = repr(bench.cell_key(cell))
+        if k not in counted:
+            counted.add(k)
+            pending.append(cell)
+
+    for point in bench.points:
+        single = Bench(**{**bench.__dict__, "points": [point]})
+        run = _Runner(single, cache, dry=True)
+        try:
+            for _ in _walk(single, run):
+                pass
+        except NotCached:
+            tpoint = dict(tn.at(point) if tn and tn.at else point)
+            assert tn is not None
+            seed = tn.seed if tn.seed is not None else bench.seeds[0]
+            for m in bench.methods_for(tpoint):
+                for v in tn.values(tpoint):
+                    c = Cell(_items(tpoint), m, seed, ((tn.param, v),), "val")
+                    if not cache.has(bench.cell_key(c)):
+                        add(c)
+            stand_in = ((tn.param, tn.values(tpoint)[0]),)
+            for m in bench.methods_for(point):
+                for s in bench.seeds:
+                    add(Cell(_items(point), m, s, stand_in))
+        missing = {repr(bench.cell_key(c)) for c in run.missing}
+        for c in run.seen:
+            k = repr(bench.cell_key(c))
+            if k in missing:
+                add(c)
+            elif k not in counted:
+                counted.add(k)
+                cached += 1
+    return pending, cached
+
+
+def run_bench(bench: Bench, out: Path | None) -> Outcome:
+    """Run every cell of ``bench`` (through ``<out>/cache`` when ``out`` is given) and aggregate.
+
+    Logs the plan (cells cached / to run) and the estimate of the remaining time (see the module
+    docstring); the estimate is returned in :attr:`Outcome.estimate`.
+    """
+    t_start = time.perf_counter()
+    pending, cached = plan(bench, out)
+    progress = _Progress(bench, pending)
+    progress.estimate = {"cells_cached": cached, "cells_to_run": len(pending), "from": None, "seconds": None}
+    if bench.seconds is not None:
+        total = float(sum(bench.seconds(c) for c in pending))
+        progress.estimate.update({"from": "declared cost", "seconds": total})
+        logger.info("%s: %d cells cached, %d to run; estimate from the declared cost: about %s",
+                    bench.name, cached, len(pending), _duration(total))
+    else:
+        logger.info("%s: %d cells cached, %d to run; the estimate follows the first computed cell",
+                    bench.name, cached, len(pending))
+        if not pending:
+            progress.estimate.update({"from": "cache", "seconds": 0.0})
+    cache = RunCache(out / "cache" if out is not None else None)
+    run = _Runner(bench, cache, dry=False, progress=progress)
+    runs: dict[tuple[tuple[tuple[str, Any], ...], str], list[dict[str, Any] | None]] = {}
+    used: dict[tuple[tuple[tuple[str, Any], ...], str], list[dict[str, Any]]] = {}
+    tuning: dict[tuple[tuple[tuple[str, Any], ...], str], dict[str, Any]] = {}
+    failures: dict[tuple[tuple[tuple[str, Any], ...], str], list[str]] = {}
+    for point, method, _seed, result, params, why, rec in _walk(bench, run):
+        k = (_items(point), method)
+        runs.setdefault(k, []).append(result)
+        used.setdefault(k, []).append(params)
+        failures.setdefault(k, []).extend(why)
+        if rec is not None:
+            tuning[(_items(rec["point"]), method)] = rec
+    results = [_aggregate(bench, point, method, runs[(point, method)], used[(point, method)],
+                          failures[(point, method)], tuning) for point, method in runs]
+    paired = _pairs(bench, runs)
+    tuning_records = _tuning_records(tuning)
+    return Outcome(results=results, paired=paired, tuning=tuning_records, estimate=progress.estimate,
+                   runs=runs, seconds=time.perf_counter() - t_start)
+
+
+def _aggregate(bench: Bench, point: tuple[tuple[str, Any], ...], method: str, runs: list[dict[str, Any] | None],
+               used: list[dict[str, Any]], failures: list[str], tuning: dict[Any, dict[str, Any]]) -> dict[str, Any]:
+    ok = [r for r in runs if r is not None]
+    finals = [bench.finals(r) if r is not None else {} for r in runs]
+    metrics = {m.name: mean_sd([f.get(m.name) for f in finals if f]) for m in bench.metrics}
+    tn = bench.tuning
+    params: dict[str, Any] = {}
+    if tn is not None:
+        tkey = _items(dict(tn.at(dict(point)) if tn.at else dict(point)))
+        rec = tuning.get((tkey, method))
+        params = dict(rec["params"]) if rec else {}
+    curve = mean_curve([r.get("curve") or [] for r in ok], bench.curve_keys, bench.curve_sd_keys) \
+        if bench.curve_keys else []
+    return {"point": dict(point), "method": method, "params": params,
+            "params_per_seed": [dict(u) if u else None for u in used],
+            "seeds": list(bench.seeds), "failed": sum(r is None for r in runs),
+            "failures": failures,
+            "metrics": metrics, "curve": curve}
+
+
+def _pairs(bench: Bench, runs: dict[tuple[tuple[tuple[str, Any], ...], str], list[dict[str, Any] | None]]
+           ) -> list[dict[str, Any]]:
+    out = []
+    points = list(dict.fromkeys(p for p, _ in runs))
+    for point in points:
+        for a, b in bench.pair_list():
+            ra, rb = runs.get((point, a)), runs.get((point, b))
+            if ra is None or rb is None:
+                continue
+            fa = [bench.finals(r) if r is not None else {} for r in ra]
+            fb = [bench.finals(r) if r is not None else {} for r in rb]
+            out.append({"point": dict(point), "a": a, "b": b,
+                        "metrics": {m.name: paired_difference([f.get(m.name) for f in fa], [f.get(m.name) for f in fb],
+                                                              m.lower_is_better) for m in bench.metrics}})
+    return out
+
+
+def _tuning_records(tuning: dict[Any, dict[str, Any]]) -> list[dict[str, Any]]:
+    seen: dict[int, dict[str, Any]] = {}
+    out = []
+    for rec in tuning.values():
+        if id(rec) in seen:
+            continue
+        seen[id(rec)] = rec
+        out.append(rec)
+    # a shared search appears once per method: keep one record per (point, methods)
+    unique: dict[str, dict[str, Any]] = {}
+    for rec in out:
+        unique.setdefault(repr((rec["point"], rec["methods"])), rec)
+    return list(unique.values())

@@ -1,0 +1,82 @@
+"""Summary statistics over seeds shared by the benchmarks: mean ± sd, paired differences, mean curves.
+
+Every figure a benchmark reports over seeds comes from here, so all benchmarks state it the same
+way: the mean and the sample standard deviation (``ddof = 1``; ``None`` for a single value) of
+the finite per-seed values, the values themselves, and, for a paired difference ``a − b``, the
+number of seeds on which ``a`` is better.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = ["mean_sd", "paired_difference", "mean_curve", "fmt_pm"]
+
+
+def _finite(v: Any) -> bool:
+    return v is not None and isinstance(v, (int, float)) and math.isfinite(float(v))
+
+
+def mean_sd(values: Sequence[float | None]) -> dict[str, Any]:
+    """``{"mean", "sd", "per_seed", "n"}`` over the finite values (sample sd, ``None`` below two values).
+
+    ``per_seed`` keeps only the values the mean is taken over; ``n`` counts them.
+    """
+    vals = [float(v) for v in values if _finite(v)]  # type: ignore[arg-type]
+    if not vals:
+        return {"mean": None, "sd": None, "per_seed": [], "n": 0}
+    return {"mean": float(np.mean(vals)), "sd": float(np.std(vals, ddof=1)) if len(vals) > 1 else None,
+            "per_seed": vals, "n": len(vals)}
+
+
+def paired_difference(a: Sequence[float | None], b: Sequence[float | None],
+                      lower_is_better: bool = True) -> dict[str, Any]:
+    """Per-seed ``a − b`` over the seeds where both are finite: :func:`mean_sd` plus the sign count.
+
+    ``first_better`` counts the seeds on which ``a`` is better (``a < b`` when lower is better,
+    ``a > b`` otherwise); ``seeds`` the seeds compared.
+    """
+    diffs = [float(x) - float(y) for x, y in zip(a, b) if _finite(x) and _finite(y)]  # type: ignore[arg-type]
+    out = mean_sd(diffs)
+    out["first_better"] = int(sum((d < 0) if lower_is_better else (d > 0) for d in diffs))
+    out["seeds"] = len(diffs)
+    return out
+
+
+def mean_curve(curves: Sequence[Sequence[dict[str, Any]]], keys: Sequence[str],
+               sd_keys: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """The point-wise mean of equally long curves (rows are dicts) for ``keys``; ``<key>_sd`` for ``sd_keys``.
+
+    The other entries of a row are those of the first curve; a key missing (``None``) in any
+    curve at a point keeps the first curve's value there. Curves are cut to the shortest.
+    """
+    curves = [c for c in curves if c]
+    if not curves:
+        return []
+    width = min(len(c) for c in curves)
+    out = []
+    for k in range(width):
+        row = dict(curves[0][k])
+        for key in keys:
+            vals = [c[k].get(key) for c in curves]
+            if all(v is not None for v in vals):
+                row[key] = float(np.mean(vals))
+                if key in sd_keys:
+                    row[f"{key}_sd"] = float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0
+        out.append(row)
+    return out
+
+
+def fmt_pm(stat: dict[str, Any] | None, fmt: str = ".4g", signed: bool = False, scale: float = 1.0) -> str:
+    """``"mean ± sd"`` of a :func:`mean_sd` dict (``–`` without a mean), values times ``scale``."""
+    if not stat or stat.get("mean") is None:
+        return "–"
+    spec = ("+" if signed else "") + fmt
+    text = format(stat["mean"] * scale, spec)
+    if stat.get("sd") is not None:
+        text += " ± " + format(stat["sd"] * scale, fmt)
+    return text
