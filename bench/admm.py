@@ -12,14 +12,14 @@ the edges of the complete graph kept by the same test; **Oracle** = FedADMM on `
 **Local** = each device's least-squares fit; **Global** = one pooled least-squares fit. Every
 FedADMM variant is reported twice: with λ by CV and at each fixed λ of ``Plan.fixed_lambdas``
 (C3: CV can sit at an end of its grid). The edge test itself is scored for every covariance
-estimator of :data:`graphfl.p2p.admm_math.COVARIANCES` (true edges kept, false edges kept).
+estimator of :data:`graphfl.p2p.algorithms.admm_math.COVARIANCES` (true edges kept, false edges kept).
 Panels: error vs ``ϱ`` (Fig. 3) and vs ``V`` (Fig. 2), log scale; and convergence (Fig. 4):
 FedADMM full batch and batch 10 against decentralized (sub)gradient descent on the same
 objective eq. 5, full batch (D-GD) and batch 10 (D-SGD), for the same number of iterations
 (= communication rounds).
 
 FedADMM runs through :func:`fedadmm`, the one adapter of this module:
-:func:`graphfl.p2p.admm_math.run_admm_stacked`, the reference iteration of Algorithm 1 on stacked
+:func:`graphfl.p2p.algorithms.admm_math.run_admm_stacked`, the reference iteration of Algorithm 1 on stacked
 arrays (equal to ``run_admm_reference`` up to rounding, tested; the p2p algorithm ``admm`` equals
 the reference too, tests/test_p2p_admm.py).
 
@@ -49,7 +49,7 @@ from threadpoolctl import threadpool_limits
 
 from graphfl.common.envinfo import env_info
 from graphfl.common.results import atomic_write_text, markdown_table, plot_panels, write_json
-from graphfl.p2p.admm_math import (
+from graphfl.p2p.algorithms.admm_math import (
     COVARIANCES,
     CVResult,
     Dataset,
@@ -238,7 +238,7 @@ def fedadmm(
 ) -> FloatArray:
     """FedADMM on ``edges`` (ℓ1 fusion, least squares): returns ``Θ(T)`` or ``Θ̄`` (``output="average"``).
 
-    The only place this module runs FedADMM: :func:`~graphfl.p2p.admm_math.run_admm_stacked`
+    The only place this module runs FedADMM: :func:`~graphfl.p2p.algorithms.admm_math.run_admm_stacked`
     (Algorithm 1 of ``run_admm_reference`` on stacked arrays; same step schedule, mini-batch draws
     and output, equal up to rounding).
     """

@@ -43,7 +43,7 @@ minimiser of the GTVMin objective that FedRelax's node update minimises block-wi
 iterations is compared with it.
 
 FedRelax runs through :func:`fedrelax`, the ONE adapter of this module (the all-nodes reference
-loop :func:`graphfl.p2p.fedrelax_math.run_fedrelax_reference`). Every FedRelax run is cached under
+loop :func:`graphfl.p2p.algorithms.fedrelax_math.run_fedrelax_reference`). Every FedRelax run is cached under
 ``<out>/cache`` (:class:`~graphfl.bench.runcache.RunCache`): a killed run continues where it
 stopped. Before running, the benchmark times one pending run of each kind and logs an estimate of
 the remaining time. ``run(quick, seed, out)`` writes ``<out>/fedrelax.{json,md,png}``.
@@ -66,7 +66,13 @@ from threadpoolctl import threadpool_limits
 from graphfl.common.envinfo import env_info
 from graphfl.common.graph import knn_graph
 from graphfl.common.results import atomic_write_text, markdown_table, plot_panels, write_json
-from graphfl.p2p.fedrelax_math import FedRelaxResult, LinearModel, linear_closed_form, run_fedrelax_reference, squared_gtv
+from graphfl.p2p.algorithms.fedrelax_math import (
+    FedRelaxResult,
+    LinearModel,
+    linear_closed_form,
+    run_fedrelax_reference,
+    squared_gtv,
+)
 from graphfl.tasks.base import DataError
 from graphfl.tasks.labeled import default_data_dir
 
@@ -652,7 +658,7 @@ def gtvmin_objective(models: Sequence[LinearModel], train: Sequence[Split], shar
         G = Σ_i [ L_i(h_i) + (ridge/m_i) ‖w_i‖² ] + (λ/2) · GTV,   GTV = Σ_{i<i'} A_ii' (2/m') Σ_r (h_i − h_i')(x_r)²
 
     (seed 003 eqs. 5, 7, 8 with squared loss; minimising ``G`` over ``h_i`` alone gives exactly
-    :func:`~graphfl.p2p.fedrelax_math.linear_closed_form`'s objective divided by ``m_i``).
+    :func:`~graphfl.p2p.algorithms.fedrelax_math.linear_closed_form`'s objective divided by ``m_i``).
     """
     total = 0.0
     for m, (x, y) in zip(models, train):

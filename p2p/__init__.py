@@ -6,8 +6,8 @@ Modules, one job each:
 * :mod:`~graphfl.p2p.mixing` — mixing matrices, validation, per-round re-weighting, ``mix``;
 * :mod:`~graphfl.p2p.algorithms` — the node contract (per-neighbour messages on named channels
   -> ``combine`` -> ``step``, per-edge state), the registry, one module per algorithm
-  (DFL-SGD, DFL-GT, gossip, FedADMM, FedRelax);
-* :mod:`~graphfl.p2p.admm_math`, :mod:`~graphfl.p2p.fedrelax_math` — the pure cores of FedADMM and FedRelax;
+  (DFL-SGD, DFL-GT, gossip, FedADMM, FedRelax) and the mathematics beside them (the pure cores
+  of FedADMM and FedRelax, the robust combine rules);
 * :mod:`~graphfl.p2p.oracles` — a node's local problem (task model + data, or tabular data such as
   the users' CSV files) as a gradient oracle / data problem;
 * :mod:`~graphfl.p2p.node` — one iteration of one node, shared by both runtimes;

@@ -26,8 +26,8 @@ from graphfl.common.config import (
 )
 from graphfl.p2p.algorithms import registry
 from graphfl.p2p.algorithms.base import P2PAlgorithm
+from graphfl.p2p.algorithms.robust import RobustRule, with_robust_combine
 from graphfl.p2p.codec import DEFAULT_CHUNK_BYTES
-from graphfl.p2p.robust import RobustRule, with_robust_combine
 from graphfl.p2p.topology import Topology, topology_from_dict
 
 DEFAULT_ALGORITHM = "dfl-gt"
@@ -51,7 +51,7 @@ class P2PConfig:
 
     Untrusted networks: ``combine`` (``mix`` | ``clipped`` | ``trimmed``), ``combine-clip``
     (``τ``; 0 = the median neighbour distance) and ``combine-trim`` (``b``) choose a robust
-    combine for the mixing algorithms (:mod:`graphfl.p2p.robust`).
+    combine for the mixing algorithms (:mod:`graphfl.p2p.algorithms.robust`).
     """
 
     algorithm: str = DEFAULT_ALGORITHM
@@ -94,7 +94,7 @@ class P2PConfig:
 
     @property
     def robust_rule(self) -> RobustRule:
-        """``[run] combine`` / ``combine-clip`` / ``combine-trim`` (:mod:`graphfl.p2p.robust`)."""
+        """``[run] combine`` / ``combine-clip`` / ``combine-trim`` (:mod:`graphfl.p2p.algorithms.robust`)."""
         return RobustRule(self.combine, self.combine_clip, self.combine_trim)
 
     def make_algorithm(self) -> P2PAlgorithm[Any, Any]:

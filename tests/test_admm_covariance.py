@@ -10,7 +10,7 @@ import pytest
 
 from graphfl.bench.admm import simulate
 from graphfl.common.config import ConfigError
-from graphfl.p2p import admm_math as am
+from graphfl.p2p.algorithms import admm_math as am
 from graphfl.p2p.algorithms.admm import COVARIANCES, selected_edges
 from graphfl.p2p.config import parse_p2p_config
 from graphfl.p2p.oracles import TabularOracle

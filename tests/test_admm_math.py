@@ -1,4 +1,4 @@
-"""FedADMM pure math (p2p/admm_math.py, ALGORITHMS.md §6): losses, prox, node/edge/dual steps,
+"""FedADMM pure math (p2p/algorithms/admm_math.py, ALGORITHMS.md §6): losses, prox, node/edge/dual steps,
 edge selection, inaccessible devices, λ by cross-validation, and the all-nodes reference loop."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy import optimize, stats
 
-from graphfl.p2p import admm_math as am
+from graphfl.p2p.algorithms import admm_math as am
 
 LS = am.LeastSquaresLoss()
 LOGIT = am.LogisticLoss()

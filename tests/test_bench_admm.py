@@ -7,7 +7,7 @@ import json
 import numpy as np
 
 from graphfl.bench import admm
-from graphfl.p2p.admm_math import LeastSquaresLoss, complete_graph_edges, local_estimator
+from graphfl.p2p.algorithms.admm_math import LeastSquaresLoss, complete_graph_edges, local_estimator
 
 
 def test_simulation_cliques_and_flips():

@@ -1,4 +1,4 @@
-"""FedRelax pure math (p2p/fedrelax_math.py, ALGORITHMS.md §7): the weighted ERM of eq. 10, the
+"""FedRelax pure math (p2p/algorithms/fedrelax_math.py, ALGORITHMS.md §7): the weighted ERM of eq. 10, the
 closed form of eq. 12, weighted resampling for estimators without sample_weight, and the loop."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from sklearn.linear_model import LinearRegression, Ridge
 from sklearn.neighbors import KNeighborsRegressor
 from sklearn.tree import DecisionTreeClassifier, DecisionTreeRegressor
 
-from graphfl.p2p import fedrelax_math as fr
+from graphfl.p2p.algorithms import fedrelax_math as fr
 
 XS = np.linspace(0.0, 0.9, 10)[:, None]  # the reference code's D' (§7.3)
 

@@ -14,8 +14,8 @@ import pytest
 
 from graphfl.common.config import ConfigError
 from graphfl.deploy.p2p_launch import prepare_network
-from graphfl.p2p import admm_math as am
 from graphfl.p2p.algorithms import NodeContext, registry
+from graphfl.p2p.algorithms import admm_math as am
 from graphfl.p2p.algorithms.admm import ADMM, ADMMParams, choose_lambda, selected_edges
 from graphfl.p2p.config import load_network_file, parse_p2p_config
 from graphfl.p2p.driver import run_network_inprocess, run_node

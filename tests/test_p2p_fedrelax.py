@@ -13,9 +13,9 @@ import pytest
 from graphfl.common.config import ConfigError, load_toml, parse_assignment
 from graphfl.p2p.algorithms import NodeContext, registry
 from graphfl.p2p.algorithms.fedrelax import FedRelax, FedRelaxParams, make_estimator
+from graphfl.p2p.algorithms.fedrelax_math import run_fedrelax_reference
 from graphfl.p2p.config import parse_p2p_config
 from graphfl.p2p.driver import run_network_inprocess
-from graphfl.p2p.fedrelax_math import run_fedrelax_reference
 from graphfl.p2p.oracles import ProblemSpec, make_oracle
 from graphfl.p2p.topology import make_topology
 

@@ -1,4 +1,4 @@
-"""Robust combine rules (p2p/robust.py): hand-computed steps, bounds, config errors, a hostile node."""
+"""Robust combine rules (p2p/algorithms/robust.py): hand-computed steps, bounds, config errors, a hostile node."""
 
 import numpy as np
 import pytest
@@ -6,7 +6,7 @@ import pytest
 from graphfl.common.config import ConfigError
 from graphfl.p2p.algorithms import registry
 from graphfl.p2p.algorithms.base import Inbox, mix_inbox
-from graphfl.p2p.robust import RobustRule, clipped_combine, robust_combine, trimmed_combine, with_robust_combine
+from graphfl.p2p.algorithms.robust import RobustRule, clipped_combine, robust_combine, trimmed_combine, with_robust_combine
 
 
 def _inbox(own, heard, weights):

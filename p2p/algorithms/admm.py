@@ -1,6 +1,6 @@
 """FedADMM: fused-lasso M-estimation by decentralized stochastic ADMM, one node (ALGORITHMS §6).
 
-The mathematics is :mod:`graphfl.p2p.admm_math` (node step eq. 14, edge step eqs. 15–16 in
+The mathematics is :mod:`graphfl.p2p.algorithms.admm_math` (node step eq. 14, edge step eqs. 15–16 in
 closed form, edge selection §6.9, IPW §6.10); this module only places it on the p2p contract.
 
 State of node ``i`` (ALGORITHMS §6.4)
@@ -11,27 +11,27 @@ State of node ``i`` (ALGORITHMS §6.4)
   ``aux["selection"]`` — one row ``(j, kept, W², df, p-value)`` per tested edge ``{i, j}`` (edge
   selection only).
 * ``edges[j]`` for every kept neighbour ``j``: ``beta`` = ``β_ij``, ``alpha`` = ``α_ij``; on an
-  edge the node owns (``i = max(i, j)``, :func:`~graphfl.p2p.admm_math.owner_of`) also the mirror
+  edge the node owns (``i = max(i, j)``, :func:`~graphfl.p2p.algorithms.admm_math.owner_of`) also the mirror
   of the other half ``beta_ji``, ``alpha_ji`` and ``theta_j`` (the last ``θ_j`` heard).
 * ``rng`` — the minibatch RNG, ``SeedSequence(seed).spawn(n + 1)[i]`` exactly as
-  :func:`~graphfl.p2p.admm_math.run_admm_reference` draws them.
+  :func:`~graphfl.p2p.algorithms.admm_math.run_admm_reference` draws them.
 
 One iteration ``t`` of node ``i``
 --------------------------------
 With edge selection, iteration ``t = 0`` starts with two one-off phases:
 
-``stats``: every node sends ``(θ̂_i, Ω̂_i/n_i, n_i)`` (:func:`~graphfl.p2p.admm_math.local_statistics`,
+``stats``: every node sends ``(θ̂_i, Ω̂_i/n_i, n_i)`` (:func:`~graphfl.p2p.algorithms.admm_math.local_statistics`,
   computed in ``init`` with the ``es-covariance`` estimator) to its neighbours; the owner of
   each edge computes ``W²`` and keeps the edge iff ``W² ≤ χ²_df.isf(α/|E|)`` (Bonferroni over
   the ``|E|`` tested edges: the given graph's, or all ``n(n−1)/2`` pairs for Local-ES), exactly as
-  :func:`~graphfl.p2p.admm_math.select_edges`.
+  :func:`~graphfl.p2p.algorithms.admm_math.select_edges`.
 ``select``: the owner sends its decision ``(kept, W², df, p-value)`` to the other endpoint. A
   dropped edge leaves both nodes' state (and every later exchange) for the rest of the run.
 
 Every iteration then has two phases and a local step:
 
 ``theta``: ``θ_i(t)`` to every kept neighbour (channel ``params``, §6.6); the owner of each kept
-  edge runs the edge step (:func:`~graphfl.p2p.admm_math.edge_step`, eqs. 15–16) on ``θ_i(t)``,
+  edge runs the edge step (:func:`~graphfl.p2p.algorithms.admm_math.edge_step`, eqs. 15–16) on ``θ_i(t)``,
   ``θ_j(t)`` and the halves of ``t − 1``. (At ``t = 0`` all nodes hold ``θ(0) = 0`` and the
   initial halves ``β = θ(0)``, ``α = 0``, for which the edge step returns the halves unchanged,
   bit for bit: round 0 only synchronises the nodes.)
@@ -45,7 +45,7 @@ Every iteration then has two phases and a local step:
   and ``θ_i(t)`` is added to the output sum.
 
 After ``T`` iterations a node holds exactly what ``T`` iterations of
-:func:`~graphfl.p2p.admm_math.run_admm_reference` produce — ``θ_i(T)``,
+:func:`~graphfl.p2p.algorithms.admm_math.run_admm_reference` produce — ``θ_i(T)``,
 ``θ̄_i = (1/T) Σ_{t<T} θ_i(t)``, the same minibatch and availability draws — with its edge halves
 one edge step behind (the reference's after ``T − 1`` iterations; the next round does that edge
 step first). Every edge step touches only its own edge, so the order of edges does not matter;
@@ -61,7 +61,7 @@ skips keep it). An offline node computes no gradient (``g̃_i = 0``; its minibat
 advanced); its node step still applies the ρ-term — in the simulation the node itself takes it
 (numerically what the neighbour holding copies of its edge state would compute) and the edge
 steps run as usual. ``ipw``: ``known`` divides an online gradient by ``p_i``, ``estimated`` by
-``p̂_i(t)`` (:class:`~graphfl.p2p.admm_math.AvailabilityTracker`), ``none`` does not (biased).
+``p̂_i(t)`` (:class:`~graphfl.p2p.algorithms.admm_math.AvailabilityTracker`), ``none`` does not (biased).
 
 Real dead or late peers (the failure policy ``on-missing = "skip"``)
 --------------------------------------------------------------------
@@ -109,7 +109,7 @@ from graphfl.p2p.algorithms.registry import P2PAlgorithmSpec, PrepareContext, re
 from graphfl.p2p.oracles import DATA_PROBLEMS
 
 if TYPE_CHECKING:  # the cores import scipy / scikit-learn: loaded when first used, not by every peer
-    from graphfl.p2p import admm_math as am
+    from graphfl.p2p.algorithms import admm_math as am
 
 logger = logging.getLogger(__name__)
 
@@ -152,7 +152,7 @@ class ADMMParams:
     lam
         ``λ``: a number ``>= 0``, or ``"cv"`` — chosen by K-fold cross-validation over
         ``cv-grid`` *before* training, in the launcher's process (``graphfl p2p``; it needs every
-        device's data), on the selected graph, with :func:`~graphfl.p2p.admm_math.admm_cv_lambda`
+        device's data), on the selected graph, with :func:`~graphfl.p2p.algorithms.admm_math.admm_cv_lambda`
         (the reference loop, same settings; ``step = "auto"`` uses the reference's global default
         schedule there). The chosen number is written into the network file.
     rho
@@ -160,11 +160,11 @@ class ADMMParams:
     step, step_c, step_t0
         ``η̃(t) = c/(t + t0)`` (``decay``) or ``c`` (``constant``), ``η_i(t) = η̃/(1 + ρ deg_i η̃)``.
         ``auto`` (default): each node takes ``c = κ̂_i``, ``t0 = ⌈κ̂_i λ̂_max,i⌉`` from its own
-        Hessian at ``θ(0)`` (:func:`~graphfl.p2p.admm_math.default_step_schedule` of its own
+        Hessian at ``θ(0)`` (:func:`~graphfl.p2p.algorithms.admm_math.default_step_schedule` of its own
         Hessian — decentralized: no node knows the others').
     full_batch
         Use the full local gradient instead of minibatches of ``[run] batch-size`` rows (drawn
-        without replacement, :func:`~graphfl.p2p.admm_math.minibatch_gradient`).
+        without replacement, :func:`~graphfl.p2p.algorithms.admm_math.minibatch_gradient`).
     radius
         Project ``θ_i`` onto the ball ``‖θ‖ ≤ radius`` after each node step (0 = no projection).
     availability
@@ -179,7 +179,7 @@ class ADMMParams:
         Family-wise level ``α`` of the Bonferroni test (default 0.05).
     es_covariance
         The covariance ``Ω̂_i/n_i`` of the local estimator in the edge test
-        (:func:`~graphfl.p2p.admm_math.local_statistics`, ALGORITHMS §0.1 C3): ``hessian``
+        (:func:`~graphfl.p2p.algorithms.admm_math.local_statistics`, ALGORITHMS §0.1 C3): ``hessian``
         (default; seed 001 eq. 2's ``{n_i Ĥ_i}⁻¹``, times ``σ̂²_i = RSS_i/(n_i − p)`` for least
         squares) | ``sandwich-hc3`` (``Ĥ⁻¹Σ̃Ĥ⁻¹`` with HC3's ``ψ_k/(1 − h_k)``: robust to unequal
         noise, conservative) | ``sandwich`` (the plug-in ``Ĥ⁻¹Σ̂Ĥ⁻¹``; anti-conservative unless
@@ -245,12 +245,12 @@ class ADMMParams:
         return None if np.all(p == 1.0) else p
 
     def loss_fn(self) -> am.MLoss:
-        from graphfl.p2p import admm_math as am
+        from graphfl.p2p.algorithms import admm_math as am
         return am.LogisticLoss() if self.loss == "logistic" else am.LeastSquaresLoss()
 
     @property
     def covariance(self) -> am.Covariance:
-        """``es-covariance`` as :func:`~graphfl.p2p.admm_math.local_statistics` names it."""
+        """``es-covariance`` as :func:`~graphfl.p2p.algorithms.admm_math.local_statistics` names it."""
         if self.es_covariance == "sandwich":
             return "sandwich"
         return "sandwich-hc3" if self.es_covariance == "sandwich-hc3" else "hessian"
@@ -261,7 +261,7 @@ class ADMMParams:
 
     def schedule(self) -> am.StepSchedule | None:
         """The explicit step schedule (``None`` for ``auto``)."""
-        from graphfl.p2p import admm_math as am
+        from graphfl.p2p.algorithms import admm_math as am
         if self.step == "auto":
             return None
         return am.StepSchedule(c=self.step_c, t0=self.step_t0, rule="constant" if self.step == "constant" else "decay")
@@ -277,7 +277,7 @@ def _check_problem(problem: Any, node: int) -> None:
 
 def _online(t: int, node: int, p: np.ndarray | None, seed: int) -> bool:
     """``R_i(t)``: entry ``node`` of the reference's availability draw at iteration ``t`` (module docstring)."""
-    from graphfl.p2p import admm_math as am
+    from graphfl.p2p.algorithms import admm_math as am
     if p is None:
         return True
     n = p.shape[0]
@@ -287,18 +287,18 @@ def _online(t: int, node: int, p: np.ndarray | None, seed: int) -> bool:
 
 
 def _stats_of(msg: dict[str, Array]) -> am.LocalStatistics:
-    from graphfl.p2p import admm_math as am
+    from graphfl.p2p.algorithms import admm_math as am
     return am.LocalStatistics(theta=np.asarray(msg["theta_hat"]), cov=np.asarray(msg["cov"]),
                               n=int(msg["n"][0]), ridge=0.0)
 
 
 def test_edge(own: am.LocalStatistics, other: am.LocalStatistics, level: float) -> tuple[bool, float, int, float]:
-    """One edge of :func:`~graphfl.p2p.admm_math.select_edges` at per-test level ``α/|E|``:
+    """One edge of :func:`~graphfl.p2p.algorithms.admm_math.select_edges` at per-test level ``α/|E|``:
     ``(kept, W², df, p-value)``.
     """
     from scipy import stats as sstats
 
-    from graphfl.p2p import admm_math as am
+    from graphfl.p2p.algorithms import admm_math as am
     w2, df = am.wald_statistic(own, other)
     if df == 0:
         return w2 == 0.0, w2, 0, 1.0 if w2 == 0.0 else 0.0
@@ -370,7 +370,7 @@ class ADMM(P2PAlgorithm[ADMMParams, Any]):
         return self.params.edge_selection == "complete"
 
     def init(self, oracle: Any, ctx: NodeContext) -> NodeState:
-        from graphfl.p2p import admm_math as am
+        from graphfl.p2p.algorithms import admm_math as am
         _check_problem(oracle, ctx.node)
         if self.params.lam_value is None:
             raise ConfigError("lam = 'cv' must be resolved before the run: graphfl p2p does it (in-process "
@@ -415,7 +415,7 @@ class ADMM(P2PAlgorithm[ADMMParams, Any]):
                                        for k, v in combined.items() if k.startswith("mirror/")})
 
     def combine(self, state: NodeState, inbox: Inbox, ctx: NodeContext) -> Channels:
-        from graphfl.p2p import admm_math as am
+        from graphfl.p2p.algorithms import admm_math as am
         i = ctx.node
         big = float(np.finfo(np.float64).max)
         if inbox.phase == STATS_PHASE.name:  # the owner tests each edge it owns
@@ -460,7 +460,7 @@ class ADMM(P2PAlgorithm[ADMMParams, Any]):
 
     def step(self, state: NodeState, combined: Channels | None, oracle: Any, ctx: NodeContext) -> NodeState:
         """Store this round's edge results, then the node step of iteration ``t`` (eq. 14 / 19)."""
-        from graphfl.p2p import admm_math as am
+        from graphfl.p2p.algorithms import admm_math as am
         i, t = ctx.node, state.t
         combined = combined or {}
         aux = dict(state.aux)
@@ -546,7 +546,7 @@ class ADMM(P2PAlgorithm[ADMMParams, Any]):
 
 def selection_records(state: NodeState, node: int) -> list[dict[str, Any]]:
     """The node's tested edges as JSON records (``edge``, ``kept``, ``w2``, ``df``, ``pvalue``, ``decided_by``)."""
-    from graphfl.p2p import admm_math as am
+    from graphfl.p2p.algorithms import admm_math as am
     out = []
     big = float(np.finfo(np.float64).max)
     for j, kept, w2, df, pv in np.asarray(state.aux.get("selection", np.zeros((0, 5)))).reshape(-1, 5):
@@ -565,10 +565,10 @@ def selection_records(state: NodeState, node: int) -> list[dict[str, Any]]:
 def selected_edges(params: ADMMParams, problems: Sequence[Any],
                    edges: Sequence[tuple[int, int]]) -> tuple[list[tuple[int, int]], am.EdgeSelection | None]:
     """The edges ADMM runs on: all of ``edges`` without selection; else
-    :func:`~graphfl.p2p.admm_math.select_edges` on the nodes' local statistics (the same result
+    :func:`~graphfl.p2p.algorithms.admm_math.select_edges` on the nodes' local statistics (the same result
     as the protocol phase).
     """
-    from graphfl.p2p import admm_math as am
+    from graphfl.p2p.algorithms import admm_math as am
     if params.edge_selection == "none":
         return [(min(i, j), max(i, j)) for i, j in edges], None
     loss = params.loss_fn()
@@ -580,8 +580,8 @@ def selected_edges(params: ADMMParams, problems: Sequence[Any],
 
 
 def choose_lambda(params: ADMMParams, problems: Sequence[Any], edges: Sequence[tuple[int, int]], rounds: int) -> am.CVResult:
-    """``λ`` by :func:`~graphfl.p2p.admm_math.admm_cv_lambda` on the selected graph (ALGORITHMS §6.3)."""
-    from graphfl.p2p import admm_math as am
+    """``λ`` by :func:`~graphfl.p2p.algorithms.admm_math.admm_cv_lambda` on the selected graph (ALGORITHMS §6.3)."""
+    from graphfl.p2p.algorithms import admm_math as am
     kept, _ = selected_edges(params, problems, edges)
     seed = int(problems[0].seed)
     p_avail = params.availability_for(len(problems))

@@ -1,8 +1,8 @@
 """FedRelax: model-agnostic FL over networks, one node (ALGORITHMS §7; seed 003).
 
-The mathematics is :mod:`graphfl.p2p.fedrelax_math` (the weighted ERM of eq. 10 /
-:func:`~graphfl.p2p.fedrelax_math.node_update`, and the closed form of Algorithm 2 for linear
-models, :func:`~graphfl.p2p.fedrelax_math.linear_closed_form`); this module places it on the
+The mathematics is :mod:`graphfl.p2p.algorithms.fedrelax_math` (the weighted ERM of eq. 10 /
+:func:`~graphfl.p2p.algorithms.fedrelax_math.node_update`, and the closed form of Algorithm 2 for linear
+models, :func:`~graphfl.p2p.algorithms.fedrelax_math.linear_closed_form`); this module places it on the
 p2p contract.
 
 Every node holds any local model that can be fitted with sample weights — a scikit-learn
@@ -11,7 +11,7 @@ set ``D'`` (``DataProblem.shared``). Models never leave the node: one phase per 
 ``predictions`` (tensor ``yhat``, ``m'`` floats): node ``i`` sends ``ĥ_k^(i)(D')`` to every
 neighbour; ``step`` refits on the local data augmented with ``D'`` pseudo-labelled by each
 neighbour ``i'`` with weight ``λ · A_ii' · m_i / m'`` (§7.2, the reference-code scaling: seed
-eq. 12's λ is twice this λ) — a Jacobi sweep, as :func:`~graphfl.p2p.fedrelax_math.run_fedrelax_reference`.
+eq. 12's λ is twice this λ) — a Jacobi sweep, as :func:`~graphfl.p2p.algorithms.fedrelax_math.run_fedrelax_reference`.
 
 State: ``theta`` = the node's predictions on ``D'`` (what it sends; ``θ`` is not a parameter
 vector here, so the drivers do not average it); ``edges[j]`` = ``yhat`` (the last predictions
@@ -203,7 +203,7 @@ class FedRelax(P2PAlgorithm[FedRelaxParams, Any]):
     # -- local fits ----------------------------------------------------------------------------
     def _fit(self, oracle: Any, node: int, preds: list[Array], weights: list[float], lam: float,
              rng: np.random.Generator | None) -> Any:
-        from graphfl.p2p import fedrelax_math as fm
+        from graphfl.p2p.algorithms import fedrelax_math as fm
 
         xs = oracle.shared()
         if self.params.model == LINEAR:
