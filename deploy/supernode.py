@@ -97,7 +97,7 @@ def install_fast_polls(policy: PollPolicy, on_message: Callable[[], None] | None
     from flwr.supernode import start_client_internal as sci
 
     from graphfl.deploy.flwr_compat import check_supernode_internals
-    from graphfl.server.object_io import widen_object_transfers
+    from graphfl.flowerx.object_io import widen_object_transfers
 
     if check:
         check_supernode_internals()
@@ -253,7 +253,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from flwr.supercore.exit import add_exit_handler
         from flwr.supernode.cli import flower_supernode
 
-        from graphfl.server.handshake_retry import install_on_fleet_connections
+        from graphfl.flowerx.handshake_retry import install_on_fleet_connections
 
         install_on_fleet_connections()   # a TLS handshake the SuperLink cuts short is retried, not fatal
 

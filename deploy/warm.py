@@ -403,7 +403,7 @@ def worker_main(args: argparse.Namespace) -> int:
     chan = Channel(args.control_fd, args.reply_fd)
     t0 = time.monotonic()
     from graphfl.deploy.flwr_compat import check_executor_internals
-    from graphfl.server.object_io import widen_object_transfers
+    from graphfl.flowerx.object_io import widen_object_transfers
 
     check_executor_internals()
     widen_object_transfers()

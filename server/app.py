@@ -98,7 +98,7 @@ def main(grid: Grid, context: Context) -> None:
     from graphfl.common.envinfo import env_info
     from graphfl.common.records import arrays_to_record
     from graphfl.server.flower_adapter import CoreStrategy
-    from graphfl.server.handshake_retry import install_on_grid
+    from graphfl.flowerx.handshake_retry import install_on_grid
     from graphfl.server.inprocess import server_inputs
     from graphfl.server.rounds import RunRecorder
 

@@ -33,7 +33,7 @@ from graphfl.common.core import EVALUATE_PHASE, ServerCore
 from graphfl.common.records import arrays_record, arrays_to_record, get_arrays, record_to_arrays
 from graphfl.common.registry import AlgorithmSpec
 from graphfl.common.types import Arrays, Payload
-from graphfl.server import bounded_pull, object_io
+from graphfl.flowerx import bounded_pull, object_io
 from graphfl.server.exchange import Reply, Request
 from graphfl.server.recorder import RunRecorder
 from graphfl.server.rounds import RunError, ServerInputs, run_federated
@@ -176,7 +176,7 @@ class GridExchange:
               budget: float) -> None:
         """One pull of the ``pending`` replies (message id -> key) into ``out``, each stamped in
         ``pulled_at`` (wall clock); a reply whose objects do not arrive within ``budget`` s comes back
-        as Flower's error reply (:mod:`graphfl.server.bounded_pull`).
+        as Flower's error reply (:mod:`graphfl.flowerx.bounded_pull`).
         """
         with bounded_pull.pull_budget(budget):
             pulled = list(self.grid.pull_messages(list(pending)))

@@ -1,7 +1,7 @@
 """A straggler's half-pushed reply cannot hold a round past its deadline (found by ``graphfl bench faults``).
 
 Flower's deployment grid pulls a reply's objects with ``pull_objects``, retrying a missing
-object for up to 7200 s. :mod:`graphfl.server.bounded_pull` bounds those retries by the time
+object for up to 7200 s. :mod:`graphfl.flowerx.bounded_pull` bounds those retries by the time
 left in the round. Flower's real ``pull_objects`` runs here; only the object source is ours
 (an object that never arrives, as from a SuperNode stopped between pushing a message and its
 objects).
@@ -15,7 +15,7 @@ import pytest
 from flwr.supercore.inflatable.inflatable_utils import ObjectPullError, ObjectUnavailableError
 from flwr.superlink.grid import http_grid
 
-from graphfl.server import bounded_pull
+from graphfl.flowerx import bounded_pull
 
 
 def _never(object_id: str) -> bytes:
@@ -64,13 +64,13 @@ def test_an_object_arriving_late_is_asked_again_within_milliseconds() -> None:
 
 
 def test_object_transfers_use_more_threads_than_cores(monkeypatch: pytest.MonkeyPatch) -> None:
-    """:func:`graphfl.server.object_io.widen_object_transfers`: Flower's own ``pull_objects`` then
+    """:func:`graphfl.flowerx.object_io.widen_object_transfers`: Flower's own ``pull_objects`` then
     has 8 calls in flight (it capped them at the core count); installing twice does not nest."""
     import threading
 
     from flwr.supercore.inflatable import inflatable_utils as iu
 
-    from graphfl.server import object_io
+    from graphfl.flowerx import object_io
 
     monkeypatch.setattr(iu, "get_num_workers", iu.get_num_workers)   # restored after the test
     stock = iu.get_num_workers(2)

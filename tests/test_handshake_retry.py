@@ -1,4 +1,4 @@
-"""Retrying a TLS handshake the SuperLink cut short (server/handshake_retry.py).
+"""Retrying a TLS handshake the SuperLink cut short (flowerx/handshake_retry.py).
 
 A real TLS server on 127.0.0.1 closes chosen connections before the handshake and answers HTTP on
 the others; requests go through Flower's own HTTP retry invoker and httpx, unmocked. Only the
@@ -18,7 +18,7 @@ import pytest
 from flwr.supercore.retry import make_simple_http_retry_invoker
 
 from graphfl.common.certs import generate_tls
-from graphfl.server.handshake_retry import (
+from graphfl.flowerx.handshake_retry import (
     CUT_HANDSHAKE_RETRIES,
     install_on_fleet_connections,
     install_on_grid,
