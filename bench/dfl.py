@@ -5,7 +5,7 @@ on node-specific intervals, node-specific nonlinearity, one shared ``w*``), a th
 (10→64→64→1), step ``alpha0/√(t+1)``, FedAvg vs DFL-SGD vs DFL-GT. The paper reports
 (qualitatively, no numbers) FedAvg fastest and DFL-GT faster than DFL-SGD.
 
-Fair set-up (issue 10):
+Fair set-up:
 
 * **Topologies.** The paper's 5-node network (a ring ``C_5``, Metropolis weights all 1/3;
   ALGORITHMS §2.10 reconstruction) and a slowly mixing 20-node ring (node ``i`` uses interval and
@@ -34,7 +34,11 @@ Fair set-up (issue 10):
   training data, ALGORITHMS §2.7) and the consensus violation ``(1/n) Σ‖θ_i − θ̄‖²``; per seed the
   paired differences GT − SGD and FedAvg − GT with their sign counts.
 
-``run(quick, seed, out)`` writes ``<out>/dfl.{json,md,png}``.
+The benchmark is declared for the harness (:func:`declare`, :mod:`graphfl.bench.harness`): cells
+(topology, tau, method, seed) through the run cache in ``<out>/cache`` (a killed run continues),
+the estimate of the remaining time logged, and ``run(quick, seed, out)`` writes
+``<out>/dfl.{json,md,png}`` in the harness's layout (:mod:`graphfl.bench.report`) plus the
+orderings and one verdict line per (topology, tau).
 """
 
 from __future__ import annotations
@@ -48,16 +52,14 @@ from typing import Any
 
 import numpy as np
 
-from graphfl.common.envinfo import env_info
-from graphfl.common.results import markdown_table, plot_panels, write_json
 from graphfl.p2p.algorithms import NodeState, registry
 from graphfl.p2p.driver import run_network_inprocess
 from graphfl.p2p.oracles import ProblemSpec, make_oracle
 from graphfl.p2p.topology import make_topology
 from graphfl.tasks.holdout import VALIDATION_FRACTION, validation_task
 
-from .runcache import RunCache
-from .tuning import search_grid
+from .harness import Bench, Cell, Metric, Tuning, run_bench
+from .report import build_doc, curve_panels, pair, result, write_report
 
 logger = logging.getLogger(__name__)
 
@@ -119,29 +121,27 @@ INPUTS = "pooled-standardised"
 METRICS_VERSION = 2
 """Bumped when a cached run's recorded metrics change (part of its key)."""
 
-_cache = RunCache(None)  # run() points it at <out>/cache
 RESUMABLE = True
-"""An interrupted run continues in the same ``--out`` (finished runs come from ``<out>/cache``)."""
+"""An interrupted run continues in the same ``--out`` (finished cells come from ``<out>/cache``)."""
 
 
-def cached_run(method: str, tau: int, alpha0: float, iterations: int, seed: int, n: int,
-               split: str = "test", eval_points: int = 20, with_stationarity: bool = True) -> dict[str, Any]:
-    """:func:`run_method` through the run cache (divergences are cached too and re-raised)."""
-    key = {"bench": NAME, "method": method, "tau": tau, "alpha0": alpha0, "iterations": iterations, "seed": seed,
-           "n": n, "split": split, "eval_points": eval_points, "stationarity": with_stationarity,
-           "inputs": INPUTS, "metrics": METRICS_VERSION}
+def cell_key(cell: Cell, form: Form) -> dict[str, Any]:
+    """A cell's run-cache key (the key format of every cached B1 run)."""
+    test = cell.split == "test"
+    return {"bench": NAME, "method": cell.method, "tau": cell.at["tau"], "alpha0": cell.settings["alpha0"],
+            "iterations": form.iterations, "seed": cell.seed, "n": TOPOLOGIES[cell.at["topology"]],
+            "split": cell.split, "eval_points": form.eval_points, "stationarity": test, "inputs": INPUTS,
+            "metrics": METRICS_VERSION}
 
-    def go() -> dict[str, Any]:
-        try:
-            return run_method(method, tau, alpha0, iterations, seed, n, split=split, eval_points=eval_points,
-                              with_stationarity=with_stationarity)
-        except Diverged as exc:
-            return {"diverged": str(exc)}
 
-    out = _cache(key, go)
-    if "diverged" in out:
-        raise Diverged(out["diverged"])
-    return out
+def run_cell(cell: Cell, form: Form) -> dict[str, Any]:
+    """:func:`run_method` for one cell; a divergence is a result (``{"diverged": why}``), cached like any."""
+    try:
+        return run_method(cell.method, cell.at["tau"], cell.settings["alpha0"], form.iterations, cell.seed,
+                          TOPOLOGIES[cell.at["topology"]], split=cell.split, eval_points=form.eval_points,
+                          with_stationarity=cell.split == "test")
+    except Diverged as exc:
+        return {"diverged": str(exc)}
 
 
 def make_oracles(n: int, seed: int, split: str = "test") -> list[Any]:
@@ -218,24 +218,6 @@ def run_method(method: str, tau: int, alpha0: float, iterations: int, seed: int,
     return {"curve": curve, "seconds": time.perf_counter() - t0, "final": summarize(curve)}
 
 
-def run_with_backoff(method: str, tau: int, alpha0: float, form: Form, seed: int,
-                     n: int) -> tuple[dict[str, Any] | None, float | None]:
-    """The test run at the tuned ``alpha0``; if its *training* loss diverges, the next smaller step.
-
-    The smaller steps are the grid's, then halvings of its smallest value (:data:`BACKOFF_HALVINGS`
-    of them). Divergence is detected on the minibatch training loss only, so this uses no test
-    data. Returns ``(run, alpha0 used)`` or ``(None, None)`` when every smaller step diverges too.
-    """
-    smallest = min(form.grid)
-    below = [smallest / 2**k for k in range(1, BACKOFF_HALVINGS + 1)]
-    for a0 in sorted({alpha0, *(a for a in form.grid if a <= alpha0), *below}, reverse=True):
-        try:
-            return cached_run(method, tau, a0, form.iterations, seed, n, eval_points=form.eval_points), a0
-        except Diverged as exc:
-            logger.warning("%s (seed %d); backing off to the next smaller step", exc, seed)
-    return None, None
-
-
 def tail_mean(curve: list[dict[str, Any]], key: str, frac: float = TAIL) -> float:
     vals = [c[key] for c in curve if c.get(key) is not None]
     k = max(1, int(round(len(vals) * frac)))
@@ -256,73 +238,40 @@ def summarize(curve: list[dict[str, Any]]) -> dict[str, Any]:
             "rounds": last["round"], "bytes": last["bytes"]}
 
 
-def tune(tau: int, n: int, form: Form, seed: int) -> dict[str, Any]:
-    """One ``alpha0`` for all :data:`METHODS` at this (``n``-ring, ``tau``), by validation loss.
+METRICS = (
+    Metric("avg_model_test_loss", "global final"),
+    Metric("avg_model_over_run", "global over run"),
+    Metric("exchanged_models_test_loss", "exchanged final"),
+    Metric("test_loss", "own final"),
+    Metric("test_loss_over_run", "own over run"),
+    Metric("stationarity", "stationarity"),
+    Metric("consensus", "consensus"),
+)
+"""Final metrics per cell (test split): the global model first (ALGORITHMS §0.1 C1)."""
+PAIRS = (("dfl-gt", "dfl-sgd"), ("fedavg", "dfl-gt"), ("fedavg", "dfl-sgd"))
+"""Paired per-seed differences ``a − b`` (negative = ``a`` better)."""
+CURVE_KEYS = ("test_loss", "avg_model_test_loss", "exchanged_models_test_loss", "stationarity", "consensus")
+PAPER_ORDER = ["fedavg", "dfl-gt", "dfl-sgd"]
 
-    Criterion (ALGORITHMS §0.1 C1): the mean over the methods of the global-model validation MSE
-    (last 10 % of evaluation points; first seed, 20 % of the training data held out). A value at
-    which any method diverges is not eligible. A winning edge of the grid is extended (×2 or ÷2,
-    at most :data:`GRID_EXTENSIONS` steps, :func:`~graphfl.bench.tuning.search_grid`).
+
+def declare(form: Form, seed: int) -> Bench:
+    """B1 on the harness: points (topology, tau), one ``alpha0`` per point shared by the methods.
+
+    Tuning (ALGORITHMS §0.1 C1): the mean over the methods of the global-model validation MSE
+    (last 10 % of evaluation points; first seed, 20 % of the training data held out); a value at
+    which any method diverges is not eligible; a winning edge of the grid is extended (×2 or ÷2,
+    at most :data:`GRID_EXTENSIONS` steps). A test cell that diverges backs off to the next
+    smaller step (the grid's, then :data:`BACKOFF_HALVINGS` halvings of its smallest value).
     """
-    why: dict[str, str] = {}
-    per_method: dict[str, dict[str, float | None]] = {m: {} for m in METHODS}
-
-    def score(a0: float) -> float | None:
-        losses: list[float] = []
-        for m in METHODS:
-            try:
-                r = cached_run(m, tau, a0, form.iterations, seed, n, split="val",
-                               eval_points=form.eval_points, with_stationarity=False)
-            except Diverged as exc:
-                why[f"{a0:g}"] = str(exc)
-                per_method[m][f"{a0:g}"] = None
-                return None
-            loss = float(r["final"]["avg_model_test_loss"])
-            per_method[m][f"{a0:g}"] = loss
-            losses.append(loss)
-        return float(np.mean(losses))
-
-    try:
-        found = search_grid(score, form.grid, factor=2.0, max_extensions=GRID_EXTENSIONS)
-    except RuntimeError:
-        raise RuntimeError(f"tau={tau} n={n}: every alpha0 in {form.grid} diverged for some method: {why}") from None
-    return {"grid_val_loss": found.grid_scores(), "per_method_val_loss": per_method, "diverged": why,
-            "alpha0": found.chosen, "at_grid_edge": found.at_edge, "extended": found.extended}
-
-
-def _loss(v: float | None) -> str:
-    return "–" if v is None else f"{v:.4f}"
-
-
-def _pm(values: list[float]) -> dict[str, Any]:
-    vals = [float(v) for v in values if v is not None]
-    if not vals:
-        return {"mean": None, "sd": None, "per_seed": values}
-    return {"mean": float(np.mean(vals)), "sd": float(np.std(vals, ddof=1)) if len(vals) > 1 else None,
-            "per_seed": vals}
-
-
-def paired(a: list[dict[str, Any]], b: list[dict[str, Any]], key: str) -> dict[str, Any]:
-    """Per-seed ``a − b`` of final ``key`` (negative = ``a`` better), mean ± sd and sign count."""
-    diffs = [float(x[key]) - float(y[key]) for x, y in zip(a, b) if x.get(key) is not None and y.get(key) is not None]
-    out = _pm(diffs)
-    out["first_better"] = int(sum(d < 0 for d in diffs))
-    out["seeds"] = len(diffs)
-    return out
-
-
-def _mean_curve(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    curve = []
-    for k, c in enumerate(runs[0]["curve"]):
-        row = dict(c)
-        for key in ("test_loss", "avg_model_test_loss", "exchanged_models_test_loss", "stationarity", "consensus"):
-            vals = [r["curve"][k].get(key) for r in runs]
-            if all(v is not None for v in vals):
-                row[key] = float(np.mean(vals))
-                if key in ("test_loss", "avg_model_test_loss"):
-                    row[f"{key}_sd"] = float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0
-        curve.append(row)
-    return curve
+    return Bench(
+        name=NAME, title="B1: FedAvg vs DFL-SGD vs DFL-GT (seed 000 Fig. 10.1)", methods=METHODS,
+        points=[{"topology": t, "tau": tau} for t in TOPOLOGIES for tau in TAUS],
+        seeds=[seed + k for k in range(form.seeds)], metrics=METRICS,
+        run_cell=lambda cell: run_cell(cell, form), key=lambda cell: cell_key(cell, form),
+        tuning=Tuning(param="alpha0", grid=form.grid, metric="avg_model_test_loss", shared=True, factor=2.0,
+                      max_extensions=GRID_EXTENSIONS, backoff_halvings=BACKOFF_HALVINGS),
+        pairs=PAIRS, curve_keys=CURVE_KEYS, curve_sd_keys=("test_loss", "avg_model_test_loss"),
+        cost=lambda cell: float(TOPOLOGIES[cell.at["topology"]]))
 
 
 def run(quick: bool, seed: int, out: Path) -> dict[str, Any]:
@@ -333,103 +282,70 @@ def run(quick: bool, seed: int, out: Path) -> dict[str, Any]:
 
     torch.set_num_threads(1)
     form = QUICK if quick else FULL
-    seeds = [seed + k for k in range(form.seeds)]
-    t_start = time.perf_counter()
-    global _cache
-    _cache = RunCache(out / "cache")
-    tuning: dict[str, dict[str, dict[str, Any]]] = {}
-    methods: dict[str, Any] = {}
-    pairs: dict[str, dict[str, Any]] = {}
-    ordering: dict[str, dict[str, Any]] = {}
-    for topo, n in TOPOLOGIES.items():
-        tuning[topo], pairs[topo], ordering[topo] = {}, {}, {}
-        for tau in TAUS:
-            logger.info("B1 %s tau=%d: tuning the shared alpha0 on validation", topo, tau)
-            tuned = tune(tau, n, form, seed)
-            finals: dict[str, list[dict[str, Any]]] = {}
-            for m in METHODS:
-                runs: list[dict[str, Any]] = []
-                diverged = 0
-                used: list[float | None] = []
-                for s in seeds:
-                    r, a0 = run_with_backoff(m, tau, tuned["alpha0"], form, s, n)
-                    used.append(a0)
-                    if r is None:
-                        diverged += 1
-                    else:
-                        runs.append(r)
-                label = f"{topo} {m} tau={tau}"
-                if not runs:
-                    methods[label] = {"final": {"test_loss": None, "diverged": diverged}, "curve": []}
-                    continue
-                per_seed = [r["final"] for r in runs]
-                finals[m] = per_seed if not diverged else []
-                final = {key: _pm([f[key] for f in per_seed])
-                         for key in ("test_loss", "test_loss_over_run", "avg_model_test_loss", "avg_model_over_run",
-                                     "exchanged_models_test_loss", "stationarity", "consensus")}
-                methods[label] = {
-                    "topology": topo, "nodes": n, "tau": tau, "method": m, "alpha0": tuned["alpha0"],
-                    "alpha0_used_per_seed": used,
-                    "final": {**{k: v["mean"] for k, v in final.items()},
-                              **{f"{k}_sd": v["sd"] for k, v in final.items()},
-                              "rounds": per_seed[0]["rounds"], "bytes": per_seed[0]["bytes"],
-                              "diverged": diverged, "seconds": float(np.mean([r["seconds"] for r in runs]))},
-                    "per_seed": final,
-                    "curve": _mean_curve(runs),
-                }
-            tuning[topo][str(tau)] = tuned
-            if all(finals.get(m) for m in METHODS):
-                keys = ("avg_model_test_loss", "avg_model_over_run", "exchanged_models_test_loss", "test_loss",
-                        "test_loss_over_run", "stationarity")
-                pairs[topo][str(tau)] = {
-                    "gt_minus_sgd": {k: paired(finals["dfl-gt"], finals["dfl-sgd"], k) for k in keys},
-                    "fedavg_minus_gt": {k: paired(finals["fedavg"], finals["dfl-gt"], k) for k in keys},
-                    "fedavg_minus_sgd": {k: paired(finals["fedavg"], finals["dfl-sgd"], k) for k in keys},
-                }
-                means = {m: methods[f"{topo} {m} tau={tau}"]["final"] for m in METHODS}
-                by_speed = sorted(METHODS, key=lambda m: means[m]["avg_model_over_run"])
-                by_final = sorted(METHODS, key=lambda m: means[m]["avg_model_test_loss"])
-                by_own = sorted(METHODS, key=lambda m: means[m]["test_loss"])
-                paper = ["fedavg", "dfl-gt", "dfl-sgd"]
-                ordering[topo][str(tau)] = {
-                    "global_model_by_mean_over_run": by_speed, "global_model_by_final": by_final,
-                    "own_model_by_final": by_own,
-                    "paper_order_by_speed": by_speed == paper, "paper_order_by_final": by_final == paper,
-                }
-    doc = {
-        "name": NAME,
-        "config": {"quick": quick, "seeds": seeds, "topologies": TOPOLOGIES, "taus": list(TAUS),
-                   "iterations": form.iterations, "alpha0_grid": list(form.grid), "eval_points": form.eval_points,
-                   "batch_size": BATCH, "model": "MLP 10-64-64-1 (ReLU)",
-                   "step": "alpha0/sqrt(t+1), one alpha0 per (topology, tau) for all methods",
-                   "inputs": "standardised with the pooled training mean/sd of all nodes", "tuning_seed": seed,
-                   "primary_metric": "global model (FedAvg server model / DFL node average) test MSE",
-                   "validation_fraction": VALIDATION_FRACTION, "paper_alpha0": PAPER_ALPHA0},
+    bench = declare(form, seed)
+    outcome = run_bench(bench, out)
+    config = {"quick": quick, "topologies": TOPOLOGIES, "taus": list(TAUS), "iterations": form.iterations,
+              "alpha0_grid": list(form.grid), "eval_points": form.eval_points, "batch_size": BATCH,
+              "model": "MLP 10-64-64-1 (ReLU)",
+              "step": "alpha0/sqrt(t+1), one alpha0 per (topology, tau) for all methods",
+              "inputs": "standardised with the pooled training mean/sd of all nodes", "tuning_seed": seed,
+              "primary_metric": "global model (FedAvg server model / DFL node average) test MSE",
+              "validation_fraction": VALIDATION_FRACTION, "paper_alpha0": PAPER_ALPHA0}
+    for r in outcome.results:  # run facts beside the metrics: the same for every seed
+        runs = [x for x in outcome.runs[(tuple(r["point"].items()), r["method"])] if x is not None]
+        r["rounds"] = runs[0]["final"]["rounds"] if runs else None
+        r["bytes"] = runs[0]["final"]["bytes"] if runs else None
+        r["run_seconds"] = float(np.mean([x["seconds"] for x in runs])) if runs else None
+    doc = build_doc(bench, outcome, quick, config, extra={
         "unspecified_settings": UNSPECIFIED,
         "paper": {"figure": "seed 000 Fig. 10.1 (test loss vs communication rounds, 5 nodes)",
-                  "claims": ["FedAvg converges fastest", "DFL-GT converges faster than DFL-SGD"],
-                  "numbers": None},
-        "tuning": tuning,
-        "methods": methods,
-        "paired": pairs,
-        "ordering": ordering,
-        "env": env_info(),
-        "seconds": time.perf_counter() - t_start,
-    }
+                  "claims": ["FedAvg converges fastest", "DFL-GT converges faster than DFL-SGD"], "numbers": None}})
+    doc["ordering"] = ordering(doc)
     doc["verdict"] = verdict(doc)
-    write_json(out / f"{NAME}.json", doc)
-    (out / f"{NAME}.md").write_text(render_markdown(doc))
-    plot(doc, out / f"{NAME}.png")
+    write_report(out, doc, intro=[INTRO.format(**config, seeds=bench.seeds)],
+                 sections=["## Against the paper (Fig. 10.1: FedAvg fastest, DFL-GT faster than DFL-SGD)", "",
+                           *[f"- {v}" for v in doc["verdict"]], "", "## Settings the paper does not give", "",
+                           *[f"- {u}" for u in UNSPECIFIED]],
+                 panels=panels(doc), plot_title="B1: FedAvg vs DFL-SGD vs DFL-GT (one alpha0, tuned on validation)")
     return doc
+
+
+INTRO = ("{iterations} iterations, seeds {seeds}, step alpha0/sqrt(t+1) with one alpha0 per (topology, tau) for all "
+         "methods, chosen on the validation split (grid {alpha0_grid}, seed {tuning_seed}); inputs standardised with "
+         "the pooled training mean/sd of all nodes. Test split, mean ± sd over seeds. **Global** = the global model "
+         "(FedAvg's server model, the DFL node average θ̄) on every node's test split, the primary metric; exchanged "
+         "= each node's model after the exchange (its next starting point) on every node's test split; own = node "
+         "i's model after its local steps on node i's test split (personalisation); stationarity = "
+         "‖(1/n) Σ ∇f_i(θ̄)‖² (full batch, training data); final = mean of the last 10% of evaluation points, over "
+         "run = mean of all of them (lower = faster). A test run that diverged at the tuned alpha0 shows the values "
+         "each seed used.")
+
+
+def ordering(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per (topology, tau) with every method finite: the methods ordered by the global and own model's means."""
+    out: dict[str, dict[str, Any]] = {}
+    for point in doc["config"]["points"]:
+        means = {m: {k: v["mean"] for k, v in result(doc, m, **point)["metrics"].items()} for m in METHODS}
+        if any(means[m][k] is None for m in METHODS for k in ("avg_model_over_run", "avg_model_test_loss",
+                                                               "test_loss")):
+            continue
+        by_speed = sorted(METHODS, key=lambda m: means[m]["avg_model_over_run"])
+        by_final = sorted(METHODS, key=lambda m: means[m]["avg_model_test_loss"])
+        by_own = sorted(METHODS, key=lambda m: means[m]["test_loss"])
+        out.setdefault(point["topology"], {})[str(point["tau"])] = {
+            "global_model_by_mean_over_run": by_speed, "global_model_by_final": by_final,
+            "own_model_by_final": by_own,
+            "paper_order_by_speed": by_speed == PAPER_ORDER, "paper_order_by_final": by_final == PAPER_ORDER}
+    return out
 
 
 def verdict(doc: dict[str, Any]) -> list[str]:
     """One line per (topology, tau): does the paper's ordering appear on the global model, with the paired numbers."""
     lines = []
-    for topo, per_tau in doc["paired"].items():
-        for tau, p in per_tau.items():
-            o = doc["ordering"][topo][tau]
-            gs, fg = p["gt_minus_sgd"], p["fedavg_minus_gt"]
+    for topo, per_tau in doc["ordering"].items():
+        for tau, o in per_tau.items():
+            gs = pair(doc, "dfl-gt", "dfl-sgd", topology=topo, tau=int(tau))["metrics"]
+            fg = pair(doc, "fedavg", "dfl-gt", topology=topo, tau=int(tau))["metrics"]
 
             def cnt(d: dict[str, Any]) -> str:
                 return f"{d['first_better']}/{d['seeds']}"
@@ -440,103 +356,31 @@ def verdict(doc: dict[str, Any]) -> list[str]:
                 f"GT-SGD global model over run {_fmt_pm(gs['avg_model_over_run'])} (GT better in "
                 f"{cnt(gs['avg_model_over_run'])} seeds), final {_fmt_pm(gs['avg_model_test_loss'])} "
                 f"({cnt(gs['avg_model_test_loss'])}), stationarity {_fmt_pm(gs['stationarity'])} "
-                f"({cnt(gs['stationarity'])}); FedAvg-GT global model over run {_fmt_pm(fg['avg_model_over_run'])} "
-                f"({cnt(fg['avg_model_over_run'])}); personalisation (own model after local steps) GT-SGD final "
-                f"{_fmt_pm(gs['test_loss'])} ({cnt(gs['test_loss'])})")
+                f"({cnt(gs['stationarity'])}); FedAvg-GT global model over run "
+                f"{_fmt_pm(fg['avg_model_over_run'])} ({cnt(fg['avg_model_over_run'])}); personalisation "
+                f"(own model after local steps) GT-SGD final {_fmt_pm(gs['test_loss'])} "
+                f"({cnt(gs['test_loss'])})")
     return lines
 
 
 def _fmt_pm(d: dict[str, Any]) -> str:
+    """``+mean ± sd`` of a paired difference, the sd to two significant digits."""
     if d.get("mean") is None:
         return "–"
     return f"{d['mean']:+.4g}" + ("" if d.get("sd") is None else f" ± {d['sd']:.2g}")
 
 
-def render_markdown(doc: dict[str, Any]) -> str:
-    cfg = doc["config"]
-    lines = [
-        "# B1: FedAvg vs DFL-SGD vs DFL-GT (seed 000 Fig. 10.1)", "",
-        f"{cfg['iterations']} iterations, seeds {cfg['seeds']}, step alpha0/sqrt(t+1) with one alpha0 per "
-        f"(topology, tau) for all methods, chosen on the validation split (grid {cfg['alpha0_grid']}, seed "
-        f"{cfg['tuning_seed']}); inputs standardised with the pooled training mean/sd of all nodes. Test split, "
-        "mean ± sd over seeds. **Global** = the global model (FedAvg's server model, the DFL node average θ̄) on "
-        "every node's test split, the primary metric; exchanged = each node's model after the exchange (its "
-        "next starting point) on every node's test split; own = node i's model after its local steps on node "
-        "i's test split (personalisation); stationarity = ‖(1/n) Σ ∇f_i(θ̄)‖² (full batch, training data); "
-        "final = mean of the last 10% of evaluation points, over run = mean of all of them (lower = faster).", "",
-        "## Results (test)", "",
-    ]
-    rows = []
-    for res in doc["methods"].values():
-        f = res["final"]
-        if "topology" not in res:
-            continue
-        a0 = res["alpha0"] if all(u == res["alpha0"] for u in res["alpha0_used_per_seed"]) else \
-            f"{res['alpha0']:g} (used {', '.join('–' if u is None else f'{u:g}' for u in res['alpha0_used_per_seed'])})"
-        rows.append([res["topology"], res["tau"], res["method"], a0,
-                     _pm_str(f["avg_model_test_loss"], f["avg_model_test_loss_sd"]),
-                     _pm_str(f["avg_model_over_run"], f["avg_model_over_run_sd"]),
-                     _pm_str(f["exchanged_models_test_loss"], f["exchanged_models_test_loss_sd"]),
-                     _pm_str(f["test_loss"], f["test_loss_sd"]),
-                     _pm_str(f["stationarity"], f["stationarity_sd"]), _pm_str(f["consensus"], f["consensus_sd"]),
-                     f["rounds"], f["diverged"]])
-    lines += [markdown_table(rows, ["topology", "tau", "method", "alpha0", "global final", "global over run",
-                                    "exchanged final", "own final", "stationarity", "consensus", "rounds",
-                                    "diverged"]), ""]
-    lines += ["## Paired per seed (negative = first method better; count = seeds where it is better)", ""]
-    prow = []
-    for topo, per_tau in doc["paired"].items():
-        for tau, p in per_tau.items():
-            for name, key in (("GT − SGD", "gt_minus_sgd"), ("FedAvg − GT", "fedavg_minus_gt"),
-                              ("FedAvg − SGD", "fedavg_minus_sgd")):
-                d = p[key]
-                prow.append([topo, tau, name] + [f"{_fmt_pm(d[k])} ({d[k]['first_better']}/{d[k]['seeds']})"
-                                                 for k in ("avg_model_test_loss", "avg_model_over_run",
-                                                           "exchanged_models_test_loss", "test_loss",
-                                                           "stationarity")])
-    lines += [markdown_table(prow, ["topology", "tau", "pair", "global final", "global over run", "exchanged final",
-                                    "own final", "stationarity"]), ""]
-    lines += ["## Tuning (validation global-model MSE per alpha0, mean over the methods; – = some method diverged)",
-              ""]
-    trow = []
-    grid = [f"{a:g}" for a in cfg["alpha0_grid"]]
-    for topo, per_tau in doc["tuning"].items():
-        for tau, t in per_tau.items():
-            trow.append([topo, tau] + [t["grid_val_loss"].get(a) for a in grid]
-                        + [t["alpha0"], "yes" if t["at_grid_edge"] else "",
-                           ", ".join(f"{x:g}: {_loss(t['grid_val_loss'].get(f'{x:g}'))}"
-                                     for x in t.get("extended", []))])
-    lines += [markdown_table(trow, ["topology", "tau"] + [f"a0={a}" for a in grid]
-                             + ["chosen", "edge", "extended (val MSE)"]), ""]
-    lines += ["## Against the paper (Fig. 10.1: FedAvg fastest, DFL-GT faster than DFL-SGD)", ""]
-    lines += [f"- {v}" for v in doc["verdict"]]
-    lines += ["", "## Settings the paper does not give", ""] + [f"- {u}" for u in doc["unspecified_settings"]]
-    lines += ["", f"Wall time {doc['seconds']:.0f} s.", ""]
-    return "\n".join(lines)
+def panels(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per topology: the global model, the own model and the stationarity against the rounds."""
+    def style(label: str, r: dict[str, Any]) -> dict[str, Any]:
+        return {"linestyle": {1: "-", 5: "--", 10: ":"}.get(r["point"]["tau"], "-."),
+                "color": {"fedavg": "C0", "dfl-sgd": "C1", "dfl-gt": "C2"}.get(r["method"])}
 
-
-def _pm_str(mean: float | None, sd: float | None) -> str:
-    if mean is None:
-        return "–"
-    fmt = "{:.3e}" if abs(mean) < 1e-3 and mean != 0 else "{:.4f}"
-    return fmt.format(mean) + ("" if sd is None else " ± " + fmt.format(sd))
-
-
-def plot(doc: dict[str, Any], path: Path) -> None:
-    panels = []
-    for topo in TOPOLOGIES:
-        series = {f"{r['method']} tau={r['tau']}": r["curve"] for r in doc["methods"].values()
-                  if r.get("topology") == topo and r["curve"]}
-        style = {label: {"linestyle": {"1": "-", "5": "--", "10": ":"}[label.split("=")[1]],
-                         "color": {"fedavg": "C0", "dfl-sgd": "C1", "dfl-gt": "C2"}[label.split()[0]]}
-                 for label in series}
-        panels.append({"x": "round", "y": "avg_model_test_loss", "xlabel": "communication rounds",
-                       "ylabel": "test MSE of the global model", "series": series, "logy": True, "style": style,
-                       "title": f"{topo}: global model (FedAvg server / DFL average)"})
-        panels.append({"x": "round", "y": "test_loss", "xlabel": "communication rounds",
-                       "ylabel": "mean local test MSE (own model)", "series": series, "logy": True, "style": style,
-                       "title": f"{topo}: own model after local steps (personalisation)"})
-        panels.append({"x": "round", "y": "stationarity", "xlabel": "communication rounds",
-                       "ylabel": "||mean grad f_i(theta_bar)||^2", "series": series, "logy": True, "style": style,
-                       "title": f"{topo}: stationarity at the average model"})
-    plot_panels(path, panels, title="B1: FedAvg vs DFL-SGD vs DFL-GT (one alpha0, tuned on validation)")
+    common: dict[str, Any] = {"panel_axis": "topology", "series_axes": ("tau",), "logy": True, "style": style,
+                              "xlabel": "communication rounds"}
+    return (curve_panels(doc, "avg_model_test_loss", ylabel="test MSE of the global model",
+                         title="global model (FedAvg server / DFL average)", **common)
+            + curve_panels(doc, "test_loss", ylabel="mean local test MSE (own model)",
+                           title="own model after local steps (personalisation)", **common)
+            + curve_panels(doc, "stationarity", ylabel="||mean grad f_i(theta_bar)||^2",
+                           title="stationarity at the average model", **common))

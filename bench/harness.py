@@ -224,6 +224,7 @@ class _Progress:
     pending: list[Cell]
     started: float = field(default_factory=time.perf_counter)
     done: int = 0
+    count: int = 0
     computed_seconds: float = 0.0
     computed_weight: float = 0.0
     estimate: dict[str, Any] = field(default_factory=dict)
@@ -238,6 +239,7 @@ class _Progress:
         self.computed_seconds += seconds
         self.computed_weight += self.weight(cell)
         self.done = min(self.done + 1, len(self.pending))
+        self.count += 1
         left = self.remaining_weight() * self.computed_seconds / max(self.computed_weight, 1e-12)
         if not self.estimate.get("from"):
             self.estimate.update({"from": "timed first cell", "first_cell": cell.label(),
@@ -246,8 +248,8 @@ class _Progress:
                         "(tuning extensions and back-offs not counted)", self.bench.name, cell.label(), seconds,
                         _duration(left), len(self.pending) - self.done)
         else:
-            logger.info("%s: cell %d/%d done (%s, %.1f s); about %s left", self.bench.name, self.done,
-                        len(self.pending), cell.label(), seconds, _duration(left))
+            logger.info("%s: cell %d of about %d done (%s, %.1f s); about %s left", self.bench.name, self.count,
+                        max(self.count, len(self.pending)), cell.label(), seconds, _duration(left))
 
 
 def _duration(seconds: float) -> str:

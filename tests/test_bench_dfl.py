@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from graphfl.bench import dfl as b1
+from graphfl.bench.harness import Bench, Cell, run_bench
 from graphfl.p2p.oracles import ProblemSpec, make_oracle
 
 
@@ -46,17 +47,36 @@ def test_exchanged_models_of_fedavg_are_the_server_model() -> None:
                                                                             rel=1e-6)
 
 
-def test_one_alpha0_is_tuned_for_all_methods_on_the_global_model(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(b1, "_cache", b1.RunCache(tmp_path / "cache"))
+def _one_point(form: b1.Form, seed: int, methods: tuple[str, ...] = b1.METHODS) -> Bench:
+    bench = b1.declare(form, seed)
+    bench.points = [{"topology": "ring5", "tau": 5}]
+    bench.methods = methods
+    return bench
+
+
+def test_one_alpha0_is_tuned_for_all_methods_on_the_global_model(tmp_path) -> None:
     form = b1.Form(iterations=20, seeds=1, grid=(0.05, 0.1), eval_points=2)
-    tuned = b1.tune(5, 5, form, seed=0)
-    assert set(tuned["per_method_val_loss"]) == set(b1.METHODS)
-    chosen = f"{tuned['alpha0']:g}"
-    per = [tuned["per_method_val_loss"][m][chosen] for m in b1.METHODS]
-    assert tuned["grid_val_loss"][chosen] == pytest.approx(float(np.mean(per)))
-    # the criterion is the global model's validation loss of each method's run
-    run = b1.cached_run("dfl-gt", 5, tuned["alpha0"], 20, 0, 5, split="val", eval_points=2, with_stationarity=False)
-    assert tuned["per_method_val_loss"]["dfl-gt"][chosen] == pytest.approx(run["final"]["avg_model_test_loss"])
+    out = run_bench(_one_point(form, 0), tmp_path)
+    (tuned,) = out.tuning
+    assert tuned["methods"] == list(b1.METHODS) and set(tuned["per_method"]) == set(b1.METHODS)
+    chosen = f"{tuned['chosen']:g}"
+    per = [tuned["per_method"][m][chosen] for m in b1.METHODS]
+    assert tuned["scores"][chosen] == pytest.approx(float(np.mean(per)))
+    # the criterion is the global model's validation loss of each method's run (split val, first seed)
+    run = b1.run_method("dfl-gt", 5, tuned["chosen"], 20, 0, 5, split="val", eval_points=2, with_stationarity=False)
+    assert tuned["per_method"]["dfl-gt"][chosen] == pytest.approx(run["final"]["avg_model_test_loss"], rel=1e-6)
+    assert all(r["params"] == {"alpha0": tuned["chosen"]} for r in out.results)
+
+
+def test_cell_key_keeps_the_format_of_cached_runs() -> None:
+    """A B1 run cache written before the harness resumes under it: the key of a cell is unchanged."""
+    form = b1.Form(iterations=300, seeds=3, grid=(0.1,), eval_points=15)
+    cell = Cell((("topology", "ring20"), ("tau", 5)), "dfl-gt", 2, (("alpha0", 0.2),), "val")
+    assert b1.cell_key(cell, form) == {
+        "bench": "dfl", "method": "dfl-gt", "tau": 5, "alpha0": 0.2, "iterations": 300, "seed": 2, "n": 20,
+        "split": "val", "eval_points": 15, "stationarity": False, "inputs": "pooled-standardised", "metrics": 2}
+    test = Cell(cell.point, "fedavg", 0, (("alpha0", 15.0),))
+    assert b1.cell_key(test, form)["stationarity"] is True and b1.cell_key(test, form)["split"] == "test"
 
 
 def test_run_records_the_global_model_and_the_exchanged_models() -> None:
@@ -67,21 +87,26 @@ def test_run_records_the_global_model_and_the_exchanged_models() -> None:
     assert r["final"]["exchanged_models_test_loss"] is not None
 
 
-def test_a_diverging_test_run_backs_off_below_the_grid(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_diverging_test_run_backs_off_below_the_grid(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     tried: list[float] = []
 
-    def fake(method: str, tau: int, alpha0: float, iterations: int, seed: int, n: int, **_: object) -> dict:
+    def fake(method: str, tau: int, alpha0: float, iterations: int, seed: int, n: int, split: str = "test",
+             **_: object) -> dict:
+        if split == "val":  # validation prefers 0.2
+            return {"final": {"avg_model_test_loss": 1 + abs(alpha0 - 0.2)}, "curve": []}
         tried.append(alpha0)
         if alpha0 > 0.03:
             raise b1.Diverged("boom")
-        return {"final": {}, "curve": []}
+        return {"final": {"avg_model_test_loss": 1.0}, "curve": []}
 
     monkeypatch.setattr(b1, "run_method", fake)
-    monkeypatch.setattr(b1, "_cache", b1.RunCache(None))
     form = b1.Form(iterations=10, seeds=1, grid=(0.1, 0.2, 15.0), eval_points=2)
-    run, used = b1.run_with_backoff("dfl-sgd", 1, 0.2, form, seed=2, n=5)
-    assert run is not None and used == pytest.approx(0.025)
-    assert tried == pytest.approx([0.2, 0.1, 0.05, 0.025])
+    out = run_bench(_one_point(form, 2, ("dfl-sgd",)), tmp_path / "a")
+    (r,) = out.results
+    assert r["params"] == {"alpha0": 0.2} and r["params_per_seed"] == [{"alpha0": pytest.approx(0.025)}]
+    assert tried == pytest.approx([0.2, 0.1, 0.05, 0.025]) and r["failed"] == 0 and len(r["failures"]) == 3
     tried.clear()
-    monkeypatch.setattr(b1, "run_method", lambda *a, **k: (_ for _ in ()).throw(b1.Diverged("always")))
-    assert b1.run_with_backoff("dfl-sgd", 1, 0.2, form, seed=2, n=5) == (None, None)
+    monkeypatch.setattr(b1, "run_method", lambda *a, split="test", **k: fake(*a, split=split, **k) if split == "val"
+                        else (_ for _ in ()).throw(b1.Diverged("always")))
+    (r,) = run_bench(_one_point(form, 2, ("dfl-sgd",)), tmp_path / "b").results
+    assert r["failed"] == 1 and r["params_per_seed"] == [None] and r["metrics"]["avg_model_test_loss"]["mean"] is None
