@@ -4,3 +4,9 @@ Each class is a real Flower ``Strategy`` built on graphfl's pure server cores
 (``graphfl.strategies``); the client helpers (Flower mods) a ClientApp adds where an
 algorithm needs the client's cooperation live beside them.
 """
+
+from graphfl.flower.adapter import CooperationError, GraphflStrategy, WrapperRefused
+from graphfl.flower.strategies import CFL, JGESR, FedAMP, FedAvg, FedProx, FeSEM, PFedGraph
+
+__all__ = ["CFL", "JGESR", "CooperationError", "FeSEM", "FedAMP", "FedAvg", "FedProx", "GraphflStrategy",
+           "PFedGraph", "WrapperRefused"]

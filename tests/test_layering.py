@@ -57,7 +57,7 @@ def _imported_packages(tree: ast.AST) -> list[tuple[int, str]]:
 
 
 def _modules() -> list[Path]:
-    skip = {"tests", "build", "dist", "runs"}  # and hidden folders (.venv, .git, local scratch): not packages
+    skip = {"tests", "build", "dist", "runs", "examples"}  # examples/: user apps, not graphfl; and hidden folders (.venv, .git, local scratch): not packages
     return sorted(p for p in REPO.rglob("*.py")
                   if not (set(p.relative_to(REPO).parts) & skip or any(x.startswith(".") for x in p.relative_to(REPO).parts)))
 

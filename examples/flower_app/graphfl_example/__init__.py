@@ -1,0 +1,1 @@
+"""A Flower App (quickstart layout) using graphfl's Flower-native strategies."""

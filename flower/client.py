@@ -1,0 +1,144 @@
+"""Client helpers for a user's own ClientApp: a Flower mod and the local-loss terms.
+
+Where an algorithm needs a term in the client's local loss (FedProx's proximal term, FedAMP's
+pull towards the cloud model, FeSEM's eq. 10.10, pFedGraph's similarity term), a ClientApp
+written as in Flower's quickstarts adds two lines::
+
+    from graphfl.flower.client import graphfl_mod, regulariser
+
+    app = ClientApp(mods=[graphfl_mod])
+
+    @app.train()
+    def train(msg, context):
+        model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+        reg = regulariser(msg)                      # zero when the strategy asks for nothing
+        for x, y in batches:
+            loss = loss_fn(model(x), y) + reg(model)
+            ...
+
+:func:`regulariser` reads the message's config (:data:`~graphfl.flower.keys.REGULARISER` and
+its values) and returns ``reg(model) -> tensor``; :func:`graphfl_mod` confirms in the reply's
+``"metrics"`` (:data:`~graphfl.flower.keys.APPLIED`) that the term was evaluated during the call,
+which the strategy requires (else it stops with an error naming these two lines). The mod also
+reports the node config's ``partition-id`` in the reply's metrics when the reply does not.
+The terms are graphfl's own client terms (:func:`graphfl.client.training.proximal_penalty`,
+:func:`graphfl.client.graph_trainers.cosine_penalty`), over the model's ``named_parameters``.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Callable
+
+import numpy as np
+import torch
+from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
+from torch import nn
+
+from graphfl.client.graph_trainers import cosine_penalty
+from graphfl.client.training import proximal_penalty
+from graphfl.flower import keys
+
+_APPLIED: contextvars.ContextVar[set[str] | None] = contextvars.ContextVar("graphfl_applied", default=None)
+
+Regulariser = Callable[[nn.Module], torch.Tensor]
+
+
+def requested(msg: Message) -> str | None:
+    """The client term a train message asks for (``None``: none)."""
+    config = msg.content.config_records.get(keys.CONFIG)
+    value = None if config is None else config.get(keys.REGULARISER)
+    return None if value is None else str(value)
+
+
+def regulariser(msg: Message) -> Regulariser:
+    """The local-loss term the strategy asks for in ``msg`` as ``reg(model) -> scalar tensor``.
+
+    * :data:`~graphfl.flower.keys.PROXIMAL`: ``μ/2 Σ_k ‖θ_k − θ_k^received‖²`` over the model's
+      parameters, the anchor being the message's ``"arrays"`` (``μ`` = config ``graphfl.mu``);
+    * :data:`~graphfl.flower.keys.COSINE`: ``−λ ⟨c, θ⟩/‖θ‖`` with ``c`` the ArrayRecord
+      ``graphfl.anchor`` (``λ`` = config ``graphfl.lam``); zero when no anchor was sent yet;
+    * nothing asked: zero.
+
+    Each call of ``reg`` records (for :func:`graphfl_mod`) that the term entered the loss.
+
+    Raises
+    ------
+    ValueError
+        For a term this graphfl version does not know (the message names it).
+    """
+    name = requested(msg)
+    if name is None:
+        return _zero
+    config = msg.content.config_records[keys.CONFIG]
+    if name == keys.PROXIMAL:
+        anchor = {k: np.asarray(v.numpy()) for k, v in msg.content.array_records[keys.ARRAYS].items()}
+        term = _lazy_keys(lambda ks: proximal_penalty(anchor, float(config[keys.MU]), ks))  # type: ignore[arg-type]
+    elif name == keys.COSINE:
+        record = msg.content.array_records.get(keys.ANCHOR)
+        if record is None:
+            term = _zero
+        else:
+            cluster = {k: np.asarray(v.numpy()) for k, v in record.items()}
+            term = _lazy_keys(lambda ks: cosine_penalty(cluster, float(config[keys.LAM]), ks))  # type: ignore[arg-type]
+    else:
+        raise ValueError(f"the strategy asks for the client term {name!r}, which this graphfl version does not "
+                         f"know (known: {[keys.PROXIMAL, keys.COSINE]})")
+
+    def reg(model: nn.Module) -> torch.Tensor:
+        applied = _APPLIED.get()
+        if applied is not None:
+            applied.add(name)
+        return term(model)
+
+    return reg
+
+
+def _zero(model: nn.Module) -> torch.Tensor:
+    return torch.zeros(())
+
+
+def _lazy_keys(build: Callable[[tuple[str, ...]], Regulariser]) -> Regulariser:
+    """A term over the model's parameter names, built on the first call (when the model is known)."""
+    built: list[Regulariser] = []
+
+    def term(model: nn.Module) -> torch.Tensor:
+        if not built:
+            built.append(build(tuple(name for name, _ in model.named_parameters())))
+        return built[0](model)
+
+    return term
+
+
+def graphfl_mod(msg: Message, context: Context, call_next: Callable[[Message, Context], Message]) -> Message:
+    """Flower client mod: answers partition-id queries and confirms the client term in train replies.
+
+    * A message whose config has :data:`~graphfl.flower.keys.QUERY` is answered with the node
+      config's ``partition-id`` (the ClientApp is not called).
+    * Otherwise the ClientApp runs; a reply with a ``"metrics"`` MetricRecord gets
+      :data:`~graphfl.flower.keys.APPLIED` = 1 when the requested term (if any) was evaluated
+      through :func:`regulariser` during the call (else 0), and ``partition-id`` from the node
+      config when the reply has none.
+    """
+    config = msg.content.config_records.get(keys.CONFIG, ConfigRecord())
+    pid = context.node_config.get(keys.PARTITION_ID)
+    if config.get(keys.QUERY) == keys.PARTITION_ID:
+        metrics = MetricRecord({} if pid is None else {keys.PARTITION_ID: int(pid)})
+        return Message(RecordDict({keys.METRICS: metrics}), reply_to=msg)
+    name = requested(msg)
+    token = _APPLIED.set(set())
+    try:
+        reply = call_next(msg, context)
+        applied = _APPLIED.get() or set()
+    finally:
+        _APPLIED.reset(token)
+    if reply.has_error():
+        return reply
+    metrics_rec = reply.content.metric_records.get(keys.METRICS)
+    if metrics_rec is None:
+        return reply
+    if name is not None:
+        metrics_rec[keys.APPLIED] = 1 if name in applied else 0
+    if pid is not None and keys.PARTITION_ID not in metrics_rec:
+        metrics_rec[keys.PARTITION_ID] = int(pid)
+    return reply

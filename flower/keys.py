@@ -1,0 +1,44 @@
+"""Message keys shared by graphfl's Flower-native strategies and their client helpers.
+
+A Flower-native graphfl strategy speaks Flower's quickstart conventions: the model travels as
+the ``ArrayRecord`` ``"arrays"`` (each client gets its own), the server's scalars as the
+``ConfigRecord`` ``"config"`` and a reply carries ``"arrays"`` plus a ``MetricRecord``
+``"metrics"`` with ``"num-examples"``. What an algorithm needs beyond that travels under the
+names below; a stock ClientApp ignores them.
+"""
+
+from __future__ import annotations
+
+ARRAYS = "arrays"
+"""ArrayRecord of the model (server -> client: the client's own model; reply: the trained model)."""
+CONFIG = "config"
+"""ConfigRecord of the message (Flower's ``train_config`` / ``evaluate_config`` plus the keys below)."""
+METRICS = "metrics"
+"""MetricRecord of a reply."""
+NUM_EXAMPLES = "num-examples"
+"""Reply metric: the client's number of training (train reply) or test (evaluate reply) examples."""
+PARTITION_ID = "partition-id"
+"""Reply metric (optional): the client's partition id; the strategy then addresses it by it."""
+SERVER_ROUND = "server-round"
+"""Config key: the current round (as Flower's own strategies send it)."""
+
+REGULARISER = "graphfl.regulariser"
+"""Config key: the client term the strategy needs in the local loss (:data:`PROXIMAL`,
+:data:`COSINE`); absent when the algorithm needs nothing from the client."""
+MU = "graphfl.mu"
+"""Config key: ``μ`` of the proximal term ``μ/2 ‖θ − θ_received‖²``."""
+LAM = "graphfl.lam"
+"""Config key: ``λ`` of pFedGraph's similarity term ``−λ ⟨c, θ⟩/‖θ‖``."""
+ANCHOR = "graphfl.anchor"
+"""ArrayRecord: pFedGraph's cluster model ``c`` (same keys as the model)."""
+APPLIED = "graphfl.applied"
+"""Reply metric set by :func:`graphfl.flower.client.graphfl_mod`: 1 when the train function
+added the requested regulariser to its loss, 0 when it did not."""
+QUERY = "graphfl.query"
+"""Config key of a query message (value ``"partition-id"``): :func:`graphfl.flower.client.graphfl_mod`
+answers it with the node config's ``partition-id`` without calling the ClientApp."""
+
+PROXIMAL = "proximal"
+"""Regulariser ``μ/2 ‖θ − θ_received‖²`` over the model's parameters (FedProx, FedAMP, FeSEM)."""
+COSINE = "pfedgraph-cosine"
+"""Regulariser ``−λ ⟨c, θ⟩/‖θ‖`` with ``c`` in :data:`ANCHOR` (pFedGraph)."""

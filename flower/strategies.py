@@ -1,0 +1,246 @@
+"""graphfl's algorithms as Flower ``Strategy`` classes for a user's own ServerApp.
+
+Each class is :class:`~graphfl.flower.adapter.GraphflStrategy` over one pure core of
+``graphfl.strategies`` (the maths is not copied): keyword arguments are the algorithm's
+hyperparameters with graphfl's defaults (checked as in a run config), plus the common ones of
+:class:`~graphfl.flower.adapter.GraphflStrategy` (``fraction_train``, ``num_clients``,
+``partition_of``, ``seed``, ...). Use them as Flower's own strategies::
+
+    strategy = FeSEM(k=3)
+    result = strategy.start(grid=grid, initial_arrays=ArrayRecord(model.state_dict()), num_rounds=20)
+
+A stock ClientApp (``msg.content["arrays"]`` in; ``"arrays"`` and ``"metrics"`` with
+``"num-examples"`` out) serves FedAvg, FeSEM (``prox_lambda = 0``), JGESR, CFL, FedAMP
+(``prox_mu = 0``) and pFedGraph (``lam = 0``). With the client term on (FedProx, FedAMP's
+``prox_mu``, FeSEM's ``prox_lambda``, pFedGraph's ``lam``) the ClientApp needs
+:func:`graphfl.flower.client.graphfl_mod` and :func:`graphfl.flower.client.regulariser`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from graphfl.common.types import Arrays
+from graphfl.flower import keys
+from graphfl.flower.adapter import GraphflStrategy
+from graphfl.strategies.cfl import CFLConfig
+from graphfl.strategies.fedamp import FedAMPConfig
+from graphfl.strategies.fedavg import FedAvgParams, FedProxParams
+from graphfl.strategies.fesem import FeSEMParams
+from graphfl.strategies.jgesr import JGESRConfig
+from graphfl.strategies.pfedgraph import CLUSTER_PREFIX, PFedGraphConfig
+
+
+class FedAvg(GraphflStrategy):
+    """FedAvg (ALGORITHMS.md §10): ``θ ← Σ_i n_i θ_i / Σ_i n_i`` over the replies.
+
+    Parameters
+    ----------
+    weighted
+        Weight clients by ``num-examples`` (else uniformly).
+    **kwargs
+        Common arguments of :class:`~graphfl.flower.adapter.GraphflStrategy`.
+
+    One global model: Flower's wrappers (``DifferentialPrivacyServerSideFixedClipping``, ...)
+    compose with it as with Flower's ``FedAvg``; ``Result.arrays`` is the final global model.
+    """
+
+    algorithm = "fedavg"
+    global_model = True
+
+    def __init__(self, weighted: bool = True, **kwargs: Any) -> None:
+        super().__init__(self.make_params(FedAvgParams, self.algorithm, weighted=weighted), **kwargs)
+
+
+class FedProx(GraphflStrategy):
+    """FedProx (Li et al. 2020): FedAvg; each client minimises ``F_i(θ) + μ/2 ‖θ − θ_global‖²``.
+
+    Parameters
+    ----------
+    mu
+        ``μ`` of the proximal term (0.002, FedTorch's default). ``mu > 0`` needs the client term
+        (:func:`graphfl.flower.client.regulariser` and ``graphfl_mod`` in the ClientApp).
+    weighted
+        Weight clients by ``num-examples``.
+    **kwargs
+        Common arguments of :class:`~graphfl.flower.adapter.GraphflStrategy`.
+    """
+
+    algorithm = "fedprox"
+    global_model = True
+
+    def __init__(self, mu: float = 0.002, weighted: bool = True, **kwargs: Any) -> None:
+        super().__init__(self.make_params(FedProxParams, self.algorithm, mu=mu, weighted=weighted), **kwargs)
+
+    def regulariser(self) -> tuple[str, dict[str, float]] | None:
+        return (keys.PROXIMAL, {keys.MU: self.params.mu}) if self.params.mu > 0 else None
+
+    def off_hint(self) -> str:
+        return "mu=0, which is FedAvg"
+
+
+class FeSEM(GraphflStrategy):
+    """FeSEM (ALGORITHMS.md §4; seed 000 §10.3): K centers by federated EM; each client gets its center.
+
+    Round 1 is the warm-up (every client trains from the initial model); the server then forms
+    the centers (k-means++ on the warmed-up models). Each later round: E-step (nearest center),
+    M-step (mean of the members), each client receives its center as ``"arrays"``.
+
+    Parameters
+    ----------
+    k
+        Number of centers.
+    dist_layers
+        Comma-separated parameter keys or prefixes for the E-step distance ("" = all).
+    prox_lambda
+        ``λ`` of the client loss ``F_i(θ) + λ‖θ − θ̄‖²`` (eq. 10.10); > 0 needs the client term.
+    recluster_every, weighted_mstep, warmup_steps, center_init, init_iters, init_restarts, empty_cluster
+        As ``[fesem]`` in docs/strategies.md. ``warmup_steps`` travels as the config key
+        ``fesem.steps`` of the warm-up round; a stock ClientApp trains its usual steps.
+    **kwargs
+        Common arguments of :class:`~graphfl.flower.adapter.GraphflStrategy`.
+    """
+
+    algorithm = "fesem"
+
+    def __init__(self, k: int = 3, dist_layers: str = "", prox_lambda: float = 0.0, recluster_every: int = 1,
+                 weighted_mstep: bool = False, warmup_steps: int = 0, center_init: str = "kmeans++",
+                 init_iters: int = 5, init_restarts: int = 10, empty_cluster: str = "keep", **kwargs: Any) -> None:
+        params = self.make_params(
+            FeSEMParams, self.algorithm, k=k, dist_layers=dist_layers, prox_lambda=prox_lambda,
+            recluster_every=recluster_every, weighted_mstep=weighted_mstep, warmup_steps=warmup_steps,
+            center_init=center_init, init_iters=init_iters, init_restarts=init_restarts, empty_cluster=empty_cluster)
+        super().__init__(params, **kwargs)
+
+    def regulariser(self) -> tuple[str, dict[str, float]] | None:
+        # eq. 10.10's λ‖θ − θ̄‖² is the proximal term μ/2‖θ − θ̄‖² with μ = 2λ
+        lam = self.params.prox_lambda
+        return (keys.PROXIMAL, {keys.MU: 2.0 * lam}) if lam > 0 else None
+
+    def off_hint(self) -> str:
+        return "prox_lambda=0: plain local training from the center, as in the authors' code"
+
+    def assignment(self) -> list[int]:
+        """Cluster of every client (-1 = none yet)."""
+        if self.core is None:
+            return []
+        return [int(a) for a in self.core.assign]  # type: ignore[attr-defined]
+
+
+class JGESR(GraphflStrategy):
+    """JGESR (ALGORITHMS.md §8; seed 002): joint graph learning and restoration of the uploads.
+
+    Each round the server learns a client graph ``W`` and restored models ``Ψ`` from the uploads
+    and sends client ``k`` its own ``ψ_k``. The client trains as in FedAvg (a stock ClientApp).
+
+    Parameters
+    ----------
+    solver, lam, alpha, beta, max_outer, max_inner, tol, max_impute, impute_tol, work_dtype,
+    warm_start, use_mask, log_graph, fixed_scale
+        As ``[jgesr]`` in docs/jgesr.md (``lam`` λ smoothness, ``alpha`` log-degree barrier,
+        ``beta`` edge ridge; ``solver`` ``pdca`` or ``two-step``).
+    **kwargs
+        Common arguments of :class:`~graphfl.flower.adapter.GraphflStrategy`.
+
+    Not wrappable by Flower's DP wrappers: it restores the raw uploads into per-client models.
+    """
+
+    algorithm = "jgesr"
+
+    def __init__(self, solver: str = "pdca", lam: float = 1.0, alpha: float = 1.0, beta: float = 0.1,
+                 max_outer: int = 1000, max_inner: int = 1, tol: float = 1e-4, max_impute: int = 10,
+                 impute_tol: float = 1e-4, work_dtype: str = "auto", warm_start: bool = True, use_mask: bool = True,
+                 log_graph: bool = True, fixed_scale: bool = True, **kwargs: Any) -> None:
+        params = self.make_params(
+            JGESRConfig, self.algorithm, solver=solver, lam=lam, alpha=alpha, beta=beta, max_outer=max_outer,
+            max_inner=max_inner, tol=tol, max_impute=max_impute, impute_tol=impute_tol, work_dtype=work_dtype,
+            warm_start=warm_start, use_mask=use_mask, log_graph=log_graph, fixed_scale=fixed_scale)
+        super().__init__(params, **kwargs)
+
+
+class CFL(GraphflStrategy):
+    """CFL (Sattler et al., IEEE TNNLS 2021): FedAvg inside clusters, bipartitioned by update similarity.
+
+    Parameters
+    ----------
+    eps1, eps2, min_cluster_size, warmup_rounds, linkage, weighted
+        As ``[cfl]`` in docs/jgesr.md (split when ``‖mean update‖ < eps1`` and
+        ``max ‖update‖ > eps2`` after ``warmup_rounds``).
+    **kwargs
+        Common arguments of :class:`~graphfl.flower.adapter.GraphflStrategy`.
+    """
+
+    algorithm = "cfl"
+
+    def __init__(self, eps1: float = 0.4, eps2: float = 1.6, min_cluster_size: int = 3, warmup_rounds: int = 20,
+                 linkage: str = "complete", weighted: bool = False, **kwargs: Any) -> None:
+        params = self.make_params(CFLConfig, self.algorithm, eps1=eps1, eps2=eps2, min_cluster_size=min_cluster_size,
+                                  warmup_rounds=warmup_rounds, linkage=linkage, weighted=weighted)
+        super().__init__(params, **kwargs)
+
+
+class FedAMP(GraphflStrategy):
+    """FedAMP (Huang et al., AAAI 2021): each client gets its attention-weighted cloud model ``u_i``.
+
+    Parameters
+    ----------
+    attention, self_weight, scale, alpha_k, sigma
+        As ``[fedamp]`` in docs/jgesr.md.
+    prox_mu
+        ``μ`` of the client loss ``F_i(θ) + μ/2 ‖θ − u_i‖²``; > 0 (the default, 0.1) needs the
+        client term; 0 runs with a stock ClientApp.
+    **kwargs
+        Common arguments of :class:`~graphfl.flower.adapter.GraphflStrategy`.
+    """
+
+    algorithm = "fedamp"
+
+    def __init__(self, attention: str = "heuristic", self_weight: float = 0.3, scale: float = 10.0,
+                 alpha_k: float = 0.1, sigma: float = 1.0, prox_mu: float = 0.1, **kwargs: Any) -> None:
+        params = self.make_params(FedAMPConfig, self.algorithm, attention=attention, self_weight=self_weight,
+                                  scale=scale, alpha_k=alpha_k, sigma=sigma, prox_mu=prox_mu)
+        super().__init__(params, **kwargs)
+
+    def regulariser(self) -> tuple[str, dict[str, float]] | None:
+        mu = self.params.prox_mu
+        return (keys.PROXIMAL, {keys.MU: mu}) if mu > 0 else None
+
+    def off_hint(self) -> str:
+        return "prox_mu=0: local training from u_i without the proximal pull"
+
+
+class PFedGraph(GraphflStrategy):
+    """pFedGraph (Ye et al., ICML 2023): per-client aggregation on a learned collaboration graph.
+
+    Client ``i`` receives ``θ̃_i = Σ_j a_ij θ_j`` as ``"arrays"`` and, with ``lam > 0``, its cluster
+    model ``c_i`` as the ArrayRecord ``"graphfl.anchor"`` for the term ``−λ ⟨c_i, θ⟩/‖θ‖``.
+
+    Parameters
+    ----------
+    alpha, clip_above
+        ``α`` of the graph QP and the cosine clip (official code defaults 0.8, 0.9).
+    lam
+        ``λ`` of the client's similarity term; > 0 (the default, 0.01) needs the client term;
+        0 runs with a stock ClientApp.
+    **kwargs
+        Common arguments of :class:`~graphfl.flower.adapter.GraphflStrategy`.
+    """
+
+    algorithm = "pfedgraph"
+
+    def __init__(self, alpha: float = 0.8, clip_above: float = 0.9, lam: float = 0.01, **kwargs: Any) -> None:
+        params = self.make_params(PFedGraphConfig, self.algorithm, alpha=alpha, clip_above=clip_above, lam=lam)
+        super().__init__(params, **kwargs)
+
+    def regulariser(self) -> tuple[str, dict[str, float]] | None:
+        lam = self.params.lam
+        return (keys.COSINE, {keys.LAM: lam}) if lam > 0 else None
+
+    def anchor_arrays(self, extra: Arrays) -> Arrays:
+        return {k[len(CLUSTER_PREFIX):]: v for k, v in extra.items() if k.startswith(CLUSTER_PREFIX)}
+
+    def off_hint(self) -> str:
+        return "lam=0: local training from the aggregated model without the similarity term"
+
+
+__all__ = ["CFL", "FeSEM", "FedAMP", "FedAvg", "FedProx", "JGESR", "PFedGraph"]
