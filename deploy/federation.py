@@ -414,14 +414,16 @@ class LocalFederation:
 
     def wait_supernodes(self, started: list[Managed]) -> None:
         """Wait (bounded) until the SuperNodes registered with the SuperLink and warm ones' workers are ready."""
+        from graphfl.deploy.supernode import WARM_OFF_LINE
         from graphfl.deploy.warm import READY_LINE
 
         self.group.wait_for(f"{len(started)} SuperNodes registered with {self.address}",
                             lambda: all("SuperNode ID" in _read(p.log_path) for p in started), self.start_timeout)
         warm = [p for p in started if p.name in self._warm]
-        if warm:
+        if warm:   # ready, or the warm fast path is off there (stock ClientApp processes)
             self.group.wait_for(f"the warm ClientApp workers of {len(warm)} SuperNodes",
-                                lambda: all(READY_LINE in _read(p.log_path) for p in warm), self.warm_timeout)
+                                lambda: all(any(line in _read(p.log_path) for line in (READY_LINE, WARM_OFF_LINE))
+                                            for p in warm), self.warm_timeout)
 
     def register_node_keys(self, count: int, first: int = 0) -> list[Path]:
         """Generate ``count`` SuperNode key pairs and register their public keys with the

@@ -7,19 +7,18 @@
 * ``--clientapp-mode warm`` (default) runs the SuperNode with ``--isolation process`` and starts
   graphfl's warm executor (:mod:`graphfl.deploy.warm`) as its child: ClientApps run in a
   long-lived worker that already holds torch, the data and (on a GPU) its CUDA context.
-* ``--polls fast`` (default) replaces the SuperNode main loop's hard-coded sleeps
-  (FLOWER_NOTES.md §4a): the 3 s sleep after an empty pull from the SuperLink becomes a short
-  back-off (``idle_min`` growing by ``growth`` per empty pull up to ``idle_max``, back to
-  ``idle_min`` after every message), the 0.5 s waits for the ClientApp's reply become
-  ``reply`` s, and a message object not yet at the SuperLink is retried after 10 ms (doubling,
-  at most 0.25 s) instead of 1 s (doubling to 10 s). Each message the SuperNode stores also
+* ``--polls fast`` (default) replaces the SuperNode main loop's hard-coded sleeps by short
+  back-offs (:mod:`graphfl.flowerx.supernode_polls`). Each message the SuperNode stores also
   wakes the warm executor through a pipe, so it claims the task at once instead of polling.
 
 The SuperNode itself is Flower's ``flower_supernode()`` running in this process with the
-arguments given after ``--``; only the ``time`` name inside ``flwr.supernode.start_client_internal``
-and its ``_pull_and_store_message`` and ``pull_objects`` are replaced (wrapped, never edited), after
-:func:`graphfl.deploy.flwr_compat.check_supernode_internals` has checked the Flower version and
-that those functions still contain the sleeps being replaced.
+arguments given after ``--``. Every Flower internal it touches goes through the Flower seam
+(:mod:`graphfl.flowerx`): each fast path (``warm-clientapp``, ``supernode-fast-polls``,
+``object-io-threads``, ``fleet-handshake-retry``) is on where the seam was verified on the
+installed Flower, and otherwise off with one log line, the SuperNode then behaving as stock
+Flower's (warm mode off: no executor, ClientApps as ``flwr-clientapp`` processes, and
+:data:`WARM_OFF_LINE` logged). When Flower's SuperNode entry point itself cannot be imported,
+this process execs the stock ``flower-supernode`` command with the same arguments.
 
 Exit: when Flower's SuperNode stops (a signal, or its main loop failing), this process exits
 within :data:`EXIT_GRACE` s even if a thread of Flower's is still running (its Runtime HTTP API
@@ -36,94 +35,19 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+
+from graphfl.flowerx import clientapp_runtime, entrypoints
+from graphfl.flowerx.handshake_retry import install_on_fleet_connections
+from graphfl.flowerx.object_io import widen_object_transfers
+from graphfl.flowerx.supernode_polls import PollPolicy, install_fast_polls
 
 logger = logging.getLogger("graphfl.deploy.supernode")
 
-IDLE_SLEEP = 3      # start_client_internal: time.sleep(3) after an empty pull
-REPLY_SLEEP = 0.5   # _push_messages: time.sleep(0.5) while waiting for the ClientApp's reply
-
-
-@dataclass(frozen=True)
-class PollPolicy:
-    """The SuperNode's waits in fast mode (seconds)."""
-
-    idle_min: float = 0.02
-    idle_max: float = 0.25
-    growth: float = 1.5
-    reply: float = 0.005
-    object_backoff: tuple[float, float] = (0.01, 0.25)
-    """(initial, cap) retry delay for message objects not yet at the SuperLink (Flower: 1 s, 10 s)."""
-
-
-class SuperNodeClock:
-    """Stands in for the ``time`` module inside ``flwr.supernode.start_client_internal``.
-
-    Every attribute is the real ``time``'s, except ``sleep``: Flower's idle sleep (3 s) becomes
-    the current back-off, its reply wait (0.5 s) becomes ``policy.reply``; other durations pass.
-    """
-
-    def __init__(self, policy: PollPolicy, real_sleep: Callable[[float], None] = time.sleep) -> None:
-        self.policy = policy
-        self.idle = policy.idle_min
-        self._sleep = real_sleep
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(time, name)
-
-    def sleep(self, seconds: float) -> None:
-        if seconds == IDLE_SLEEP:
-            seconds, self.idle = self.idle, min(self.idle * self.policy.growth, self.policy.idle_max)
-        elif seconds == REPLY_SLEEP:
-            seconds = self.policy.reply
-        self._sleep(seconds)
-
-    def activity(self) -> None:
-        """A message arrived: poll fast again."""
-        self.idle = self.policy.idle_min
-
-
-def install_fast_polls(policy: PollPolicy, on_message: Callable[[], None] | None = None,
-                       check: bool = True) -> SuperNodeClock:
-    """Replace the SuperNode main loop's sleeps (see the module docstring); returns the clock.
-
-    Raises :class:`graphfl.deploy.flwr_compat.FlowerInternalsError` on another Flower (``check``
-    is only turned off by tests that stub the wrapped functions).
-    """
-    from flwr.supernode import start_client_internal as sci
-
-    from graphfl.deploy.flwr_compat import check_supernode_internals
-    from graphfl.flowerx.object_io import widen_object_transfers
-
-    if check:
-        check_supernode_internals()
-    clock = SuperNodeClock(policy)
-    original = sci._pull_and_store_message
-
-    def pull_and_store_message(*args: Any, **kwargs: Any) -> int | None:
-        run_id = original(*args, **kwargs)
-        if run_id is not None:
-            clock.activity()
-            if on_message is not None:
-                on_message()
-        return run_id
-
-    original_pull_objects = sci.pull_objects
-
-    def pull_objects(*args: Any, **kwargs: Any) -> dict[str, bytes]:
-        kwargs.setdefault("initial_backoff", policy.object_backoff[0])
-        kwargs.setdefault("backoff_cap", policy.object_backoff[1])
-        return original_pull_objects(*args, **kwargs)
-
-    widen_object_transfers()
-    sci.time = clock  # type: ignore[assignment]
-    sci._pull_and_store_message = pull_and_store_message
-    sci.pull_objects = pull_objects
-    return clock
+WARM_OFF_LINE = "graphfl warm workers off"
+"""Logged instead of the executor's ready line when the ``warm-clientapp`` fast path is off here
+(launchers waiting for a warm SuperNode accept either)."""
 
 
 def _flower_options(flower_args: Sequence[str]) -> argparse.Namespace:
@@ -212,24 +136,19 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one SuperNode (see the module docstring)."""
-    from graphfl.deploy.flwr_compat import FlowerInternalsError, check_version
     from graphfl.deploy.warm import own_log_handler
 
     own_log_handler(logger)
     args, flower = parse_args(sys.argv[1:] if argv is None else argv)
-    if args.clientapp_mode == "cold" and args.polls == "stock":
-        exe = Path(sys.executable).with_name("flower-supernode")
-        if exe.exists():
-            os.execv(str(exe), [str(exe), *flower])
-        os.execvp("flower-supernode", ["flower-supernode", *flower])
-    try:
-        check_version()
-    except FlowerInternalsError as exc:
-        logger.error("%s", exc)
-        return 2
+    entry = None if args.clientapp_mode == "cold" and args.polls == "stock" else entrypoints.supernode_entry()
+    if entry is None:
+        entrypoints.exec_stock("flower-supernode", flower)
+    assert entry is not None
     opts = _flower_options(flower)
     child: ExecutorChild | None = None
-    if args.clientapp_mode == "warm":
+    if args.clientapp_mode == "warm" and not clientapp_runtime.available():
+        logger.info("%s: ClientApps run as stock flwr-clientapp processes", WARM_OFF_LINE)
+    elif args.clientapp_mode == "warm":
         if opts.isolation != "process":
             if any(a == "--isolation" or a.startswith("--isolation=") for a in flower):
                 logger.error("--clientapp-mode warm runs the SuperNode with --isolation process, not %s", opts.isolation)
@@ -250,21 +169,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.polls == "fast":
             install_fast_polls(PollPolicy(args.idle_min, args.idle_max, PollPolicy.growth, args.reply_poll),
                                on_message=child.notify if child is not None else None)
-        from flwr.supercore.exit import add_exit_handler
-        from flwr.supernode.cli import flower_supernode
-
-        from graphfl.flowerx.handshake_retry import install_on_fleet_connections
-
+        widen_object_transfers()
         install_on_fleet_connections()   # a TLS handshake the SuperLink cuts short is retried, not fatal
-
         if child is not None:
-            add_exit_handler(child.stop)
-        sys.argv = ["flower-supernode", *flower]
-        flower_supernode()
-    except FlowerInternalsError as exc:
-        logger.error("%s", exc)
-        return 2
-    else:
+            entrypoints.add_exit_handler(child.stop)
+        entrypoints.run_entry(entry, "flower-supernode", flower)
         # A stopped SuperNode leaves through sys.exit (a signal: flwr_exit); returning means its
         # main loop failed (Flower logged why and returns 0): exit non-zero so a supervisor
         # (systemd Restart=on-failure, a launcher) sees a failure and restarts it.

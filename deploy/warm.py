@@ -13,9 +13,9 @@ of Flower's ``flower-superexec``:
 * **worker** (its child, started once, restarted only if it dies): imports torch and the
   ClientApp's modules at start-up and, when ``--device`` names a GPU, creates the CUDA context
   once. For each token it does what ``flwr-clientapp`` does (pull the task input and message,
-  run the ClientApp, push the reply, push the context) with Flower's own functions
-  (``flwr.supernode.runtime.run_clientapp``), but installs each FAB and loads each ClientApp
-  only once per FAB hash, and never exits between messages.
+  run the ClientApp, push the reply, push the context) through the Flower seam
+  (:class:`graphfl.flowerx.clientapp_runtime.TaskRunner`, Flower's own functions), installing each
+  FAB and loading each ClientApp only once per FAB hash, and never exits between messages.
 
 Design choice: a persistent worker rather than a fork-per-message zygote. A CUDA context
 cannot cross ``fork`` (a child of a process that initialised CUDA cannot use it), so a zygote
@@ -35,15 +35,15 @@ Processes: the worker inherits the executor's environment (``GRAPHFL_LAUNCH_ID``
 dies with it (``PR_SET_PDEATHSIG`` and end-of-file on its control pipe); the executor exits when
 its SuperNode (``--parent-pid``) goes away, stopping its worker first.
 
-Flower internals used (pinned, checked by :func:`graphfl.deploy.flwr_compat.check_executor_internals`):
-``RuntimeHttpClient``, ``AcquireTask``, ``SendTaskHeartbeat``, and ``pull_task_input`` /
-``push_message`` / ``push_task_output`` / ``install_from_fab`` / ``get_load_client_app_fn``.
+Every Flower internal used here is in :mod:`graphfl.flowerx.clientapp_runtime` (fast path
+``warm-clientapp``). Where that fast path is off, graphfl's SuperNode starts no executor (its
+ClientApps run as stock ``flwr-clientapp`` processes); an executor or worker started by hand exits
+with code 2 after the one log line saying why.
 """
 
 from __future__ import annotations
 
 import argparse
-import base64
 import contextlib
 import ctypes
 import importlib
@@ -54,12 +54,15 @@ import select
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from graphfl.flowerx import clientapp_runtime
+from graphfl.flowerx.clientapp_runtime import RuntimeTarget, TaskRunner, claim_task, push_crash_reply
+from graphfl.flowerx.object_io import widen_object_transfers
 
 logger = logging.getLogger("graphfl.deploy.warm")
 
@@ -73,15 +76,6 @@ DEFAULT_PRELOAD = ("torch", "graphfl.client.app", "graphfl.client.handler", "gra
 TASK_START_ENV = "GRAPHFL_TASK_START"
 """Set by the worker for each task: wall-clock time at which the executor claimed it. graphfl's
 ClientApp reports ``client_boot_seconds`` from it (claim -> handler) instead of its process age."""
-
-PULL_BACKOFF = (0.01, 0.1)
-"""(initial, cap) seconds between retries of an object that is not yet in the SuperNode's store.
-Flower's defaults (1 s, 10 s) suit a ClientApp that starts seconds after its task; a warm worker
-claims the task while the SuperNode may still be pulling the message's objects from the SuperLink."""
-
-HEARTBEAT_SECONDS = 20.0
-"""Task heartbeat period (Flower's ClientApp sends one about every 20 s, HEARTBEAT_DEFAULT_INTERVAL 30)."""
-
 
 # --------------------------------------------------------------------------------------------
 # control channel: JSON lines over a pair of pipes (our own small dicts, never from the network)
@@ -161,251 +155,14 @@ def pid_alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[-1].split()[0] != "Z"
 
 
-# --------------------------------------------------------------------------------------------
-# Runtime API clients
-# --------------------------------------------------------------------------------------------
-class TaskToken:
-    """Adds the current task's token to every Runtime API request (the worker's one client
-    serves task after task; Flower's ``RuntimeTokenHttpInterceptor`` holds a fixed token).
-    """
-
-    def __init__(self) -> None:
-        self.token: str | None = None
-
-    def intercept(self, context: Any, call_next: Any) -> Any:
-        from flwr.supercore.constant import TASK_TOKEN_HEADER
-        from flwr.supercore.interceptors.http.utils import add_headers
-
-        if not self.token:
-            raise RuntimeError("no task token set")
-        add_headers(context.request, {TASK_TOKEN_HEADER: self.token})
-        return call_next(context)
-
-
-@dataclass(frozen=True)
-class RuntimeTarget:
-    """Where the SuperNode's Runtime API is and how to reach it."""
-
-    address: str
-    insecure: bool = True
-    root_certificates: str | None = None
-
-    def client(self, component: str, token: str | TaskToken | None = None, max_time: float = 30.0) -> Any:
-        """A ``RuntimeHttpClient`` with a bounded retry policy that never signals this process.
-
-        (Flower's default HTTP retry invoker retries forever and sends SIGINT to its own
-        process on HTTP 401, which is right for a per-message process, not for a worker that
-        outlives the task.) ``token``: a fixed task token, or a :class:`TaskToken` set per task.
-        """
-        import httpx
-        from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor, RuntimeVersionHttpInterceptor
-        from flwr.supercore.retry import RetryInvoker, exponential
-        from flwr.supercore.runtime import RuntimeHttpClient
-
-        def giveup(exc: Exception) -> bool:
-            if isinstance(exc, httpx.HTTPStatusError):
-                return exc.response.status_code not in (502, 503, 504)
-            return False
-
-        retry = RetryInvoker(
-            lambda: exponential(base_delay=0.05, multiplier=2, max_delay=2),
-            (httpx.TransportError, httpx.HTTPStatusError), max_tries=None, max_time=max_time,
-            should_giveup=giveup,
-        )
-        interceptors: list[Any] = [RuntimeVersionHttpInterceptor(component_name=component)]
-        if isinstance(token, TaskToken):
-            interceptors.append(token)
-        elif token is not None:
-            interceptors.append(RuntimeTokenHttpInterceptor(token))
-        certs = None
-        if not self.insecure and self.root_certificates:
-            certs = Path(self.root_certificates).expanduser().read_bytes()
-        return RuntimeHttpClient.from_server_address(self.address, insecure=self.insecure, root_certificates=certs,
-                                                     interceptors=interceptors, retry_invoker=retry)
-
-
-# --------------------------------------------------------------------------------------------
-# worker: runs ClientApp tasks, one at a time, in this long-lived process
-# --------------------------------------------------------------------------------------------
-class TaskHeartbeat:
-    """Sends ``SendTaskHeartbeat`` for one task every ``period`` s from a thread.
-
-    Unlike Flower's sender it never signals the process when the SuperNode no longer knows the
-    task; it only records it (``lost``), since the worker outlives the task.
-    """
-
-    def __init__(self, client: Any, period: float = HEARTBEAT_SECONDS) -> None:
-        self.client = client
-        self.period = period
-        self.lost = False
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="task-heartbeat", daemon=True)
-
-    def __enter__(self) -> TaskHeartbeat:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-
-    def _run(self) -> None:
-        from flwr.proto.runtime_pb2 import SendTaskHeartbeatRequest
-
-        while not self._stop.wait(self.period):
-            try:
-                res = self.client.SendTaskHeartbeat(SendTaskHeartbeatRequest())
-            except Exception as exc:  # noqa: BLE001 - a heartbeat must never take the worker down
-                logger.warning("task heartbeat failed: %s", exc)
-                continue
-            if not res.success:
-                self.lost = True
-                logger.warning("the SuperNode no longer knows this task (claim expired)")
-                return
-
-
-@dataclass
-class TaskRunner:
-    """Runs ClientApp tasks given their tokens; caches FAB installs and loaded ClientApps, and
-    keeps one Runtime API client (connection) whose token changes per task.
-    """
-
-    target: RuntimeTarget
-    report: Callable[[dict[str, Any]], None] = lambda doc: None
-    installed: set[str] = field(default_factory=set)
-    apps: dict[str, Any] = field(default_factory=dict)
-    token: TaskToken = field(default_factory=TaskToken)
-    _client: Any = None
-
-    def client(self) -> Any:
-        if self._client is None:
-            self._client = self.target.client("flwr-clientapp", token=self.token)
-        return self._client
-
-    def client_app(self, run: Any, fab: Any) -> Any:
-        """The run's ClientApp: FAB installed and app loaded once per FAB hash."""
-        from flwr.supernode.runtime import run_clientapp as rc
-
-        key = fab.hash_str
-        if key not in self.installed:
-            rc.install_from_fab(fab.content, skip_prompt=True)
-            self.installed.add(key)
-        if key not in self.apps:
-            load = rc.get_load_client_app_fn(default_app_ref="", app_path=None, multi_app=True)
-            self.apps[key] = load(run.fab_id, run.fab_version, key)
-        return self.apps[key]
-
-    def run(self, task_id: int, token: str, acquired_at: float) -> dict[str, Any]:
-        """Serve one task end to end, as ``flwr-clientapp`` does; returns timings and the outcome."""
-        from flwr.app import Message
-        from flwr.app.error import Error
-        from flwr.app.message import remove_content_from_message
-        from flwr.clientapp.client_app import LoadClientAppError
-        from flwr.common.constant import ErrorCode, SubStatus
-        from flwr.common.serde import message_to_proto
-        from flwr.supernode.runtime import run_clientapp as rc
-
-        t: dict[str, float] = {"received": time.time()}
-        os.environ[TASK_START_ENV] = repr(acquired_at)
-        self.token.token = token
-        client = self.client()
-        message = reply = context = None
-        sub_status, details = SubStatus.FAILED, "ClientApp task failed due to unknown reason"
-        outcome: dict[str, Any] = {"task_id": task_id, "worker_pid": os.getpid()}
-        try:
-            with TaskHeartbeat(client):
-                try:
-                    message, context, run, fab = pull_task_input(client, t)
-                    t["input"] = time.time()
-                    meta = message_to_proto(remove_content_from_message(message)).SerializeToString()
-                    self.report({"op": "started", "task_id": task_id, "run_id": int(run.run_id),
-                                 "message": base64.b64encode(meta).decode()})
-                    outcome.update(run_id=int(run.run_id), created_at=float(message.metadata.created_at),
-                                   message_type=str(message.metadata.message_type))
-                    app = self.client_app(run, fab)
-                    t["app"] = time.time()
-                    reply = app(message=message, context=context)
-                    t["handler"] = time.time()
-                    sub_status, details = SubStatus.COMPLETED, ""
-                except Exception as ex:
-                    code = ErrorCode.CLIENT_APP_RAISED_EXCEPTION
-                    reason = str(type(ex)) + ":<'" + str(ex) + "'>"
-                    if isinstance(ex, LoadClientAppError):
-                        code = ErrorCode.LOAD_CLIENT_APP_EXCEPTION
-                        reason = "An exception was raised when attempting to load `ClientApp`"
-                    logger.error("ClientApp raised an exception (task %d)", task_id, exc_info=ex)
-                    sub_status, details = SubStatus.FAILED, reason
-                    outcome["error"] = reason
-                    if message is not None:
-                        reply = Message(Error(code=code, reason=reason), reply_to=message)
-                finally:
-                    if reply is not None and context is not None:
-                        try:
-                            rc.push_message(client, reply, context)
-                            t["reply"] = time.time()
-                        except Exception as ex:
-                            logger.error("failed to push the reply of task %d", task_id, exc_info=ex)
-                            outcome["error"] = f"reply not pushed: {ex}"
-                    rc.push_task_output(client, context, sub_status, details)
-                    t["output"] = time.time()
-        finally:
-            self.token.token = None
-            os.environ.pop(TASK_START_ENV, None)
-        outcome["status"] = sub_status
-        outcome["times"] = t
-        return outcome
-
-
-def pull_task_input(client: Any, times: dict[str, float] | None = None) -> tuple[Any, Any, Any, Any]:
-    """``flwr.supernode.runtime.run_clientapp.pull_task_input`` with :data:`PULL_BACKOFF` instead
-    of Flower's 1 s initial retry delay (same requests, same order, same result).
-    """
-    from flwr.app import Message
-    from flwr.common.serde import context_from_proto, fab_from_proto, run_from_proto
-    from flwr.proto.node_pb2 import Node
-    from flwr.proto.runtime_pb2 import PullAppMessagesRequest, PullTaskInputRequest
-    from flwr.supercore.inflatable.inflatable_protobuf_utils import (
-        make_confirm_message_received_fn_protobuf,
-        make_pull_object_fn_protobuf,
-    )
-    from flwr.supercore.inflatable.inflatable_utils import pull_and_inflate_object_from_tree
-    from flwr.supercore.task_identity import TaskIdentity
-
-    times = {} if times is None else times
-    res = client.PullTaskInput(PullTaskInputRequest())
-    times["task_input"] = time.time()
-    TaskIdentity.task_id = res.task_id
-    TaskIdentity.run_id = res.run.run_id
-    TaskIdentity.node_id = res.context.node_id
-    context = context_from_proto(res.context)
-    run = run_from_proto(res.run)
-    fab = fab_from_proto(res.fab)
-    pulled = client.PullMessages(PullAppMessagesRequest())
-    times["message_tree"] = time.time()
-    if not pulled.messages_list:
-        raise RuntimeError("No messages received from Runtime API")
-    node = Node(node_id=context.node_id)
-    tree = pulled.message_object_trees[0]
-    message = pull_and_inflate_object_from_tree(
-        tree,
-        make_pull_object_fn_protobuf(client.PullObject, node, context.run_id),
-        make_confirm_message_received_fn_protobuf(client.ConfirmMessageReceived, node, context.run_id),
-        return_type=Message, initial_backoff=PULL_BACKOFF[0], backoff_cap=PULL_BACKOFF[1],
-    )
-    message.metadata.__dict__["_message_id"] = tree.object_id
-    return message, context, run, fab
-
-
 def worker_main(args: argparse.Namespace) -> int:
     """Entry of the worker process: preload, report ready, serve tasks until the channel closes."""
     die_with_parent(signal.SIGTERM, expected_parent=args.parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the executor's business
     chan = Channel(args.control_fd, args.reply_fd)
     t0 = time.monotonic()
-    from graphfl.deploy.flwr_compat import check_executor_internals
-    from graphfl.flowerx.object_io import widen_object_transfers
-
-    check_executor_internals()
+    if not clientapp_runtime.available():
+        return 2
     widen_object_transfers()
     for name in [m for m in args.preload.split(",") if m]:
         try:
@@ -424,8 +181,17 @@ def worker_main(args: argparse.Namespace) -> int:
         if doc is None or doc.get("op") == "exit":
             return 0
         if doc.get("op") == "task":
-            result = runner.run(int(doc["task_id"]), str(doc["token"]), float(doc["acquired_at"]))
+            result = run_task(runner, int(doc["task_id"]), str(doc["token"]), float(doc["acquired_at"]))
             chan.send({"op": "done", **result})
+
+
+def run_task(runner: TaskRunner, task_id: int, token: str, acquired_at: float) -> dict[str, Any]:
+    """One task on ``runner``, with :data:`TASK_START_ENV` set to ``acquired_at`` while it runs."""
+    os.environ[TASK_START_ENV] = repr(acquired_at)
+    try:
+        return {**runner.run(task_id, token), "worker_pid": os.getpid()}
+    finally:
+        os.environ.pop(TASK_START_ENV, None)
 
 
 def prewarm_device(device: str | None) -> bool:
@@ -537,31 +303,6 @@ class WorkerHandle:
                     self.popen.wait()
 
 
-def push_crash_reply(client: Any, started: dict[str, Any], reason: str) -> None:
-    """After the worker died in a task: push an error reply to the message it had pulled and a
-    failed task status, so the SuperNode (which waits for a reply) and the server move on at once.
-    """
-    from flwr.app import Message
-    from flwr.app.error import Error
-    from flwr.common.constant import ErrorCode, SubStatus
-    from flwr.common.serde import message_from_proto
-    from flwr.proto.message_pb2 import Message as ProtoMessage
-    from flwr.supernode.runtime import run_clientapp as rc
-
-    proto = ProtoMessage()
-    proto.ParseFromString(base64.b64decode(started["message"]))
-    original = message_from_proto(proto)
-    reply = Message(Error(code=ErrorCode.CLIENT_APP_CRASHED, reason=reason), reply_to=original)
-
-    @dataclass
-    class _Where:  # what push_message reads from a Context
-        node_id: int
-        run_id: int
-
-    rc.push_message(client, reply, _Where(original.metadata.dst_node_id, original.metadata.run_id))  # type: ignore[arg-type]
-    rc.push_task_output(client, None, SubStatus.FAILED, reason)
-
-
 @dataclass
 class Executor:
     """Claims ClientApp tasks from one SuperNode and runs them on a warm worker."""
@@ -600,13 +341,9 @@ class Executor:
             self._credits += len(data)
 
     def serve(self) -> None:
-        from flwr.proto.runtime_pb2 import AcquireTaskRequest
-        from flwr.supercore.constant import TaskType
-
         worker = WorkerHandle(self.worker_argv)
         worker.start()
         client = self.target.client("SuperExec", max_time=10.0)
-        request = AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP])
         try:
             while self.keep_going():
                 self.wait_for_work()
@@ -614,19 +351,19 @@ class Executor:
                     break
                 self._credits = max(0, self._credits - 1)
                 try:
-                    res = client.AcquireTask(request)
+                    claimed = claim_task(client)
                 except Exception as exc:  # noqa: BLE001 - the SuperNode may be restarting or gone
                     if not self.keep_going():
                         break
                     logger.warning("AcquireTask failed: %s", exc)
                     time.sleep(1.0)
                     continue
-                if not (res.HasField("task") and res.token):
+                if claimed is None:
                     continue
                 acquired_at = time.time()
                 if not worker.alive():
                     worker.start()
-                self._run_one(worker, res.task.task_id, res.token, acquired_at)
+                self._run_one(worker, claimed[0], claimed[1], acquired_at)
         finally:
             client.close()
             worker.stop(grace=1.0)
@@ -658,14 +395,9 @@ class Executor:
 
 def executor_main(args: argparse.Namespace) -> int:
     """Entry of the executor process."""
-    from graphfl.deploy.flwr_compat import FlowerInternalsError, check_executor_internals
-
     if args.parent_pid is not None and args.parent_pid == os.getppid():
         die_with_parent(signal.SIGTERM, expected_parent=args.parent_pid)
-    try:
-        check_executor_internals()
-    except FlowerInternalsError as exc:
-        logger.error("%s", exc)
+    if not clientapp_runtime.available():   # the SuperNode wrapper starts no executor then
         return 2
 
     def on_signal(signum: int, frame: object) -> None:

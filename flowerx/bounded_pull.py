@@ -1,20 +1,18 @@
-"""Bound Flower's reply pulls by the round deadline (found by ``graphfl bench faults``).
+"""Fast path ``bounded-pull``: Flower's pulls of a reply's objects are bounded by the round deadline.
 
 A reply message reaches the SuperLink in two steps: the SuperNode pushes the message, then its
 objects (the ArrayRecord). A SuperNode that stops between the two (SIGSTOP, killed, cut off)
 leaves a reply whose objects never come. Flower's deployment grid
 (``flwr.superlink.grid.http_grid.HttpGrid.pull_messages``) then retries pulling them with
-``pull_objects``' defaults: up to 500 tries or 7200 s, backing off to 10 s per try. graphfl's
-``round-timeout`` is checked only between pulls, so the round waited for the straggler: measured
-17.5 s for a round with ``round-timeout = 8`` and a SuperNode stopped for 13 s, and up to two
-hours in the worst case.
+``pull_objects``' defaults: up to 500 tries or 7200 s, backing off to 10 s per try, while graphfl's
+``round-timeout`` is checked only between pulls.
 
 :func:`pull_budget` sets, for the pulls made inside it, ``max_time`` = the time left in the
-round, a first retry after 10 ms and a backoff cap of 1 s. When it runs out, Flower itself turns the reply into an error
-reply (``MESSAGE_UNAVAILABLE``, "Reply message objects are unavailable ..."), which the round
-records as that client's failure. The wrapper is installed once, in the ServerApp process; if
-the installed Flower no longer calls ``pull_objects`` from ``http_grid`` it is not installed and
-a warning says the round deadline is then not enforced inside a pull.
+round, a first retry after 10 ms and a backoff cap of 1 s. When it runs out, Flower itself turns
+the reply into an error reply (``MESSAGE_UNAVAILABLE``, "Reply message objects are unavailable
+..."), which the round records as that client's failure. The wrapper is installed once, in the
+ServerApp process. Off (:mod:`graphfl.flowerx.policy`): :func:`pull_budget` changes nothing and a
+straggler's missing objects are retried with Flower's defaults.
 """
 
 from __future__ import annotations
@@ -26,7 +24,12 @@ import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from graphfl.flowerx.policy import FastPath, decide
+
 logger = logging.getLogger(__name__)
+
+FAST_PATH = FastPath("bounded-pull", "reply pulls bounded by the round deadline",
+                     "a straggler's missing reply objects are retried with Flower's defaults (up to 7200 s)")
 
 BACKOFF_CAP_S = 1.0
 """Longest wait between two tries of a missing object inside a bounded pull."""
@@ -53,22 +56,25 @@ def _bounded(pull_objects: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+def check() -> str | None:
+    """Why the bound cannot be installed on this Flower, or ``None``."""
+    from flwr.superlink.grid import http_grid
+
+    if not callable(getattr(http_grid, "pull_objects", None)):
+        return "flwr.superlink.grid.http_grid has no pull_objects"
+    return None
+
+
 def install() -> bool:
-    """Wrap ``http_grid``'s ``pull_objects`` (idempotent); ``False`` when this Flower has no such call."""
+    """Wrap ``http_grid``'s ``pull_objects`` (idempotent); ``False`` when the fast path is off here."""
     if _installed:
         return _installed[0]
-    try:
-        from flwr.superlink.grid import http_grid
-    except ImportError as exc:
-        logger.warning("cannot bound Flower's reply pulls (%s): round-timeout is not enforced inside a pull", exc)
+    if not decide(FAST_PATH, check):
         _installed.append(False)
         return False
-    current = getattr(http_grid, "pull_objects", None)
-    if current is None or not callable(current):
-        logger.warning("flwr.superlink.grid.http_grid has no pull_objects: round-timeout is not enforced inside a "
-                       "pull of a straggler's reply")
-        _installed.append(False)
-        return False
+    from flwr.superlink.grid import http_grid
+
+    current = http_grid.pull_objects
     if not getattr(current, "graphfl_bounded", False):
         http_grid.pull_objects = _bounded(current)
     _installed.append(True)

@@ -1,12 +1,13 @@
-"""Retry a connection to the SuperLink whose TLS handshake was cut short, a bounded number of times.
+"""Fast paths ``grid-handshake-retry`` and ``fleet-handshake-retry``: a connection to the SuperLink
+whose TLS handshake was cut short is retried, a bounded number of times.
 
-Flower 1.41's HTTP clients (the ServerApp's ``HttpGrid``, the SuperNode's Fleet connection) send
-every request through a ``RetryInvoker`` (``flwr.supercore.retry.http_retry``) that retries a failed
+Flower's HTTP clients (the ServerApp's ``HttpGrid``, the SuperNode's Fleet connection) send every
+request through a ``RetryInvoker`` (``flwr.supercore.retry.http_retry``) that retries a failed
 connection for ever, except when the error's text names SSL or TLS: then it gives up at once ("SSL/TLS
 handshake error detected"), because a wrong certificate never heals. But a handshake the server
 cut short is transient: ``httpx.ConnectError: [SSL: UNEXPECTED_EOF_WHILE_READING] EOF occurred in
-violation of protocol``. One CI run of a TLS federation on a busy 2-core machine failed that way in
-its first round, with every process healthy; the ServerApp gave up and the run with it.
+violation of protocol`` (a busy server closing a connection it has not served yet), and giving up
+on it ends a run whose processes are all healthy.
 
 :func:`tolerate_cut_handshakes` makes an invoker retry such an error, with Flower's own back-off
 (exponential from 1 s, jittered), at most :data:`CUT_HANDSHAKE_RETRIES` times in a row; any request
@@ -19,7 +20,9 @@ HTTP on the other end) is not a cut handshake and is still given up at once.
 
 Installed on the ServerApp's grid (:func:`install_on_grid`, by :mod:`graphfl.server.app`) and on the
 Fleet connection of graphfl's SuperNode (:func:`install_on_fleet_connections`, by
-:mod:`graphfl.deploy.supernode`); the stock ``flower-supernode`` is unchanged.
+:mod:`graphfl.deploy.supernode`); the stock ``flower-supernode`` is unchanged. Off (where the seam was
+not verified on the installed Flower, :mod:`graphfl.flowerx.policy`): Flower gives up on a cut
+handshake as it does by itself.
 """
 
 from __future__ import annotations
@@ -31,7 +34,14 @@ from typing import Any
 
 import httpx  # Flower's HTTP client (a dependency of flwr)
 
+from graphfl.flowerx.policy import FastPath, decide
+
 logger = logging.getLogger(__name__)
+
+GRID_PATH = FastPath("grid-handshake-retry", "retry of a cut TLS handshake on the ServerApp's grid",
+                     "a TLS handshake the SuperLink cuts short fails the run, as in stock Flower")
+FLEET_PATH = FastPath("fleet-handshake-retry", "retry of a cut TLS handshake on the SuperNode's Fleet connection",
+                      "a TLS handshake the SuperLink cuts short stops the SuperNode, as in stock Flower")
 
 CUT_HANDSHAKE_RETRIES = 5
 """Cut handshakes retried in a row (with Flower's back-off: about 1 + 2 + 4 + 8 + 16 s at most)."""
@@ -88,15 +98,25 @@ def tolerate_cut_handshakes(invoker: Any, retries: int = CUT_HANDSHAKE_RETRIES, 
     return invoker
 
 
-def install_on_grid(grid: Any) -> bool:
-    """Make the ServerApp's ``HttpGrid`` tolerate cut handshakes; ``False`` for a grid without an
-    HTTP retry invoker (the simulation engine's in-memory grid, or a Flower that moved it).
-    """
+def _grid_invoker(grid: Any) -> Any:
     invoker = getattr(grid, "_retry_invoker", None)
     if invoker is None or not hasattr(invoker, "should_giveup") or not hasattr(invoker, "on_success"):
-        if type(grid).__name__ == "HttpGrid":
-            logger.warning("this Flower's HttpGrid has no retry invoker to wrap: a TLS handshake the SuperLink "
-                           "cuts short fails the run")
+        return None
+    return invoker
+
+
+def install_on_grid(grid: Any) -> bool:
+    """Make the ServerApp's ``HttpGrid`` tolerate cut handshakes; ``False`` for a grid without an
+    HTTP retry invoker (the simulation engine's in-memory grid) or when the fast path is off.
+    """
+    if type(grid).__name__ != "HttpGrid" and _grid_invoker(grid) is None:
+        return False   # nothing to wrap: not a deployment grid
+
+    def check() -> str | None:
+        return None if _grid_invoker(grid) is not None else "this Flower's HttpGrid has no retry invoker to wrap"
+
+    invoker = _grid_invoker(grid)
+    if not decide(GRID_PATH, check) or invoker is None:
         return False
     tolerate_cut_handshakes(invoker, what="SuperLink (Runtime API)")
     return True
@@ -105,19 +125,22 @@ def install_on_grid(grid: Any) -> bool:
 def install_on_fleet_connections() -> bool:
     """Fleet connections made from now on in this process (a SuperNode's) tolerate cut handshakes.
 
-    Wraps ``flwr.supernode.fleet_http_connection.make_simple_http_retry_invoker``; ``False`` (and a
-    warning) when this Flower has no such function there.
+    Wraps ``flwr.supernode.fleet_http_connection.make_simple_http_retry_invoker``; ``False`` when the
+    fast path is off (e.g. this Flower has no such function there).
     """
-    try:
-        from flwr.supernode import fleet_http_connection as fleet
-    except ImportError as exc:
-        logger.warning("cannot wrap Flower's Fleet connection (%s): a cut TLS handshake stops the SuperNode", exc)
+
+    def check() -> str | None:
+        from flwr.supernode import fleet_http_connection
+
+        if not callable(getattr(fleet_http_connection, "make_simple_http_retry_invoker", None)):
+            return "flwr.supernode.fleet_http_connection has no make_simple_http_retry_invoker"
+        return None
+
+    if not decide(FLEET_PATH, check):
         return False
-    make = getattr(fleet, "make_simple_http_retry_invoker", None)
-    if make is None or not callable(make):
-        logger.warning("flwr.supernode.fleet_http_connection has no make_simple_http_retry_invoker: a cut TLS "
-                       "handshake stops the SuperNode")
-        return False
+    from flwr.supernode import fleet_http_connection as fleet
+
+    make = fleet.make_simple_http_retry_invoker
     if getattr(make, "graphfl_tolerates_cut_handshakes", False):
         return True
 

@@ -1,56 +1,60 @@
-"""More concurrent object transfers in a Flower process (ServerApp, SuperNode, warm ClientApp worker).
+"""Fast path ``object-io-threads``: more concurrent object transfers in a Flower process.
 
-Installed by graphfl's ServerApp (:mod:`graphfl.server.flower_adapter`), its fast SuperNode
+Installed by graphfl's ServerApp (:mod:`graphfl.server.flower_adapter`), its SuperNode
 (:mod:`graphfl.deploy.supernode`) and its warm ClientApp worker (:mod:`graphfl.deploy.warm`);
-stock ``flwr-clientapp`` processes (``--clientapp-mode cold``) keep Flower's setting.
+stock ``flwr-clientapp`` processes (``--clientapp-mode cold``) keep Flower's setting. Off
+(:mod:`graphfl.flowerx.policy`): Flower's cap by core count stays.
 """
 
 from __future__ import annotations
 
-import inspect
 import logging
 
+from graphfl.flowerx.checks import source_of
+from graphfl.flowerx.policy import FastPath, decide
+
 logger = logging.getLogger(__name__)
+
+FAST_PATH = FastPath("object-io-threads", "object transfers over more threads than cores",
+                     "Flower caps a message's concurrent object transfers at the core count")
 
 OBJECT_IO_THREADS = 8
 """Threads a process uses to push or pull one message's objects (see :func:`widen_object_transfers`)."""
 
 
-def _source(obj: object) -> str:
-    try:
-        return inspect.getsource(obj)  # type: ignore[arg-type]
-    except (OSError, TypeError):
-        return ""
+def check() -> str | None:
+    """Why the widening does not fit this Flower's object transfers, or ``None``."""
+    from flwr.supercore.inflatable import inflatable_utils as iu
+
+    if not callable(getattr(iu, "get_num_workers", None)):
+        return "flwr.supercore.inflatable.inflatable_utils has no get_num_workers"
+    users = [getattr(iu, name, None) for name in ("push_object_contents_from_iterable", "pull_objects")]
+    if not all(f is not None and "get_num_workers(" in source_of(f) for f in users):
+        return "this Flower's object transfers do not go through get_num_workers"
+    return None
 
 
 def widen_object_transfers(threads: int = OBJECT_IO_THREADS) -> bool:
     """Let Flower move a message's objects over at least ``threads`` concurrent calls in this process.
 
     A Flower message travels as a tree of objects (the message, its record dict, each record,
-    each array and its chunks: 12 for the ``digits`` MLP), each pulled or pushed by its own request
-    to the SuperLink or the SuperNode. ``flwr.supercore.inflatable.inflatable_utils.get_num_workers`` caps the calls in flight
-    at ``min(FLWR_PRIVATE_MAX_CONCURRENT_OBJ_*, os.cpu_count())`` = 2 on a 2-core machine, so the
-    SuperNode fetched a message in six waves of two round trips: 0.37–0.58 s of a 2.1 s warm round
-    (measured). The calls wait on the network, not on a core, so the cap by core count is replaced
-    here by ``max(Flower's cap, threads)``; the wrapped function is the module attribute that
-    ``push_objects`` (through ``push_object_contents_from_iterable``) and
-    ``pull_objects`` look up at each call (never an edit of Flower's files). Measured on 2 cores:
-    join 1.1–1.4 s instead of 1.5–2.7 s; rounds unchanged (there the cores are the limit, see
-    docs/deployment.md); on links with latency a message's objects take ~2 round trips, not 6.
+    each array and its chunks), each pulled or pushed by its own request to the SuperLink or the
+    SuperNode. ``flwr.supercore.inflatable.inflatable_utils.get_num_workers`` caps the calls in
+    flight at ``min(FLWR_PRIVATE_MAX_CONCURRENT_OBJ_*, os.cpu_count())``, so on a 2-core machine a
+    message moves in waves of two round trips. The calls wait on the network, not on a core, so
+    the cap by core count is replaced here by ``max(Flower's cap, threads)``; the wrapped function
+    is the module attribute that ``push_objects`` (through ``push_object_contents_from_iterable``)
+    and ``pull_objects`` look up at each call (never an edit of Flower's files).
 
-    Returns ``False`` (and changes nothing) when this Flower has no such function.
+    Returns ``False`` (and changes nothing) when the fast path is off here.
     """
-    try:
-        from flwr.supercore.inflatable import inflatable_utils as iu
-    except ImportError:
+    if not decide(FAST_PATH, check):
         return False
-    current = getattr(iu, "get_num_workers", None)
-    if current is None or getattr(current, "graphfl_widened", False):
-        return current is not None
-    users = [getattr(iu, name, None) for name in ("push_object_contents_from_iterable", "pull_objects")]
-    if not all(f is not None and "get_num_workers(" in _source(f) for f in users):
-        logger.warning("this Flower's object transfers do not go through get_num_workers: their threads are not widened")
-        return False
+    from flwr.supercore.inflatable import inflatable_utils as iu
+
+    current = iu.get_num_workers
+    if getattr(current, "graphfl_widened", False):
+        return True
 
     def get_num_workers(max_concurrent: int) -> int:
         return max(int(current(max_concurrent)), int(threads))

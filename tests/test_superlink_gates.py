@@ -1,5 +1,6 @@
-"""graphfl's path-gated SuperLink (deploy/superlink.py): the gate itself, the checks of Flower's
-internals, and Flower's real SuperLink app answering the same with and without the gates.
+"""graphfl's path-gated SuperLink (flowerx/superlink_gates.py, run by deploy/superlink.py): the gate
+itself, the checks of Flower's internals, the version policy, and Flower's real SuperLink app
+answering the same with and without the gates.
 
 The real deployments of the other e2e tests (test_e2e_flower, test_warm_workers, ...) run this
 SuperLink as a process; here the app runs in-process through Starlette's test client.
@@ -20,10 +21,21 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from graphfl.deploy import flwr_compat
-from graphfl.deploy import superlink as gates
 from graphfl.deploy.federation import superlink_argv
-from graphfl.deploy.flwr_compat import FlowerInternalsError
+from graphfl.deploy.superlink import parse_args
+from graphfl.flowerx import policy
+from graphfl.flowerx import superlink_gates as gates
+from graphfl.flowerx.superlink_gates import MiddlewareMismatch
+
+
+@pytest.fixture(autouse=True)
+def fresh_decisions(monkeypatch):
+    """Each test decides the fast paths anew, on the real installed Flower unless it says otherwise."""
+    monkeypatch.delenv(policy.VERSION_ENV, raising=False)
+    monkeypatch.delenv(policy.OFF_ENV, raising=False)
+    policy.forget()
+    yield
+    policy.forget()
 
 
 class Marking(BaseHTTPMiddleware):
@@ -74,7 +86,7 @@ def test_flowers_middleware_is_gated_in_order_with_its_arguments() -> None:
 
     stock = superlink_main._get_middleware()
     gated = gates.gate_middleware(stock)
-    assert len(gated) == len(stock) == len(gates.STOCK_ORDER)
+    assert len(gated) == len(stock) == len(gates.expected_order())
     for before, after in zip(stock, gated):
         name = before.cls.__name__
         if name in gates.GATES:
@@ -83,7 +95,8 @@ def test_flowers_middleware_is_gated_in_order_with_its_arguments() -> None:
             assert after.kwargs["args"] == before.args and after.kwargs["kwargs"] == before.kwargs
         else:  # the error translator and the protobuf translation act on every path: untouched
             assert after is before
-    assert sum(m.cls is gates.PathGate for m in gated) == 7
+    assert sum(m.cls is gates.PathGate for m in gated) == sum(n in gates.GATES for n in gates.expected_order())
+    assert sum(m.cls is gates.PathGate for m in gated) == (7 if policy.installed_flower() == "1.41.0" else 6)
 
 
 def test_a_middleware_list_the_gates_were_not_checked_for_is_refused() -> None:
@@ -91,14 +104,16 @@ def test_a_middleware_list_the_gates_were_not_checked_for_is_refused() -> None:
 
     stock = superlink_main._get_middleware()
     extra = [Middleware(Marking), *stock]  # e.g. a SuperLink extension's middleware
-    with pytest.raises(FlowerInternalsError, match=r"Marking.*--middleware stock"):
+    with pytest.raises(MiddlewareMismatch, match=r"Marking"):
         gates.gate_middleware(extra)
-    with pytest.raises(FlowerInternalsError, match="not the"):
+    with pytest.raises(MiddlewareMismatch, match="not the"):
         gates.gate_middleware(stock[:-1])
+    with pytest.raises(MiddlewareMismatch):   # the 1.41 list on 1.42 and the other way round
+        gates.gate_middleware(stock, version="1.42.0" if policy.installed_flower() == "1.41.0" else "1.41.0")
 
 
-def test_the_internals_check_passes_on_the_pinned_flower_and_names_a_changed_path_test(monkeypatch) -> None:
-    flwr_compat.check_superlink_internals()
+def test_the_internals_check_passes_on_this_flower_and_names_a_changed_path_test(monkeypatch, caplog) -> None:
+    assert gates.check() is None
     from flwr.superlink.routers.fleet import node_auth
 
     class Changed(BaseHTTPMiddleware):
@@ -106,14 +121,34 @@ def test_the_internals_check_passes_on_the_pinned_flower_and_names_a_changed_pat
             return await call_next(request)  # authenticates every path: a gate would change it
 
     monkeypatch.setattr(node_auth, "NodeAuthMiddleware", Changed)
-    with pytest.raises(FlowerInternalsError, match=r"Changed.*/v1/fleet/.*--middleware stock"):
-        flwr_compat.check_superlink_internals()
+    reason = gates.check()
+    assert reason is not None and "Changed" in reason and "/v1/fleet/" in reason
+    # the policy then keeps Flower's SuperLink unchanged, with one line saying why
+    import flwr.superlink.main as superlink_main
+
+    monkeypatch.setattr(superlink_main, "_get_middleware", superlink_main._get_middleware)
+    before = superlink_main._get_middleware
+    with caplog.at_level("WARNING", logger="graphfl.flowerx"):
+        assert gates.install_gated_middleware() is False
+        assert gates.install_gated_middleware() is False
+    assert superlink_main._get_middleware is before
+    lines = [r.getMessage() for r in caplog.records if r.name == "graphfl.flowerx"]
+    assert len(lines) == 1 and "superlink-gates" in lines[0] and "Changed" in lines[0], lines
 
 
-def test_another_flower_release_is_refused_with_the_fallback() -> None:
-    with pytest.raises(FlowerInternalsError, match=r"path-gated SuperLink.*1\.40\.0.*--middleware stock"):
-        flwr_compat.check_version("1.40.0", wrapper="path-gated SuperLink middleware",
-                                  fallback=flwr_compat.SUPERLINK_FALLBACK)
+def test_an_unverified_flower_runs_the_stock_superlink_with_one_log_line(monkeypatch, caplog) -> None:
+    import flwr.superlink.main as superlink_main
+
+    monkeypatch.setattr(superlink_main, "_get_middleware", superlink_main._get_middleware)
+    before = superlink_main._get_middleware
+    monkeypatch.setenv(policy.VERSION_ENV, "1.40.0")
+    with caplog.at_level("WARNING", logger="graphfl.flowerx"):
+        assert gates.install_gated_middleware() is False
+    assert superlink_main._get_middleware is before
+    assert not any(m.cls is gates.PathGate for m in superlink_main.create_app().user_middleware)
+    lines = [r.getMessage() for r in caplog.records if r.name == "graphfl.flowerx"]
+    assert len(lines) == 1, lines
+    assert "superlink-gates" in lines[0] and "flwr 1.40.0" in lines[0] and "stock middleware" in lines[0]
 
 
 REQUESTS = [
@@ -145,8 +180,8 @@ def test_flowers_superlink_app_answers_the_same_with_and_without_the_gates(monke
     import flwr.superlink.main as superlink_main
 
     stock_answers = _answers(superlink_main.create_app())
-    gates.install_gated_middleware()  # replaces the module attribute; monkeypatch puts it back
-    monkeypatch.setattr(superlink_main, "_get_middleware", superlink_main._get_middleware)
+    monkeypatch.setattr(superlink_main, "_get_middleware", superlink_main._get_middleware)  # put back after
+    assert gates.install_gated_middleware()  # replaces the module attribute
     gated_app = superlink_main.create_app()
     assert any(m.cls is gates.PathGate for m in gated_app.user_middleware)
     gated_answers = _answers(gated_app)
@@ -165,5 +200,5 @@ def test_the_superlink_command_line_picks_the_wrapper_or_the_stock_command() -> 
     assert stock[0] == "flower-superlink" and stock[1:] == gated[4:]
     with pytest.raises(ValueError, match="gated"):
         superlink_argv("127.0.0.1", 9999, None, middleware="fast")
-    ours, flower = gates.parse_args(["--middleware", "stock", "--", "--port", "1"])
+    ours, flower = parse_args(["--middleware", "stock", "--", "--port", "1"])
     assert ours.middleware == "stock" and flower == ["--port", "1"]

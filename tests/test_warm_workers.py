@@ -1,4 +1,5 @@
-"""Warm ClientApp workers (deploy/warm.py, deploy/supernode.py): the Flower internals they wrap,
+"""Warm ClientApp workers (deploy/warm.py, deploy/supernode.py, flowerx/clientapp_runtime.py,
+flowerx/supernode_polls.py): the Flower internals they wrap,
 identical results to stock Flower, crash handling, and teardown (after a run, after Ctrl-C).
 
 Also a test-only plug-in algorithm ("warmcrash", loaded in the ServerApp and the workers through
@@ -46,27 +47,23 @@ except ValueError:
 # ---------------------------------------------------------------------------------------------
 # unit: the wrapped Flower internals
 # ---------------------------------------------------------------------------------------------
-def test_flower_version_is_pinned_and_checked():
-    from graphfl.deploy.flwr_compat import PINNED_FLWR, FlowerInternalsError, check_version, installed_flwr
+def test_flower_is_a_verified_version_and_pyproject_allows_exactly_those():
+    from graphfl.flowerx.policy import VERIFIED_FLOWER, installed_flower
 
-    assert installed_flwr() == PINNED_FLWR
-    check_version()
-    with pytest.raises(FlowerInternalsError) as err:
-        check_version("1.42.0")
-    assert "1.42.0" in str(err.value) and "--clientapp-mode cold" in str(err.value)
+    assert installed_flower() in VERIFIED_FLOWER
     pyproject = (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
-    assert f'"flwr=={PINNED_FLWR}"' in pyproject
+    assert '"flwr>=1.41,<1.43"' in pyproject and VERIFIED_FLOWER == ("1.41.0", "1.42.0")
 
 
 def test_wrapped_flower_internals_are_the_expected_ones():
-    from graphfl.deploy.flwr_compat import check_executor_internals, check_supernode_internals
+    from graphfl.flowerx import clientapp_runtime, supernode_polls
 
-    check_executor_internals()
-    check_supernode_internals()
+    assert clientapp_runtime.check() is None
+    assert supernode_polls.check() is None
 
 
 def test_supernode_clock_replaces_only_flowers_sleeps():
-    from graphfl.deploy.supernode import PollPolicy, SuperNodeClock
+    from graphfl.flowerx.supernode_polls import PollPolicy, SuperNodeClock
 
     slept: list[float] = []
     clock = SuperNodeClock(PollPolicy(idle_min=0.02, idle_max=0.1, growth=2.0, reply=0.005), slept.append)
@@ -83,7 +80,7 @@ def test_supernode_clock_replaces_only_flowers_sleeps():
 def test_fast_polls_wrap_the_supernode_loop_and_notify(monkeypatch):
     from flwr.supernode import start_client_internal as sci
 
-    from graphfl.deploy.supernode import PollPolicy, SuperNodeClock, install_fast_polls
+    from graphfl.flowerx.supernode_polls import PollPolicy, SuperNodeClock, install_fast_polls
 
     calls: list[tuple] = []
     monkeypatch.setattr(sci, "_pull_and_store_message", lambda *a, **k: calls.append(("pull", k)) or k.get("rid"))
@@ -91,7 +88,7 @@ def test_fast_polls_wrap_the_supernode_loop_and_notify(monkeypatch):
     monkeypatch.setattr(sci, "time", sci.time)
     notified: list[int] = []
     clock = install_fast_polls(PollPolicy(idle_min=0.01, object_backoff=(0.02, 0.3)), lambda: notified.append(1),
-                               check=False)
+                               check_flower=False)
     assert sci.time is clock and isinstance(clock, SuperNodeClock)
     clock.idle = 0.2
     assert sci._pull_and_store_message(rid=None) is None and notified == [] and clock.idle == 0.2
