@@ -24,9 +24,13 @@ Fairness: one optimiser for all (plain SGD, the same local steps and batch); the
 first seed), never on test; JGESR's ``(λ, α, β)`` are then chosen on the same validation runs
 (:func:`tune_graph`: the whole grid ``lam_grid × alpha_grid × beta_grid``, or in the quick form a
 coordinate search over it: λ, then α, then β). Every setting the paper did not give is listed in
-the result file (:func:`unspecified`). ``run(quick, seed, out, task)`` writes
-``<out>/jgesr.{json,md,png}``; finished runs are cached under ``<out>/cache`` (an interrupted
-benchmark resumes).
+the result file (:func:`unspecified`).
+
+The benchmark is declared for the harness (:func:`declare`, :mod:`graphfl.bench.harness`): grid
+points (noise c, missing rate r), cells through the run cache in ``<out>/cache`` (an interrupted
+benchmark resumes), the estimate logged; ``run(quick, seed, out, task)`` writes
+``<out>/jgesr.{json,md,png}`` in the harness's layout plus the paper-shaped table, the sweep and
+the collapse diagnostics.
 """
 
 from __future__ import annotations
@@ -34,15 +38,19 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from graphfl.common.results import markdown_table
 from graphfl.tasks.holdout import VALIDATION_FRACTION, validation_task
 
-from .runcache import RunCache
+from .harness import Bench, Cell, Metric, Tuning, run_bench
+from .report import build_doc, metric_panels, result, write_report
+from .stats import fmt_pm
 
 logger = logging.getLogger(__name__)
 
@@ -148,16 +156,15 @@ def unspecified(form: Form, task: str) -> list[str]:
     ]
 
 
-_cache = RunCache(None)
 RESUMABLE = True
-"""An interrupted run continues in the same ``--out`` (finished runs come from ``<out>/cache``)."""
+"""An interrupted run continues in the same ``--out`` (finished cells come from ``<out>/cache``)."""
 
 
-def run_one(method: str, task: str, form: Form, seed: int, lr: float, noise: float, missing: float,
-            graph: tuple[float, float, float] | None = None) -> dict[str, Any]:
-    """One in-process run of ``method``: accuracy curve, final accuracy, JGESR's diagnostics per round.
+def run_values(method: str, task: str, form: Form, seed: int, lr: float, noise: float, missing: float,
+               graph: tuple[float, float, float] | None = None) -> dict[str, Any]:
+    """The run configuration of one run of ``method`` (``graph`` = JGESR's ``(λ, α, β)``, ignored by the others).
 
-    ``graph`` = JGESR's ``(λ, α, β)`` (ignored by the other methods).
+    ``{"method": method, **run_values(...)}`` is the run's cache key.
     """
     strategy, params = METHODS[method]
     values: dict[str, Any] = {
@@ -172,40 +179,45 @@ def run_one(method: str, task: str, form: Form, seed: int, lr: float, noise: flo
     max_samples = form.max_samples or QUICK_MAX_SAMPLES.get(task.removesuffix("+val"), 0)
     if max_samples:
         values["data.max-samples"] = max_samples
-    key = {"method": method, **values}
+    return values
 
-    def compute() -> dict[str, Any]:
-        from graphfl.common.config import parse_run_config
-        from graphfl.server.inprocess import run_federated_inprocess
-        from graphfl.server.rounds import RunError
 
-        t0 = time.perf_counter()
-        try:
-            doc, _ = run_federated_inprocess(parse_run_config(values))
-        except RunError as exc:  # e.g. every upload NaN at a too large step: a failed setting, not a crash
-            logger.warning("%s lr %g diverged: %s", method, lr, exc)
-            return {"acc": [], "final": None, "error": str(exc), "wall_seconds": time.perf_counter() - t0}
-        curve = doc["methods"][strategy]["curve"]
-        agg = [r.get("server_seconds") for r in curve[1:]]
-        out = {"acc": [r.get("test_acc") for r in curve], "final": curve[-1].get("test_acc"),
-               "wall_seconds": time.perf_counter() - t0, "server_seconds": agg}
-        if strategy == "jgesr":
-            for name in DIAGNOSTICS:
-                out[name] = [(r.get("server") or {}).get(name) for r in curve[1:]]
-        return out
+def run_one(method: str, task: str, form: Form, seed: int, lr: float, noise: float, missing: float,
+            graph: tuple[float, float, float] | None = None) -> dict[str, Any]:
+    """One in-process run of ``method``: accuracy curve, final accuracy, JGESR's diagnostics per round.
 
-    result = _cache(key, compute)
+    A run that fails (e.g. every upload NaN at a too large step) returns ``final = None`` and
+    ``error``: a failed setting, not a crash.
+    """
+    from graphfl.common.config import parse_run_config
+    from graphfl.server.inprocess import run_federated_inprocess
+    from graphfl.server.rounds import RunError
+
+    values = run_values(method, task, form, seed, lr, noise, missing, graph)
+    strategy = values["strategy"]
+    t0 = time.perf_counter()
+    try:
+        doc, _ = run_federated_inprocess(parse_run_config(values))
+    except RunError as exc:
+        logger.warning("%s lr %g diverged: %s", method, lr, exc)
+        return {"acc": [], "final": None, "error": str(exc), "wall_seconds": time.perf_counter() - t0}
+    curve = doc["methods"][strategy]["curve"]
+    agg = [r.get("server_seconds") for r in curve[1:]]
+    out = {"acc": [r.get("test_acc") for r in curve], "final": curve[-1].get("test_acc"),
+           "wall_seconds": time.perf_counter() - t0, "server_seconds": agg}
+    if strategy == "jgesr":
+        for name in DIAGNOSTICS:
+            out[name] = [(r.get("server") or {}).get(name) for r in curve[1:]]
     logger.info("%s %s seed %d lr %g c %g r %g%s: acc %.4f", method, task, seed, lr, noise, missing,
                 f" graph {values.get('jgesr.lam')}, {values.get('jgesr.alpha')}, {values.get('jgesr.beta')}"
-                if strategy == "jgesr" else "", result["final"] or float("nan"))
-    return result
+                if strategy == "jgesr" else "", out["final"] or float("nan"))
+    return out
 
 
-def _stats(values: list[float | None]) -> dict[str, Any]:
-    xs = np.asarray([v for v in values if v is not None], dtype=float)
-    if xs.size == 0:
-        return {"mean": None, "sd": None, "n": 0}
-    return {"mean": float(xs.mean()), "sd": float(xs.std(ddof=1)) if xs.size > 1 else 0.0, "n": int(xs.size)}
+def _cell_args(cell: Cell, task: str, form: Form) -> tuple[Any, ...]:
+    graph = cell.settings.get("graph")
+    return (cell.method, validation_task(task) if cell.split == "val" else task, form, cell.seed,
+            cell.settings["lr"], cell.at["noise"], cell.at["missing"], tuple(graph) if graph is not None else None)
 
 
 def _best(scores: dict[Any, float | None], fallback: Any) -> Any:
@@ -214,30 +226,14 @@ def _best(scores: dict[Any, float | None], fallback: Any) -> Any:
     return max(finite, key=lambda k: finite[k]) if finite else fallback
 
 
-def tune(task: str, form: Form, seed: int) -> dict[str, dict[str, Any]]:
-    """Step size per method on the validation view of ``task`` (noise level 1, no missing entries)."""
-    val = validation_task(task)
-    out: dict[str, dict[str, Any]] = {}
-    for method in form.methods:
-        scores = {lr: run_one(method, val, form, seed, lr, form.noise_levels[0], 0.0)["final"] for lr in form.lr_grid}
-        out[method] = {"lr": _best(scores, form.lr_grid[0]), "validation_acc": {str(k): v for k, v in scores.items()}}
-    return out
-
-
-def tune_graph(method: str, task: str, form: Form, seed: int, lr: float) -> dict[str, Any]:
-    """JGESR's ``(λ, α, β)`` on the validation view of ``task`` at step ``lr`` (never on test).
+def tune_graph(form: Form, score: Callable[[tuple[float, float, float]], float | None]) -> dict[str, Any]:
+    """JGESR's ``(λ, α, β)``: the point with the best validation accuracy ``score(point)`` (never test).
 
     ``grid``: every point of ``lam_grid × alpha_grid × beta_grid``. ``coordinate``: λ over
     ``lam_grid`` at ``(α, β)`` = :data:`GRAPH_DEFAULT`'s, then α over ``alpha_grid`` at the best
     λ, then β over ``beta_grid`` at the best ``(λ, α)`` (repeated points come from the cache).
     Highest mean validation accuracy wins; ties keep the earlier point.
     """
-    val = validation_task(task)
-
-    def score(point: tuple[float, float, float]) -> float | None:
-        final: float | None = run_one(method, val, form, seed, lr, form.noise_levels[0], 0.0, graph=point)["final"]
-        return final
-
     scores: dict[tuple[float, float, float], float | None] = {}
     if form.graph_search == "grid":
         for point in itertools.product(form.lam_grid, form.alpha_grid, form.beta_grid):
@@ -259,6 +255,65 @@ def tune_graph(method: str, task: str, form: Form, seed: int, lr: float) -> dict
             "validation_acc": [{"lam": p[0], "alpha": p[1], "beta": p[2], "acc": v} for p, v in scores.items()]}
 
 
+def declare(form: Form, seed: int, task: str) -> Bench:
+    """B7 on the harness: points (noise c, missing rate r), the table's and the sweep's.
+
+    The step of each method is tuned on validation at noise level 1 without missing entries (one
+    search for all points, first seed); JGESR's ``(λ, α, β)`` are then tuned at that step
+    (:func:`tune_graph`).
+    """
+    c1, c2 = form.noise_levels
+    points = [{"noise": c1, "missing": 0.0}, {"noise": c2, "missing": 0.0}]
+    points += [{"noise": c1, "missing": float(r)} for r in form.missing_rates if r != 0.0]
+
+    def refine(method: str, params: dict[str, Any], evaluate: Callable[[dict[str, Any]], float | None]
+               ) -> tuple[dict[str, Any], dict[str, Any]]:
+        if method not in GRAPH_METHODS:
+            return params, {}
+        g = tune_graph(form, lambda point: evaluate({**params, "graph": point}))
+        return {**params, "graph": (g["lam"], g["alpha"], g["beta"])}, g
+
+    return Bench(
+        name=NAME, title=f"B7: JGESR under a noisy, lossy uplink ({task})", methods=form.methods, points=points,
+        seeds=[seed + k for k in range(form.seeds)],
+        metrics=(Metric("acc", "accuracy (%)", lower_is_better=False, fmt=".2f", scale=100.0),),
+        run_cell=lambda cell: run_one(*_cell_args(cell, task, form)),
+        key=lambda cell: {"method": cell.method, **run_values(*_cell_args(cell, task, form))},
+        final=lambda r: {"acc": r.get("final")},
+        failed=lambda r: r.get("error") or (None if r.get("final") is not None else "no final accuracy"),
+        tuning=Tuning(param="lr", grid=form.lr_grid, metric="acc", lower_is_better=False, max_extensions=0,
+                      at=lambda _p: {"noise": c1, "missing": 0.0}, if_all_fail=form.lr_grid[0], refine=refine),
+        reference="FedAvg" if "FedAvg" in form.methods else None,
+        cost=lambda cell: 5.0 if cell.method in GRAPH_METHODS else 1.0)
+
+
+def run(quick: bool = False, seed: int = 0, out: Path | None = None, task: str = "digits") -> dict[str, Any]:
+    """Tune, run the table and the missing-rate sweep; write ``<out>/jgesr.{json,md,png}``."""
+    if task not in TASKS:
+        raise ValueError(f"bench jgesr: task {task!r} is not one of {list(TASKS)}")
+    form = QUICK if quick else FULL
+    unknown = [m for m in form.methods if m not in METHODS]
+    if unknown:
+        raise ValueError(f"bench jgesr: unknown methods {unknown}; valid: {list(METHODS)}")
+    bench = declare(form, seed, task)
+    outcome = run_bench(bench, out)
+    diagnostics: dict[str, dict[str, Any]] = {}
+    for level, c in enumerate(form.noise_levels, start=1):
+        for method in form.methods:
+            if method in GRAPH_METHODS:
+                runs = outcome.runs[((("noise", c), ("missing", 0.0))), method]
+                diagnostics.setdefault(method, {})[f"noise{level}"] = _diagnostics(
+                    [r or {} for r in runs], list(bench.seeds))
+    config = {"task": task, **{k: list(v) if isinstance(v, tuple) else v for k, v in form.__dict__.items()},
+              "nodes": nodes_for(form, task), "dirichlet": dirichlet_for(form, task), "tuning_seed": seed,
+              "validation_fraction": VALIDATION_FRACTION}
+    doc = build_doc(bench, outcome, quick, config, extra={
+        "task": task, "diagnostics": diagnostics, "paper_mnist": PAPER_MNIST, "unspecified": unspecified(form, task)})
+    if out is not None:
+        _write(Path(out), doc, form)
+    return doc
+
+
 def _diagnostics(runs: list[dict[str, Any]], seeds: list[int]) -> dict[str, Any]:
     """Per-round ``shrink_ratio`` / ``graph_cv`` of each seed's run, their mean per round and a summary."""
     per_seed = [{"seed": s, **{k: r.get(k, []) for k in DIAGNOSTICS}} for s, r in zip(seeds, runs)]
@@ -277,58 +332,8 @@ def _diagnostics(runs: list[dict[str, Any]], seeds: list[int]) -> dict[str, Any]
     return out
 
 
-def run(quick: bool = False, seed: int = 0, out: Path | None = None, task: str = "digits") -> dict[str, Any]:
-    """Tune, run the table and the missing-rate sweep; write ``<out>/jgesr.{json,md,png}``."""
-    global _cache
-    if task not in TASKS:
-        raise ValueError(f"bench jgesr: task {task!r} is not one of {list(TASKS)}")
-    form = QUICK if quick else FULL
-    unknown = [m for m in form.methods if m not in METHODS]
-    if unknown:
-        raise ValueError(f"bench jgesr: unknown methods {unknown}; valid: {list(METHODS)}")
-    if out is not None:
-        _cache = RunCache(out / "cache")
-    t0 = time.perf_counter()
-    tuned = tune(task, form, seed)
-    for method in form.methods:
-        if method in GRAPH_METHODS:
-            tuned[method]["graph"] = tune_graph(method, task, form, seed, tuned[method]["lr"])
-    seeds = [seed + k for k in range(form.seeds)]
-    table: dict[str, dict[str, Any]] = {}
-    sweep: dict[str, list[dict[str, Any]]] = {}
-    diagnostics: dict[str, dict[str, Any]] = {}
-    for method in form.methods:
-        lr = tuned[method]["lr"]
-        g = tuned[method].get("graph")
-        graph = (g["lam"], g["alpha"], g["beta"]) if g else None
-        row: dict[str, Any] = {}
-        for level, c in enumerate(form.noise_levels, start=1):
-            runs = [run_one(method, task, form, s, lr, c, 0.0, graph=graph) for s in seeds]
-            finals = [r["final"] for r in runs]
-            row[f"noise{level}"] = {"c": c, **_stats(finals), "runs": finals}
-            if method in GRAPH_METHODS:
-                diagnostics.setdefault(method, {})[f"noise{level}"] = _diagnostics(runs, seeds)
-        table[method] = row
-        points = []
-        for r in form.missing_rates:
-            finals = [run_one(method, task, form, s, lr, form.noise_levels[0], r, graph=graph)["final"] for s in seeds]
-            points.append({"missing": r, **_stats(finals), "runs": finals})
-        sweep[method] = points
-    doc: dict[str, Any] = {
-        "name": NAME, "task": task, "quick": quick, "seed": seed, "form": form.__dict__,
-        "tuned": tuned, "table": table, "missing_sweep": sweep, "diagnostics": diagnostics,
-        "paper_mnist": PAPER_MNIST, "unspecified": unspecified(form, task),
-        "wall_seconds": time.perf_counter() - t0,
-    }
-    if out is not None:
-        _write(out, doc, form)
-    return doc
-
-
 def _pct(stat: dict[str, Any]) -> str:
-    if stat.get("mean") is None:
-        return "–"
-    return f"{100 * stat['mean']:.2f} ± {100 * stat['sd']:.2f}"
+    return fmt_pm(stat, ".2f", scale=100.0)
 
 
 def _num(value: float | None) -> str:
@@ -336,60 +341,52 @@ def _num(value: float | None) -> str:
 
 
 def _write(out: Path, doc: dict[str, Any], form: Form) -> None:
-    from graphfl.common.envinfo import env_info
-    from graphfl.common.results import atomic_write_text, markdown_table, plot_panels, write_json
-
-    doc["env"] = env_info()
-    write_json(out / f"{NAME}.json", doc)
     c1, c2 = form.noise_levels
     rows = []
-    for method, row in doc["table"].items():
+    for method in form.methods:
         paper = PAPER_MNIST.get(method, (None, None))
-        g = doc["tuned"][method].get("graph")
-        rows.append({"method": method, "lr": doc["tuned"][method]["lr"],
-                     "(λ, α, β)": f"({g['lam']:g}, {g['alpha']:g}, {g['beta']:g})" if g else "",
-                     f"c={c1}": _pct(row["noise1"]), f"c={c2}": _pct(row["noise2"]),
+        params = result(doc, method, noise=c1, missing=0.0)["params"]
+        g = params.get("graph")
+        rows.append({"method": method, "lr": params["lr"],
+                     "(λ, α, β)": f"({g[0]:g}, {g[1]:g}, {g[2]:g})" if g else "",
+                     f"c={c1}": _pct(result(doc, method, noise=c1, missing=0.0)["metrics"]["acc"]),
+                     f"c={c2}": _pct(result(doc, method, noise=c2, missing=0.0)["metrics"]["acc"]),
                      "paper MNIST n1": paper[0], "paper MNIST n2": paper[1]})
-    sweep_rows = []
-    for method, points in doc["missing_sweep"].items():
-        sweep_rows.append({"method": method, **{f"r={p['missing']}": _pct(p) for p in points}})
+    sweep_rows = [{"method": method, **{f"r={r}": _pct(result(doc, method, noise=c1, missing=float(r))["metrics"]["acc"])
+                                        for r in form.missing_rates}} for method in form.methods]
     diag_rows = []
     for method, levels in doc["diagnostics"].items():
         for level, d in levels.items():
-            diag_rows.append({"method": method, "c": doc["table"][method][level]["c"],
+            diag_rows.append({"method": method, "c": form.noise_levels[int(level.removeprefix("noise")) - 1],
                               "graph_cv last": _num(d["graph_cv"]["last"]), "graph_cv min": _num(d["graph_cv"]["min"]),
                               "shrink_ratio last": _num(d["shrink_ratio"]["last"]),
                               "shrink_ratio min": _num(d["shrink_ratio"]["min"])})
-    md = [f"# {NAME} ({doc['task']}{', quick' if doc['quick'] else ''})", "",
-          f"Mean client test accuracy (%) after {form.rounds} rounds, mean ± sd over {form.seeds} seeds; "
-          "uploads through the noisy channel, no missing entries. The paper's MNIST numbers are shown for "
-          "reference only (other task, other settings).", "",
-          markdown_table(rows, list(rows[0])), "",
-          f"## Missing-rate sweep (noise c = {c1})", "", markdown_table(sweep_rows, list(sweep_rows[0])), ""]
+    intro = [f"Mean client test accuracy (%) after {form.rounds} rounds, mean ± sd over {form.seeds} seeds; uploads "
+             "through the noisy channel (noise c, missing rate r). The step (and JGESR's (λ, α, β)) of each method "
+             f"is tuned on validation at c = {c1}, r = 0."]
+    sections = ["## As the paper's Table 1 (no missing entries)", "",
+                "The paper's MNIST numbers are shown for reference only (other task, other settings).", "",
+                markdown_table(rows, list(rows[0])), "",
+                f"## Missing-rate sweep (noise c = {c1})", "", markdown_table(sweep_rows, list(sweep_rows[0])), ""]
     if diag_rows:
-        md += ["## JGESR collapse diagnostics (ALGORITHMS.md §0.1 C4)", "",
-               "Per round of each test run: `graph_cv` = coefficient of variation of the learned graph's "
-               "off-diagonal weights (0 = uniform graph), `shrink_ratio` = ‖ψ − ȳ‖/‖y − ȳ‖ (0 = every client "
-               "gets the mean, i.e. FedAvg). Last round (mean over seeds) and minimum over rounds and seeds; "
-               "every round is in the JSON (`diagnostics`).", "",
-               markdown_table(diag_rows, list(diag_rows[0])), ""]
-    md += ["## Settings not given by the paper", ""] + [f"- {s}" for s in doc["unspecified"]]
-    atomic_write_text(out / f"{NAME}.md", "\n".join(md) + "\n")
-    by_noise = {m: [{"c": row[lv]["c"], "acc": row[lv]["mean"], "sd": row[lv]["sd"]} for lv in ("noise1", "noise2")]
-                for m, row in doc["table"].items()}
-    panels: list[dict[str, Any]] = [{"x": "c", "y": "acc", "band": "sd", "series": by_noise,
-                                     "xlabel": "noise level c (sigma = c mean|theta0|)",
-                                     "ylabel": "mean client test accuracy", "title": f"{doc['task']}, no missing entries"}]
+        sections += ["## JGESR collapse diagnostics (ALGORITHMS.md §0.1 C4)", "",
+                     "Per round of each test run: `graph_cv` = coefficient of variation of the learned graph's "
+                     "off-diagonal weights (0 = uniform graph), `shrink_ratio` = ‖ψ − ȳ‖/‖y − ȳ‖ (0 = every client "
+                     "gets the mean, i.e. FedAvg). Last round (mean over seeds) and minimum over rounds and seeds; "
+                     "every round is in the JSON (`diagnostics`).", "",
+                     markdown_table(diag_rows, list(diag_rows[0])), ""]
+    sections += ["## Settings not given by the paper", ""] + [f"- {s}" for s in doc["unspecified"]]
+    panels = metric_panels(doc, "acc", "noise", where={"missing": 0.0}, xlabel="noise level c (sigma = c mean|theta0|)",
+                           ylabel="mean client test accuracy", title=f"{doc['task']}, no missing entries")
     if len(form.missing_rates) > 1:
-        series = {m: [{"missing": p["missing"], "acc": p["mean"], "sd": p["sd"]} for p in pts]
-                  for m, pts in doc["missing_sweep"].items()}
-        panels.append({"x": "missing", "y": "acc", "band": "sd", "series": series, "xlabel": "missing rate r",
-                       "ylabel": "mean client test accuracy", "title": f"{doc['task']}, noise c = {c1}"})
+        panels += metric_panels(doc, "acc", "missing", where={"noise": c1}, xlabel="missing rate r",
+                                ylabel="mean client test accuracy", title=f"{doc['task']}, noise c = {c1}")
     for key in DIAGNOSTICS:
-        curves = {f"{m} c={doc['table'][m][lv]['c']}": [{"round": i + 1, key: v}
-                                                        for i, v in enumerate(d[key]["mean_per_round"])]
+        curves = {f"{m} c={form.noise_levels[int(lv.removeprefix('noise')) - 1]}":
+                  [{"round": i + 1, key: v} for i, v in enumerate(d[key]["mean_per_round"])]
                   for m, levels in doc["diagnostics"].items() for lv, d in levels.items()}
         if any(curves.values()):
             panels.append({"x": "round", "y": key, "series": curves, "xlabel": "round",
                            "ylabel": f"{key} (mean over seeds)", "title": f"JGESR {key} per round"})
-    plot_panels(out / f"{NAME}.png", panels, "JGESR vs baselines under a noisy, lossy uplink")
+    write_report(out, doc, intro=intro, sections=sections, panels=panels,
+                 plot_title="JGESR vs baselines under a noisy, lossy uplink")

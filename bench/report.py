@@ -39,8 +39,8 @@ def build_doc(bench: Bench, outcome: Outcome, quick: bool, config: Mapping[str, 
     tn = bench.tuning
     cfg: dict[str, Any] = {**config, "grid": grid, "points": [dict(p) for p in bench.points],
                            "methods": list(bench.methods), "seeds": list(bench.seeds),
-                           "metrics": [{"name": m.name, "label": m.title, "lower_is_better": m.lower_is_better}
-                                       for m in bench.metrics],
+                           "metrics": [{"name": m.name, "label": m.title, "lower_is_better": m.lower_is_better,
+                                        "format": m.fmt, "scale": m.scale} for m in bench.metrics],
                            "reference": bench.reference, "pairs": [list(p) for p in bench.pair_list()]}
     if tn is not None:
         cfg["tuning"] = {"param": tn.param, "metric": tn.metric, "lower_is_better": tn.lower_is_better,
@@ -91,6 +91,11 @@ def _stat(stat: Mapping[str, Any] | None, fmt: str, scale: float = 1.0, signed: 
     return fmt_pm(dict(stat), fmt, signed=signed, scale=scale)
 
 
+def _axis(value: Any) -> Any:
+    """A grid coordinate as written in a table (floats with ``:g``)."""
+    return f"{value:g}" if isinstance(value, float) else value
+
+
 def _params(r: Mapping[str, Any]) -> str:
     if not r["params"]:
         return ""
@@ -115,10 +120,11 @@ def render_markdown(doc: Mapping[str, Any], intro: Sequence[str] = (), sections:
     tuned = any(r["params"] for r in doc["results"])
     rows = []
     for r in doc["results"]:
-        row = [r["point"].get(a, "") for a in axes] + [r["method"]]
+        row = [_axis(r["point"].get(a, "")) for a in axes] + [r["method"]]
         if tuned:
             row.append(_params(r))
-        row += [_stat(r["metrics"].get(m["name"]), formats.get(m["name"], "auto")) for m in metrics]
+        row += [_stat(r["metrics"].get(m["name"]), formats.get(m["name"], m.get("format", "auto")),
+                      m.get("scale", 1.0)) for m in metrics]
         row.append(r["failed"])
         rows.append(row)
     cols = axes + ["method"] + (["tuned"] if tuned else []) + [m["label"] for m in metrics] + ["failed seeds"]
@@ -130,9 +136,9 @@ def render_markdown(doc: Mapping[str, Any], intro: Sequence[str] = (), sections:
             for m in metrics:
                 d = p["metrics"].get(m["name"]) or {}
                 cells.append("–" if d.get("mean") is None else
-                             f"{_stat(d, formats.get(m['name'], 'auto'), signed=True)} "
+                             f"{_stat(d, formats.get(m['name'], m.get('format', 'auto')), m.get('scale', 1.0), True)} "
                              f"({d['first_better']}/{d['seeds']})")
-            prow.append([p["point"].get(a, "") for a in axes] + [f"{p['a']} − {p['b']}"] + cells)
+            prow.append([_axis(p["point"].get(a, "")) for a in axes] + [f"{p['a']} − {p['b']}"] + cells)
         lines += ["## Paired per seed (a − b; (k/n) = seeds on which a is better)", "",
                   markdown_table(prow, axes + ["pair"] + [m["label"] for m in metrics]), ""]
     if doc["tuning"]:
@@ -141,10 +147,10 @@ def render_markdown(doc: Mapping[str, Any], intro: Sequence[str] = (), sections:
         t_axes = list(dict.fromkeys(k for t in doc["tuning"] for k in t["point"]))
         trow = []
         for t in doc["tuning"]:
-            trow.append([t["point"].get(a, "") for a in t_axes] + [", ".join(t["methods"])]
+            trow.append([_axis(t["point"].get(a, "")) for a in t_axes] + [", ".join(t["methods"])]
                         + [format_value(t["scores"].get(f"{v:g}")) if f"{v:g}" in t["scores"] else ""
                            for v in values]
-                        + [t["chosen"], "yes" if t.get("at_edge") else "",
+                        + [_axis(t["chosen"]), "yes" if t.get("at_edge") else "",
                            ", ".join(f"{x:g}" for x in t.get("extended", []))])
         lines += [f"## Tuning on validation ({tn.get('metric')} per {tn.get('param')}, seed {tn.get('seed')}; "
                   "– = failed)", "",
@@ -188,14 +194,20 @@ def curve_panels(doc: Mapping[str, Any], y: str, *, x: str = "round", panel_axis
 
 def metric_panels(doc: Mapping[str, Any], metric: str, x_axis: str, *, panel_axis: str | None = None,
                   ylabel: str | None = None, xlabel: str | None = None, scale: float = 1.0,
-                  logx: bool = False, title: str = "") -> list[dict[str, Any]]:
-    """``metric`` (mean ± sd band) against grid axis ``x_axis``, a series per method."""
+                  logx: bool = False, title: str = "", where: Mapping[str, Any] | None = None
+                  ) -> list[dict[str, Any]]:
+    """``metric`` (mean ± sd band) against grid axis ``x_axis``, a series per method.
+
+    ``where`` keeps only the points with these axis values.
+    """
     values = doc["config"]["grid"].get(panel_axis, [None]) if panel_axis else [None]
     panels = []
     for v in values:
         series: dict[str, list[dict[str, Any]]] = {}
         for r in doc["results"]:
             if panel_axis and r["point"].get(panel_axis) != v or x_axis not in r["point"]:
+                continue
+            if where and any(r["point"].get(k) != w for k, w in where.items()):
                 continue
             st = r["metrics"].get(metric) or {}
             if st.get("mean") is None:

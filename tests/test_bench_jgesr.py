@@ -8,6 +8,7 @@ import pytest
 
 from graphfl.bench import jgesr as bj
 from graphfl.bench import jgesr_cost as bc
+from graphfl.bench.report import pair, result
 
 TINY = bj.Form(nodes=3, rounds=1, local_steps=1, batch_size=8, seeds=3, noise_levels=(0.2, 0.4),
                missing_rates=(0.0, 0.3), lr_grid=(0.01, 0.1), max_samples=0, lam_grid=(0.1, 1.0, 10.0),
@@ -45,25 +46,30 @@ def test_step_and_graph_are_tuned_on_validation_and_reused_on_test(tmp_path, mon
     tuning = [c for c in calls if c[1].endswith("+val")]
     assert {c[1] for c in tuning} == {"digits+val"} and {c[2] for c in tuning} == {0}
     assert all(c[5] == 0.0 and c[4] == TINY.noise_levels[0] for c in tuning)   # tuned at noise 1, no loss
+    assert not [c for c in calls if c[1] == "digits" and c[2] == 0 and c[6] is None and c[0].startswith("JGESR")]
     for method in bj.METHODS:
-        lr = doc["tuned"][method]["lr"]
+        params = result(doc, method, noise=0.2, missing=0.0)["params"]
+        lr = params["lr"]
         assert lr == (0.1 if method.startswith("JGESR") else 0.01)
         test_calls = [c for c in calls if c[0] == method and c[1] == "digits"]
         assert {c[3] for c in test_calls} == {lr}                                 # the tuned step on test
         assert {c[2] for c in test_calls} == {0, 1, 2}                            # >= 3 seeds
-        stat = doc["table"][method]["noise1"]
+        stat = result(doc, method, noise=0.2, missing=0.0)["metrics"]["acc"]
         assert stat["mean"] == pytest.approx(0.61) and stat["sd"] == pytest.approx(0.01) and stat["n"] == 3
-        assert [p["missing"] for p in doc["missing_sweep"][method]] == [0.0, 0.3]
+        assert result(doc, method, noise=0.2, missing=0.3)["metrics"]["acc"]["mean"] == pytest.approx(0.58)
+        assert result(doc, method, noise=0.4, missing=0.0)["params"] == params  # one tuning for all points
         if method in bj.GRAPH_METHODS:
-            g = doc["tuned"][method]["graph"]
-            assert (g["lam"], g["alpha"], g["beta"]) == BEST_GRAPH and g["search"] == search
+            g = next(t for t in doc["tuning"] if t["methods"] == [method])["refined"]
+            assert tuple(params["graph"]) == BEST_GRAPH and g["search"] == search
             assert {c[6] for c in test_calls} == {BEST_GRAPH}                     # the tuned graph on test
             graph_points = {c[6] or bj.GRAPH_DEFAULT for c in tuning if c[0] == method and c[3] == lr}
             grid = {(a, b, c) for a in TINY.lam_grid for b in TINY.alpha_grid for c in TINY.beta_grid}
             assert graph_points <= grid | {bj.GRAPH_DEFAULT}
             # the grid tries every point, the coordinate search 3 + 2 + 2 (one shared per axis)
             assert len(g["validation_acc"]) == (len(grid) if search == "grid" else 7 - 2)
-    assert len(doc["table"]) == 8
+    assert len({r["method"] for r in doc["results"]}) == 8
+    assert {tuple(sorted(r["point"].items())) for r in doc["results"]} == {
+        (("missing", 0.0), ("noise", 0.2)), (("missing", 0.0), ("noise", 0.4)), (("missing", 0.3), ("noise", 0.2))}
     for ext in ("json", "md", "png"):
         assert (tmp_path / f"jgesr.{ext}").is_file()
     md = (tmp_path / "jgesr.md").read_text()
@@ -76,6 +82,9 @@ def test_step_and_graph_are_tuned_on_validation_and_reused_on_test(tmp_path, mon
     assert d["graph_cv"]["mean_per_round"] == pytest.approx([0.3, 1.4]) and d["graph_cv"]["min"] == 0.3
     assert d["shrink_ratio"]["last"] == pytest.approx(0.7)
     assert set(saved["diagnostics"]) == set(bj.GRAPH_METHODS)
+    # paired against FedAvg: the fake gives every method the same test accuracy
+    p = pair(saved, "Local", "FedAvg", noise=0.2, missing=0.0)["metrics"]["acc"]
+    assert p["mean"] == pytest.approx(0.0) and p["seeds"] == 3
 
 
 def test_quick_form_is_the_strongly_non_iid_setting_with_trivial_baselines():
@@ -115,7 +124,6 @@ def test_a_diverging_step_is_a_failed_setting_not_a_crash(monkeypatch):
 
 def test_a_jgesr_run_logs_its_diagnostics_per_round(tmp_path, monkeypatch):
     """A real in-process JGESR run: (λ, α, β) reach the strategy; shrink ratio and graph CV per round."""
-    monkeypatch.setattr(bj, "_cache", bj.RunCache(tmp_path / "cache"))
     form = bj.Form(**{**TINY.__dict__, "nodes": 4, "rounds": 2})
     out = bj.run_one("JGESR-PDCA", "digits", form, 0, 0.1, 0.5, 0.0, graph=(0.3, 0.1, 0.01))
     assert out["final"] is not None and len(out["graph_cv"]) == 2 and len(out["shrink_ratio"]) == 2
