@@ -81,13 +81,14 @@ class Cell:
 class Metric:
     """A metric a cell reports in its ``final`` dict.
 
-    ``scale`` multiplies values in the Markdown table only (e.g. 100 for percent).
+    ``fmt`` formats its values in the Markdown tables (``auto``: ``.3e`` below 1e-3, else ``.4f``);
+    ``scale`` multiplies them there only (e.g. 100 for percent).
     """
 
     name: str
     label: str = ""
     lower_is_better: bool = True
-    fmt: str = ".4f"
+    fmt: str = "auto"
     scale: float = 1.0
 
     @property
@@ -422,7 +423,7 @@ def _walk(bench: Bench, run: _Runner) -> Iterator[tuple[Point, str, int, dict[st
                         result, used = res, p
                         break
                     failures.append(why)
-                    if k + 1 < len(tries):
+                    if k + 1 < len(tries) and not run.dry:
                         logger.warning("%s %s seed %d: %s; backing off to the next smaller %s", bench.name, method,
                                        seed, why, tn.param if tn else "value")
                 yield point, method, seed, result, used, failures, rec
