@@ -5,8 +5,9 @@ topology, mixing rule, ``[run]`` settings, the algorithm's ``prepare`` hook), th
 local problem is built from it (:func:`graphfl.p2p.peer.problem_spec`, the peers' own rule) and the
 algorithm runs in lock-step:
 
-* gossip / DFL-SGD / DFL-GT on linear problems with equal data shapes: the vectorised engine
-  (:mod:`graphfl.p2p.vectorised`, all nodes as ``(n, d)`` arrays);
+* an algorithm that runs on stacked nodes (gossip, DFL-SGD, DFL-GT, without a robust ``combine``)
+  on least-squares or ``vector`` problems with equal data shapes: the vectorised engine
+  (:mod:`graphfl.p2p.vectorised`: the algorithm's own steps on all nodes as ``(n, d)`` arrays);
 * anything else: the per-node driver :func:`graphfl.p2p.driver.run_network_inprocess`.
 
 No sockets, no TLS, no failures: every neighbour is always heard. ``<out>/p2p.{json,md,png}`` have

@@ -91,12 +91,13 @@ def test_vectorised_engine_matches_the_per_node_driver(name, params, problem):
 
 
 def test_unsupported_algorithms_fall_back_to_the_per_node_driver(tmp_path):
-    algo = registry.create("dfl-gt", same_batch_difference=True)
+    algo = registry.create("admm")  # per-neighbour messages and a combine of its own: not stackable
     spec = ProblemSpec(problem="linreg", num_nodes=3)
     assert not supports(algo, [make_oracle(i, spec) for i in range(3)])
-    doc = launch_inprocess("ring", 3, {"algorithm": "dfl-gt", "rounds": 3, "problem": "linreg",
-                                       "same-batch-difference": True}, out=tmp_path / "o")
+    doc = launch_inprocess("ring", 3, {"algorithm": "admm", "rounds": 3, "problem": "linreg"}, out=tmp_path / "o")
     assert doc["ok"] and doc["config"]["engine_path"] == "per-node"
+    torch_spec = ProblemSpec(problem="synthetic-dfl", num_nodes=3)  # a torch task does not stack
+    assert not supports(registry.create("dfl-gt"), [make_oracle(i, torch_spec) for i in range(3)])
 
 
 def test_launch_inprocess_equals_per_node_path_and_writes_the_result_files(tmp_path):

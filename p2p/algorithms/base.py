@@ -149,6 +149,13 @@ class NodeContext:
         return cls(node, nbrs, row, ew, int(wm.shape[0]), int(np.count_nonzero(np.triu(pattern | pattern.T, 1))))
 
     @classmethod
+    def stacked(cls, num_nodes: int, num_edges: int = -1) -> NodeContext:
+        """The context of a state that holds all ``num_nodes`` nodes at once (the vectorised engine):
+        ``node = -1``, no neighbours, no weights.
+        """
+        return cls(-1, (), {}, {}, num_nodes, num_edges)
+
+    @classmethod
     def for_network(cls, w: npt.ArrayLike, adjacency: npt.ArrayLike | None = None) -> list[NodeContext]:
         """Every node's context, the same as :meth:`from_matrix` for each node but in ``O(n²)`` in all
         (``from_matrix`` counts the edges for each node: ``O(n³)`` for a whole network).
@@ -321,6 +328,17 @@ class P2PAlgorithm(ABC, Generic[P, O_contra]):
     theta_is_model: ClassVar[bool] = True
     """Whether ``θ_i`` are model parameters that can be averaged and evaluated by the local
     problem's ``test_loss`` (FedRelax: ``θ_i`` are predictions on ``D'``, so no)."""
+    stackable: ClassVar[bool] = False
+    """Whether :meth:`init`, :meth:`outgoing` and :meth:`step` run unchanged on all nodes at once.
+
+    They must then be elementwise arithmetic on the state's arrays and calls of the local problem's
+    ``initial_theta`` / ``sample`` / ``grad``, broadcast one message to every neighbour, keep no
+    per-edge state and no RNG of their own, and use the context only to name the node in an error.
+    The vectorised engine (:mod:`graphfl.p2p.vectorised`) then runs these same methods on a state
+    whose arrays carry the node axis first, with a stacked local problem as the oracle
+    (:class:`~graphfl.p2p.vectorised.LinearBatch`), mixing each broadcast tensor as the default
+    :meth:`combine` does; an algorithm or instance with a :meth:`combine` of its own runs on the
+    per-node driver."""
 
     def __init__(self, params: P) -> None:
         self.params = params

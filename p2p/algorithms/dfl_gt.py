@@ -85,6 +85,7 @@ class DFLGT(P2PAlgorithm[DFLGTParams, GradientOracle]):
 
     name = "dfl-gt"
     phases = (GOSSIP_PHASE,)
+    stackable = True  # init / outgoing / step are elementwise: the vectorised engine runs them on all nodes
 
     def __init__(self, params: DFLGTParams) -> None:
         super().__init__(params)

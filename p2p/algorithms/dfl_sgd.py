@@ -69,6 +69,7 @@ class DFLSGD(P2PAlgorithm[DFLSGDParams, GradientOracle]):
 
     name = "dfl-sgd"
     phases = (GOSSIP_PHASE,)
+    stackable = True  # init / outgoing / step are elementwise: the vectorised engine runs them on all nodes
 
     def __init__(self, params: DFLSGDParams) -> None:
         super().__init__(params)

@@ -47,6 +47,7 @@ class Gossip(P2PAlgorithm[GossipParams, LocalProblem]):
 
     name = "gossip"
     phases = (Phase("gossip", (PARAMS,)),)
+    stackable = True  # init / outgoing / step are elementwise: the vectorised engine runs them on all nodes
 
     @property
     def period(self) -> int:
