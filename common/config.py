@@ -13,6 +13,7 @@ registered strategy declares them as a frozen dataclass (see :mod:`graphfl.commo
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import tomllib
@@ -21,11 +22,12 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, get_type_hints
 
+import tomli_w
+
+from graphfl.common import registry
+from graphfl.common.errors import ConfigError as ConfigError  # re-exported: graphfl.common.config.ConfigError
+
 Scalar = bool | int | float | str
-
-
-class ConfigError(ValueError):
-    """A configuration value or key is invalid; the message names it and the valid choices."""
 
 
 def normalize_key(key: str) -> str:
@@ -307,8 +309,6 @@ def parse_run_config(flat: Mapping[str, Any], *, ignore_other_strategies: bool =
         strategies other than the selected one are ignored (but must still name a
         registered strategy). From a user's file, keys of another strategy are errors.
     """
-    from graphfl.common import registry
-
     values = flatten(flat)
     top_fields = {
         _field_key(f.name) for f in fields(RunConfig) if f.name not in ("train", "data", "compress", "channel", "params")
@@ -409,8 +409,6 @@ def all_defaults_flat() -> dict[str, Scalar]:
     This is what ``[tool.flwr.app.config]`` must contain (Flower only accepts overrides of
     keys that exist there).
     """
-    from graphfl.common import registry
-
     out = dataclass_to_flat(RunConfig())
     out.pop("params", None)
     for name in registry.names():
@@ -424,8 +422,6 @@ def stable_hash(obj: Any) -> str:
     Used for run configs (:func:`config_hash`), p2p run settings (compared in handshakes) and
     topology fingerprints.
     """
-    import hashlib
-
     blob = json.dumps(obj, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:12]
 
@@ -437,8 +433,6 @@ def config_hash(cfg: RunConfig) -> str:
 
 def dump_toml(doc: Mapping[str, Any]) -> str:
     """TOML text of a nested mapping (``tomli-w``, the one TOML writer of graphfl)."""
-    import tomli_w
-
     return tomli_w.dumps(doc)
 
 

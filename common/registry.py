@@ -19,11 +19,14 @@ import importlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Generic
+from typing import TYPE_CHECKING, Any, Generic
 
-from graphfl.common.config import ConfigError, RunConfig
 from graphfl.common.core import ClientContext, ClientTrainer, P, ServerContext, ServerCore
+from graphfl.common.errors import ConfigError
 from graphfl.common.types import Arrays
+
+if TYPE_CHECKING:  # a type only: graphfl.common.config imports this module (the registry's names)
+    from graphfl.common.config import RunConfig
 
 
 @dataclass(frozen=True)

@@ -135,3 +135,49 @@ def test_the_inprocess_engine_keeps_a_robust_combine(tmp_path) -> None:
         with np.load(tmp_path / "fast" / f"peer-{i}.npz") as a, np.load(tmp_path / "slow" / f"peer-{i}.npz") as b:
             np.testing.assert_allclose(a["theta"], b["theta"], rtol=1e-9, atol=1e-12)
     assert fast["config"]["engine_path"] == "per-node"
+
+
+# -- no module cycle inside a package --------------------------------------------------------------
+
+def _runtime_imports(path: Path) -> set[str]:
+    """Modules ``path`` imports when it runs: every import statement, inside functions included,
+    except those under ``if TYPE_CHECKING:`` (never executed).
+    """
+    import ast
+
+    tree = ast.parse(path.read_text(), str(path))
+    skipped: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            skipped |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.add(node.module)
+            out |= {f"{node.module}.{a.name}" for a in node.names}
+        elif isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+    return out
+
+
+def test_common_modules_have_no_import_cycle() -> None:
+    """``common/`` is the kernel: its modules import each other without a cycle (config and the
+    registry held apart by an import inside a function was one).
+    """
+    mods = {f"graphfl.common.{p.stem}": p for p in (REPO / "common").glob("*.py") if p.stem != "__init__"}
+    edges = {m: sorted(t for t in _runtime_imports(p) if t in mods and t != m) for m, p in mods.items()}
+    state: dict[str, int] = {}
+
+    def visit(m: str, trail: list[str]) -> None:
+        state[m] = 1
+        for nxt in edges[m]:
+            assert state.get(nxt) != 1, f"import cycle: {' -> '.join([*trail, m, nxt])}"
+            if nxt not in state:
+                visit(nxt, [*trail, m])
+        state[m] = 2
+
+    for m in sorted(mods):
+        if m not in state:
+            visit(m, [])
