@@ -31,24 +31,32 @@ Protocol (fair comparison):
   (``compress.kind = quant`` 8 and 4 bits, ``topk`` 10 % with error memory), same step and
   seeds; reported: upload bytes over the run and the metric's change against uncompressed.
 
-``run(quick, seed, out, task=..., data_dir=...)`` writes ``<out>/apflgate.{json,md,png}``.
+The benchmark is declared for the harness (:func:`declare`, :mod:`graphfl.bench.harness`): one
+grid point per method setting (none for FedAvg / local-only, α for APFL, τ for FedGATE, (α, τ)
+for APFLGate, (α, τ, codec) for the compression row), cells through the run cache in
+``<out>/cache`` (an interrupted run continues), the estimate logged.
+``run(quick, seed, out, task=..., data_dir=...)`` writes ``<out>/apflgate.{json,md,png}`` in the
+harness's layout plus the α × τ table, the constant predictors and the compression row.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-import warnings
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from graphfl.common.results import atomic_write_bytes
 from graphfl.tasks.holdout import VALIDATION_FRACTION, validation_task
 
+from .harness import Bench, Cell, Metric, Tuning, run_bench
+from .report import build_doc, write_report
 from .runcache import RunCache
-from .tuning import search_grid
+from .stats import paired_difference
 
 logger = logging.getLogger(__name__)
 
@@ -169,9 +177,10 @@ def unspecified(form: Form, task: str, nodes: int) -> list[str]:
     ]
 
 
-_cache = RunCache(None)  # run() points it at <out>/cache
 RESUMABLE = True
-"""An interrupted run continues in the same ``--out`` (finished runs come from ``<out>/cache``)."""
+"""An interrupted run continues in the same ``--out`` (finished cells come from ``<out>/cache``)."""
+RUN_ERRORS = (RuntimeError, ValueError, ArithmeticError)
+"""A run raising one of these is a failed cell (not stored: the next run tries it again), not a crash."""
 
 
 def pick_metric(row: dict[str, Any]) -> tuple[str, bool]:
@@ -197,31 +206,33 @@ def refusal(strategy: str, form: Form, extra: dict[str, Any]) -> str | None:
     return tau_problem(key, float(extra[key]), form.tau_mode, form.local_steps)
 
 
-def run_one(strategy: str, task: str, nodes: int, form: Form, seed: int, lr: float, extra: dict[str, Any],
+def run_key(strategy: str, task: str, nodes: int, form: Form, seed: int, lr: float, extra: dict[str, Any],
             data_dir: str) -> dict[str, Any]:
-    """One in-process run (through the run cache): final metric row, total upload bytes, curve."""
+    """The run-cache key of one run (its run configuration)."""
     overrides = {"train.local-steps": form.local_steps, "train.batch-size": form.batch_size, "train.momentum": 0.0,
                  "train.lr": lr, **dict(form.settings), **tau_mode_setting(strategy, form), **extra}
-    key = {"bench": NAME, "strategy": strategy, "task": task, "nodes": nodes, "rounds": form.rounds, "seed": seed,
-           "overrides": overrides, "data_dir": data_dir}
+    return {"bench": NAME, "strategy": strategy, "task": task, "nodes": nodes, "rounds": form.rounds, "seed": seed,
+            "overrides": overrides, "data_dir": data_dir}
 
-    def compute() -> dict[str, Any]:
-        from graphfl.common.config import parse_run_config
-        from graphfl.server.inprocess import run_federated_inprocess
 
-        cfg = parse_run_config({"strategy": strategy, "task": task, "nodes": nodes, "rounds": form.rounds,
-                                "seed": seed, "engine": "inprocess", "data-dir": data_dir, "min-replies": 0,
-                                **overrides})
-        t0 = time.perf_counter()
-        doc, _ = run_federated_inprocess(cfg)
-        curve = doc["methods"][strategy]["curve"]
-        tests = ("test_loss", "test_acc", "test_auc", "test_mae")
-        keep = ("round", *tests, *(f"{v}_{k}" for v in VIEWS for k in tests), "bytes_up", "bytes_up_decoded")
-        return {"curve": [{k: row[k] for k in keep if k in row} for row in curve],
-                "bytes_up": int(sum(row.get("bytes_up", 0) or 0 for row in curve)),
-                "wall_seconds": time.perf_counter() - t0}
+def run_one(strategy: str, task: str, nodes: int, form: Form, seed: int, lr: float, extra: dict[str, Any],
+            data_dir: str) -> dict[str, Any]:
+    """One in-process run: the curve of test metrics and upload bytes, total upload bytes."""
+    from graphfl.common.config import parse_run_config
+    from graphfl.server.inprocess import run_federated_inprocess
 
-    return _cache(key, compute)
+    key = run_key(strategy, task, nodes, form, seed, lr, extra, data_dir)
+    cfg = parse_run_config({"strategy": strategy, "task": task, "nodes": nodes, "rounds": form.rounds,
+                            "seed": seed, "engine": "inprocess", "data-dir": data_dir, "min-replies": 0,
+                            **key["overrides"]})
+    t0 = time.perf_counter()
+    doc, _ = run_federated_inprocess(cfg)
+    curve = doc["methods"][strategy]["curve"]
+    tests = ("test_loss", "test_acc", "test_auc", "test_mae")
+    keep = ("round", *tests, *(f"{v}_{k}" for v in VIEWS for k in tests), "bytes_up", "bytes_up_decoded")
+    return {"curve": [{k: row[k] for k in keep if k in row} for row in curve],
+            "bytes_up": int(sum(row.get("bytes_up", 0) or 0 for row in curve)),
+            "wall_seconds": time.perf_counter() - t0}
 
 
 def final_value(run: dict[str, Any], metric: str) -> float | None:
@@ -242,76 +253,87 @@ GRID_EXTENSIONS = 2
 """Most steps tried beyond a method's grid (:func:`graphfl.bench.tuning.search_grid`)."""
 
 
-def tune(strategy: str, task: str, nodes: int, form: Form, seed: int, data_dir: str) -> dict[str, Any]:
-    """The step of ``strategy`` at its reference setting, by the validation metric.
-
-    The grid is ``form.lr_grid``, extended past an unbracketed winner by :data:`GRID_FACTOR` (at
-    most :data:`GRID_EXTENSIONS` steps, :func:`graphfl.bench.tuning.search_grid`); every step
-    tried is in the result's ``grid``, the extra ones also in ``extended``.
-    """
-    val = validation_task(task)
-    found: dict[str, Any] = {"metric": "", "higher": True}
-
-    def score(lr: float) -> float | None:
-        try:
-            r = run_one(strategy, val, nodes, form, seed, lr, REFERENCE[strategy], data_dir)
-        except (RuntimeError, ValueError, ArithmeticError) as exc:  # a diverging step must not stop the bench
-            logger.warning("tuning %s lr=%g failed: %s", strategy, lr, exc)
-            return None
-        metric, higher = pick_metric(r["curve"][-1])
-        found.update(metric=metric, higher=higher)
-        value = final_value(r, metric)
-        return None if value is None else (-value if higher else value)
-
-    try:
-        search = search_grid(score, form.lr_grid, factor=GRID_FACTOR, max_extensions=GRID_EXTENSIONS)
-    except RuntimeError:
-        raise RuntimeError(f"{strategy}: every step in {form.lr_grid} failed on {val}") from None
-    sign = -1.0 if found["higher"] else 1.0
-    scores = {k: (None if v is None else sign * v) for k, v in search.grid_scores().items()}
-    return {"grid": scores, "metric": found["metric"], "lr": search.chosen, "extended": search.extended,
-            "at_grid_edge": search.at_edge}
+def methods_at(point: Mapping[str, Any], form: Form) -> list[str]:
+    """The method a grid point belongs to: no α/τ = the references, α = APFL, τ = FedGATE, both = APFLGate."""
+    keys = set(point) - {"codec"}
+    if not keys:
+        return (["fedavg"] if form.fedavg else []) + (["local"] if form.local else [])
+    return ["apfl"] if keys == {"alpha"} else ["fedgate"] if keys == {"tau"} else ["apflgate"]
 
 
-def cell(strategy: str, task: str, nodes: int, form: Form, seeds: list[int], lr: float, extra: dict[str, Any],
-         metric: str, data_dir: str) -> dict[str, Any]:
-    """Mean ± sd over ``seeds`` of the final test metric (and upload bytes) of one setting.
-
-    A setting :func:`refusal` refuses is not run: its entry has ``refused`` (the reason) and no
-    values. Personalised runs also give the final metric of each of :data:`VIEWS` (``views``).
-    """
-    why = refusal(strategy, form, extra)
-    if why is not None:
-        logger.info("%s %s refused: %s", strategy, extra, why)
-        return {"mean": None, "sd": None, "values": [], "failed": 0, "refused": why,
-                "settings": {**extra, "train.lr": lr}, "bytes_up": None}
-    values: list[float | None] = []
-    views: dict[str, list[float | None]] = {v: [] for v in VIEWS}
-    bytes_up: list[int] = []
-    curves: list[list[float | None]] = []
-    for s in seeds:
-        try:
-            r = run_one(strategy, task, nodes, form, s, lr, extra, data_dir)
-        except (RuntimeError, ValueError, ArithmeticError) as exc:
-            logger.warning("%s %s seed %d failed: %s", strategy, extra, s, exc)
-            values.append(None)
-            continue
-        values.append(final_value(r, metric))
-        for v in VIEWS:
-            views[v].append(final_value(r, f"{v}_{metric}"))
-        bytes_up.append(r["bytes_up"])
-        curves.append([row.get(metric) for row in r["curve"]])
-    out = _stats(values)
-    out["settings"] = {**extra, "train.lr": lr}
-    out["views"] = {v: _stats(vals) for v, vals in views.items() if any(x is not None for x in vals)}
-    out["bytes_up"] = float(np.mean(bytes_up)) if bytes_up else None
-    if curves:
-        arr = np.array([[np.nan if v is None else v for v in c] for c in curves], dtype=float)
-        with warnings.catch_warnings():   # a round no seed has a value for (e.g. all failed) is None, not a warning
-            warnings.simplefilter("ignore", RuntimeWarning)
-            mean = np.nanmean(arr, axis=0)
-        out["curve_mean"] = [None if np.isnan(v) else float(v) for v in mean]
+def extra_settings(method: str, point: Mapping[str, Any]) -> dict[str, Any]:
+    """A point's run-config keys for ``method`` (α, τ, the codec's keys)."""
+    out: dict[str, Any] = {}
+    if "alpha" in point:
+        out[f"{method}.alpha"] = point["alpha"]
+    if "tau" in point:
+        out[f"{method}.tau"] = point["tau"]
+    if point.get("codec"):
+        out.update(COMPRESSIONS[point["codec"]])
     return out
+
+
+def reference_point(point: Mapping[str, Any]) -> dict[str, Any]:
+    """Where a point's method is tuned: its reference setting (:data:`REFERENCE`)."""
+    out: dict[str, Any] = {}
+    if "alpha" in point:
+        out["alpha"] = 0.5
+    if "tau" in point:
+        out["tau"] = REFERENCE_TAU
+    return out
+
+
+def points_of(form: Form) -> list[dict[str, Any]]:
+    """FedAvg/local, APFL per α, FedGATE per τ, APFLGate per (α, τ), then the compression row."""
+    points: list[dict[str, Any]] = [{}] if form.fedavg or form.local else []
+    points += [{"alpha": a} for a in form.alphas] + [{"tau": t} for t in form.taus]
+    points += [{"alpha": a, "tau": t} for a, t in form.apflgate_cells()]
+    if form.codecs:
+        ref = {"alpha": 0.5, "tau": REFERENCE_TAU}
+        if ref not in points:
+            points.append(ref)
+        points += [{**ref, "codec": name} for name in form.codecs]
+    return points
+
+
+def find_metric(task: str, nodes: int, form: Form, seed: int, data_dir: str, cache: RunCache) -> tuple[str, bool]:
+    """The task's metric, from APFLGate's first validation run at its reference (a cell the tuning reuses)."""
+    for lr in form.lr_grid:
+        key = run_key("apflgate", validation_task(task), nodes, form, seed, lr, REFERENCE["apflgate"], data_dir)
+        try:
+            r = cache(key, lambda lr=lr: run_one("apflgate", validation_task(task), nodes, form, seed, lr,
+                                                  REFERENCE["apflgate"], data_dir))
+        except RUN_ERRORS as exc:
+            logger.warning("apflgate lr=%g failed while finding the metric: %s", lr, exc)
+            continue
+        return pick_metric(r["curve"][-1])
+    raise RuntimeError(f"apflgate: every step in {form.lr_grid} failed on {validation_task(task)}")
+
+
+def declare(form: Form, seed: int, task: str, nodes: int, data_dir: str, metric: str, higher: bool) -> Bench:
+    """B8 on the harness: one point per (method, setting); the step tuned per method at its reference."""
+    def args(cell: Cell) -> tuple[Any, ...]:
+        return (cell.method, validation_task(task) if cell.split == "val" else task, nodes, form, cell.seed,
+                cell.settings["lr"], extra_settings(cell.method, cell.at), data_dir)
+
+    def final(r: dict[str, Any]) -> dict[str, Any]:
+        return {metric: final_value(r, metric), **{f"{v}_{metric}": final_value(r, f"{v}_{metric}") for v in VIEWS},
+                "bytes_up": r.get("bytes_up")}
+
+    return Bench(
+        name=NAME, title=f"B8: APFLGate vs APFL and FedGATE on `{task}` ({nodes} clients)",
+        methods=(["fedavg"] if form.fedavg else []) + (["local"] if form.local else []) + ["apfl", "fedgate", "apflgate"],
+        points=points_of(form), seeds=[seed + i for i in range(form.seeds)],
+        metrics=(Metric(metric, lower_is_better=not higher, fmt=".4f"),
+                 *(Metric(f"{v}_{metric}", f"{v} {metric}", lower_is_better=not higher, fmt=".4f") for v in VIEWS),
+                 Metric("bytes_up", "upload bytes", fmt=".0f")),
+        run_cell=lambda cell: run_one(*args(cell)), key=lambda cell: run_key(*args(cell)), final=final,
+        failed=lambda r: r.get("error") or (None if final_value(r, metric) is not None else f"{metric} not finite"),
+        tuning=Tuning(param="lr", grid=form.lr_grid, metric=metric, lower_is_better=not higher, factor=GRID_FACTOR,
+                      max_extensions=GRID_EXTENSIONS, at=reference_point),
+        methods_at=lambda p: methods_at(p, form),
+        skip=lambda cell: refusal(cell.method, form, extra_settings(cell.method, cell.at)),
+        errors=RUN_ERRORS, curve_keys=(metric,))
 
 
 def run(quick: bool = False, seed: int = 0, out: Path | str = Path("runs/bench"), task: str = "digits",
@@ -336,62 +358,26 @@ def run(quick: bool = False, seed: int = 0, out: Path | str = Path("runs/bench")
     import graphfl.strategies.apfl
     import graphfl.strategies.apflgate
     import graphfl.strategies.fedgate  # noqa: F401
-    from graphfl.common.envinfo import env_info
-    from graphfl.common.results import atomic_write_text, write_json
     from graphfl.tasks import registry as task_registry
 
-    global _cache
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    _cache = RunCache(out / "cache")
-    t_start = time.perf_counter()
     form = form_for(task, quick)
     nodes = form.nodes or task_registry.get(task).spec.default_nodes
-    seeds = [seed + i for i in range(form.seeds)]
-
-    methods = (("fedavg",) if form.fedavg else ()) + (("local",) if form.local else ()) + ("apfl", "fedgate", "apflgate")
-    tuning = {m: tune(m, task, nodes, form, seed, data_dir) for m in methods}
-    metric = tuning["apflgate"]["metric"]
-    higher = dict(METRICS)[metric]
-    lr = {m: t["lr"] for m, t in tuning.items()}
-    logger.info("tuned steps: %s (validation %s)", lr, metric)
-
-    fedavg = cell("fedavg", task, nodes, form, seeds, lr["fedavg"], {}, metric, data_dir) if form.fedavg else None
-    local = cell("local", task, nodes, form, seeds, lr["local"], {}, metric, data_dir) if form.local else None
+    metric, higher = find_metric(task, nodes, form, seed, data_dir, RunCache(out / "cache"))
+    bench = declare(form, seed, task, nodes, data_dir, metric, higher)
+    outcome = run_bench(bench, out)
+    seeds = list(bench.seeds)
     trivial = trivial_baselines(task, nodes, form, seeds, data_dir, metric)
-    apfl = {f"{a:g}": cell("apfl", task, nodes, form, seeds, lr["apfl"], {"apfl.alpha": a}, metric, data_dir)
-            for a in form.alphas}
-    fedgate = {f"{t:g}": cell("fedgate", task, nodes, form, seeds, lr["fedgate"], {"fedgate.tau": t}, metric, data_dir)
-               for t in form.taus}
-    grid = {f"{a:g},{t:g}": cell("apflgate", task, nodes, form, seeds, lr["apflgate"],
-                                 {"apflgate.alpha": a, "apflgate.tau": t}, metric, data_dir)
-            for a, t in form.apflgate_cells()}
-    ref = REFERENCE["apflgate"]
-    compression: dict[str, Any] = {}
-    if form.codecs:   # the uncompressed reference cell is run only to compare codecs against it
-        compression["none"] = raw = cell("apflgate", task, nodes, form, seeds, lr["apflgate"], ref, metric, data_dir)
-    for name in form.codecs:
-        keys = COMPRESSIONS[name]
-        c = cell("apflgate", task, nodes, form, seeds, lr["apflgate"], {**ref, **keys}, metric, data_dir)
-        if c["bytes_up"] and raw["bytes_up"]:
-            c["bytes_saved_fraction"] = 1.0 - c["bytes_up"] / raw["bytes_up"]
-        pairs = [(x, y) for x, y in zip(c["values"], raw["values"]) if x is not None and y is not None]
-        if pairs:
-            d = [x - y for x, y in pairs]
-            c["metric_change"] = {"mean": float(np.mean(d)), "sd": float(np.std(d, ddof=1)) if len(d) > 1 else None}
-        compression[name] = c
-
-    doc: dict[str, Any] = {
-        "name": NAME, "task": task, "nodes": nodes, "metric": metric, "higher_is_better": higher,
-        "form": {"quick": quick, **asdict(form), "seeds_used": seeds}, "unspecified_settings": unspecified(form, task, nodes),
-        "paper": PAPER.get(task), "tuning": tuning,
-        "tau_mode": form.tau_mode, "reference_cell": REFERENCE_CELL, "trivial": trivial,
-        "methods": {"fedavg": fedavg, "local": local, "apfl": apfl, "fedgate": fedgate, "apflgate": grid},
-        "compression": compression, "env": env_info(), "wall_seconds": time.perf_counter() - t_start,
-    }
+    config = {"quick": quick, **asdict(form), "task": task, "nodes": nodes, "tuning_seed": seed,
+              "validation_fraction": VALIDATION_FRACTION, "reference_settings": REFERENCE}
+    doc = build_doc(bench, outcome, quick, config, extra={
+        "task": task, "nodes": nodes, "metric": metric, "higher_is_better": higher, "tau_mode": form.tau_mode,
+        "reference_cell": REFERENCE_CELL, "trivial": trivial, "paper": PAPER.get(task),
+        "unspecified_settings": unspecified(form, task, nodes)})
+    doc["compression"] = compression(doc, form)
     doc["best"] = best_cells(doc)
-    write_json(out / f"{NAME}.json", doc)
-    atomic_write_text(out / f"{NAME}.md", render_markdown(doc))
+    write_report(out, doc, intro=intro(doc, form), sections=sections(doc, form))
     try:
         plot(doc, out / f"{NAME}.png")
     except Exception:  # the JSON/MD are already written
@@ -452,80 +438,117 @@ def trivial_baselines(task: str, nodes: int, form: Form, seeds: list[int], data_
     return {name: {**_stats(v), "predicts": what[name]} for name, v in values.items()}
 
 
-def best_cells(doc: dict[str, Any]) -> dict[str, Any]:
-    """Each method's best cell by mean *test* metric (descriptive only; nothing is tuned on it)."""
-    sign = -1.0 if doc["higher_is_better"] else 1.0
-    out: dict[str, Any] = {}
-    for m in ("apfl", "fedgate", "apflgate"):
-        cells = {k: v for k, v in doc["methods"][m].items() if v["mean"] is not None}
-        if cells:
-            k = min(cells, key=lambda c: sign * cells[c]["mean"])
-            out[m] = {"cell": k, "mean": cells[k]["mean"], "sd": cells[k]["sd"]}
+def _exact(doc: dict[str, Any], method: str, point: dict[str, Any]) -> dict[str, Any] | None:
+    """The result of ``method`` at exactly ``point`` (no other axis set)."""
+    for r in doc["results"]:
+        if r["method"] == method and r["point"] == point:
+            found: dict[str, Any] = r
+            return found
+    return None
+
+
+def compression(doc: dict[str, Any], form: Form) -> dict[str, Any]:
+    """Per codec: APFLGate's metric and upload bytes at the reference cell, bytes saved, paired change vs none."""
+    metric = doc["metric"]
+    ref = {"alpha": 0.5, "tau": REFERENCE_TAU}
+    raw = _exact(doc, "apflgate", ref)
+    if not form.codecs or raw is None:
+        return {}
+    out: dict[str, Any] = {"none": _summary(raw, metric)}
+    for name in form.codecs:
+        c = _exact(doc, "apflgate", {**ref, "codec": name})
+        if c is None:
+            continue
+        entry = _summary(c, metric)
+        if entry["bytes_up"] and out["none"]["bytes_up"]:
+            entry["bytes_saved_fraction"] = 1.0 - entry["bytes_up"] / out["none"]["bytes_up"]
+        change = paired_difference(entry["values"], out["none"]["values"], lower_is_better=not doc["higher_is_better"])
+        if change["n"]:
+            entry["metric_change"] = change
+        out[name] = entry
     return out
 
 
-def _grid_axes(doc: dict[str, Any]) -> tuple[list[str], list[str]]:
-    """Rows (α) and columns (τ) of the APFLGate table: every α and τ of a cell that ran, sorted."""
-    pairs = [tuple(float(v) for v in k.split(",")) for k in doc["methods"]["apflgate"]]
-    return [f"{a:g}" for a in sorted({a for a, _ in pairs})], [f"{t:g}" for t in sorted({t for _, t in pairs})]
+def _summary(r: dict[str, Any], metric: str) -> dict[str, Any]:
+    """A result's metric as ``{mean, sd, values per seed (None = failed), bytes_up}``."""
+    per_seed = _per_seed(r, metric)
+    return {**_stats(per_seed), "bytes_up": r["metrics"]["bytes_up"]["mean"], "skipped": r.get("skipped")}
 
 
-def _pm(c: dict[str, Any] | None) -> str:
-    if c and c.get("refused"):
+def _per_seed(r: dict[str, Any], metric: str) -> list[float | None]:
+    """``metric`` per seed with ``None`` for a failed seed (the per-seed list keeps only the finite ones)."""
+    vals = iter(r["metrics"][metric]["per_seed"])
+    used = r.get("params_per_seed") or []
+    return [next(vals, None) if u else None for u in used]
+
+
+def best_cells(doc: dict[str, Any]) -> dict[str, Any]:
+    """Each method's best setting by mean *test* metric (descriptive only; nothing is tuned on it)."""
+    sign = -1.0 if doc["higher_is_better"] else 1.0
+    metric = doc["metric"]
+    out: dict[str, Any] = {}
+    for m in ("apfl", "fedgate", "apflgate"):
+        cells = [r for r in doc["results"] if r["method"] == m and "codec" not in r["point"]
+                 and r["metrics"][metric]["mean"] is not None]
+        if cells:
+            best = min(cells, key=lambda r: sign * r["metrics"][metric]["mean"])
+            out[m] = {"cell": ",".join(f"{v:g}" for v in best["point"].values()),
+                      "mean": best["metrics"][metric]["mean"], "sd": best["metrics"][metric]["sd"]}
+    return out
+
+
+def _pm(r: dict[str, Any] | None, metric: str) -> str:
+    if r is None:
+        return "not run"
+    if r.get("skipped"):
         return "refused (τ ≤ R/2)"
-    if not c or c.get("mean") is None:
+    st = r["metrics"][metric]
+    if st.get("mean") is None:
         return "failed"
-    sd = c.get("sd")
-    return f"{c['mean']:.4f} ± {sd:.4f}" if sd is not None else f"{c['mean']:.4f}"
+    return f"{st['mean']:.4f} ± {st['sd']:.4f}" if st.get("sd") is not None else f"{st['mean']:.4f}"
 
 
-def render_markdown(doc: dict[str, Any]) -> str:
-    """Tables: APFLGate α × τ, baselines (constants, FedAvg, local, APFL per α, FedGATE per τ), both
-    personal output forms, compression; tuning; settings.
-    """
-    m, form = doc["metric"], doc["form"]
+def _stat(c: dict[str, Any]) -> str:
+    if c.get("mean") is None:
+        return "failed"
+    return f"{c['mean']:.4f} ± {c['sd']:.4f}" if c.get("sd") is not None else f"{c['mean']:.4f}"
+
+
+def intro(doc: dict[str, Any], form: Form) -> list[str]:
+    m = doc["metric"]
     better = "higher" if doc["higher_is_better"] else "lower"
-    lines = [f"# B8: APFLGate vs APFL and FedGATE on `{doc['task']}` ({doc['nodes']} clients)", "",
-             f"Metric: final-round `{m}` ({better} is better), mean ± sd over seeds {form['seeds_used']}; "
-             f"{form['rounds']} rounds × {form['local_steps']} local steps"
-             + (" (quick form)." if form["quick"] else "."), ""]
-    alphas, taus = _grid_axes(doc)
-    unit = " (× R)" if doc.get("tau_mode") == "multiple-of-steps" else ""
-    if unit:
-        lines += [f"τ is read as a multiple of R = {form['local_steps']} local steps (`tau-mode = multiple-of-steps`); "
+    lines = [f"Metric: final-round `{m}` ({better} is better), mean ± sd over seeds {doc['config']['seeds']}; "
+             f"{form.rounds} rounds × {form.local_steps} local steps" + (" (quick form)." if doc["quick"] else ".")
+             + " The views `mix_aggregated` (the mixture with the aggregated w) and `global` (the global model "
+             "alone) are reported beside the metric (the mixture with the locally trained w_i, C6)."]
+    if form.tau_mode == "multiple-of-steps":
+        lines += ["", f"τ is read as a multiple of R = {form.local_steps} local steps (`tau-mode = multiple-of-steps`); "
                   "a τ ≤ R/2 is refused, not run: the δ update is unstable by construction there "
-                  "(ALGORITHMS.md §0.1 C5).", ""]
-    lines += [f"## APFLGate (rows α, columns τ{unit})", "", f"| α \\ τ{unit} | " + " | ".join(taus) + " |",
-              "|---|" + "---|" * len(taus)]
+                  "(ALGORITHMS.md §0.1 C5)."]
+    return lines
+
+
+def sections(doc: dict[str, Any], form: Form) -> list[str]:
+    """APFLGate's α × τ table, the constant predictors, compression, the paper, the settings."""
+    m = doc["metric"]
+    unit = " (× R)" if form.tau_mode == "multiple-of-steps" else ""
+    cells = form.apflgate_cells()
+    alphas = sorted({a for a, _ in cells})
+    taus = sorted({t for _, t in cells})
+    lines = [f"## APFLGate (rows α, columns τ{unit})", "", f"| α \\ τ{unit} | " + " | ".join(f"{t:g}" for t in taus)
+             + " |", "|---|" + "---|" * len(taus)]
     for a in alphas:
-        lines.append(f"| {a} | " + " | ".join(_pm(doc["methods"]["apflgate"][f"{a},{t}"])
-                                              if f"{a},{t}" in doc["methods"]["apflgate"] else "not run"
-                                              for t in taus) + " |")
-    lines += ["", "## Baselines", "", "| method | setting | " + m + " |", "|---|---|---|"]
+        lines.append(f"| {a:g} | " + " | ".join(_pm(_exact(doc, "apflgate", {"alpha": a, "tau": t}), m)
+                                                if (a, t) in cells else "not run" for t in taus) + " |")
+    lines += ["", "## Constant predictors (no training, C7)", "", "| method | predicts | " + m + " |", "|---|---|---|"]
     for name, c in doc.get("trivial", {}).items():
-        lines.append(f"| constant ({name}) | predicts {c['predicts']} | {_pm(c)} |")
-    lines += [f"| FedAvg | — | {_pm(doc['methods']['fedavg']) if doc['methods']['fedavg'] else 'not run'} |",
-              f"| local only | — | {_pm(doc['methods'].get('local')) if doc['methods'].get('local') else 'not run'} |"]
-    lines += [f"| APFL | α = {a} | {_pm(c)} |" for a, c in doc["methods"]["apfl"].items()]
-    lines += [f"| FedGATE | τ = {t}{unit} | {_pm(c)} |" for t, c in doc["methods"]["fedgate"].items()]
-    lines += ["", "## Personal output: mixture with the locally trained w_i (the metric above) vs the aggregated w",
-              "", "| method | setting | local-copy mixture | aggregated-w mixture | global model alone |",
-              "|---|---|---|---|---|"]
-    for meth, label, fmt in (("apfl", "APFL", "α = {}"), ("apflgate", "APFLGate", "(α, τ{}) = ({})")):
-        for k, c in doc["methods"][meth].items():
-            if c.get("refused"):
-                continue
-            views = c.get("views", {})
-            setting = fmt.format(k) if meth == "apfl" else fmt.format(unit, k)
-            lines.append(f"| {label} | {setting} | {_pm(c)} | {_pm(views.get('mix_aggregated'))} | "
-                         f"{_pm(views.get('global'))} |")
-    refused = [c["refused"] for meth in ("fedgate", "apflgate") for c in doc["methods"][meth].values()
-               if c.get("refused")]
+        lines.append(f"| constant ({name}) | {c['predicts']} | {_stat(c)} |")
+    refused = [r["skipped"] for r in doc["results"] if r.get("skipped")]
     if refused:
         lines += ["", f"Refused cells ({len(refused)}), e.g.: {refused[0]}"]
-    lines += ["", "Best cell of each method by mean test metric (descriptive): "
+    lines += ["", "Best setting of each method by mean test metric (descriptive): "
               + "; ".join(f"{k} {v['cell']}: {v['mean']:.4f}" for k, v in doc["best"].items()), ""]
-    lines += [f"## Compression of uploads (APFLGate at (α, τ{unit}) = ({doc.get('reference_cell', REFERENCE_CELL)}))", "",
+    lines += [f"## Compression of uploads (APFLGate at (α, τ{unit}) = ({REFERENCE_CELL}))", "",
               f"| upload codec | {m} | change vs none (paired) | upload bytes per run | bytes saved |",
               "|---|---|---|---|---|"]
     if not doc["compression"]:
@@ -534,14 +557,8 @@ def render_markdown(doc: dict[str, Any]) -> str:
         ch = c.get("metric_change")
         chs = "—" if not ch else (f"{ch['mean']:+.4f}" + (f" ± {ch['sd']:.4f}" if ch.get("sd") is not None else ""))
         saved = c.get("bytes_saved_fraction")
-        lines.append(f"| {name} | {_pm(c)} | {chs} | {c['bytes_up']:.0f} | "
+        lines.append(f"| {name} | {_stat(c)} | {chs} | {c['bytes_up']:.0f} | "
                      f"{'—' if saved is None else f'{saved:.1%}'} |" if c.get("bytes_up") else f"| {name} | failed | | | |")
-    lines += ["", "## Step sizes (tuned on validation)", "", "| method | grid (validation " + m + ") | chosen |",
-              "|---|---|---|"]
-    for meth, t in doc["tuning"].items():
-        grid = ", ".join(f"{k}: {'fail' if v is None else f'{v:.4f}'}" for k, v in t["grid"].items())
-        lines.append(f"| {meth} | {grid} | {t['lr']:g}{' (grid edge)' if t['at_grid_edge'] else ''}"
-                     f"{' (extended: ' + ', '.join(f'{x:g}' for x in t['extended']) + ')' if t.get('extended') else ''} |")
     paper = doc.get("paper")
     lines += ["", "## Paper (seed 004)", ""]
     if paper:
@@ -550,8 +567,7 @@ def render_markdown(doc: dict[str, Any]) -> str:
     else:
         lines += [f"The poster reports BBBP and ciao only; `{doc['task']}` has no paper numbers.", ""]
     lines += ["## Settings the paper does not give", ""] + [f"- {s}" for s in doc["unspecified_settings"]]
-    lines += ["", f"Wall time {doc['wall_seconds']:.0f} s.", ""]
-    return "\n".join(lines)
+    return lines
 
 
 def plot(doc: dict[str, Any], path: Path) -> None:
@@ -562,36 +578,36 @@ def plot(doc: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     m = doc["metric"]
-    alphas, taus = _grid_axes(doc)
-    cells = doc["methods"]["apflgate"]
-    grid = np.array([[np.nan if (c := cells.get(f"{a},{t}")) is None or c["mean"] is None else c["mean"]
-                      for t in taus] for a in alphas], float)
+    cells = [tuple(c) for c in doc["config"]["cells"]] or [(a, t) for a in doc["config"]["alphas"]
+                                                           for t in doc["config"]["taus"]]
+    alphas = sorted({a for a, _ in cells})
+    taus = sorted({t for _, t in cells})
+    res = {(a, t): _exact(doc, "apflgate", {"alpha": a, "tau": t}) for a, t in cells}
+    grid = np.array([[np.nan if (r := res.get((a, t))) is None or r["metrics"][m]["mean"] is None
+                      else r["metrics"][m]["mean"] for t in taus] for a in alphas], float)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     ax = axes[0]
     im = ax.imshow(grid, cmap="viridis" if doc["higher_is_better"] else "viridis_r", aspect="auto")
-    ax.set_xticks(range(len(taus)), taus)
-    ax.set_yticks(range(len(alphas)), alphas)
+    ax.set_xticks(range(len(taus)), [f"{t:g}" for t in taus])
+    ax.set_yticks(range(len(alphas)), [f"{a:g}" for a in alphas])
     ax.set_xlabel("τ (× R)" if doc.get("tau_mode") == "multiple-of-steps" else "τ")
     ax.set_ylabel("α")
     ax.set_title(f"APFLGate: final {m} (mean over seeds)")
-    for i in range(len(alphas)):
-        for j in range(len(taus)):
+    for i, a in enumerate(alphas):
+        for j, t in enumerate(taus):
             if np.isfinite(grid[i, j]):
                 ax.text(j, i, f"{grid[i, j]:.3f}", ha="center", va="center", color="w", fontsize=8)
-            elif (cells.get(f"{alphas[i]},{taus[j]}") or {}).get("refused"):
+            elif (res.get((a, t)) or {}).get("skipped"):
                 ax.text(j, i, "refused\nτ ≤ R/2", ha="center", va="center", color="k", fontsize=7)
     fig.colorbar(im, ax=ax)
     ax = axes[1]
-    ref = doc.get("reference_cell", REFERENCE_CELL)
-    tau_ref = ref.split(",")[1]
-    series = {"FedAvg": doc["methods"]["fedavg"], "local only": doc["methods"].get("local"),
-              "APFL α=0.5": doc["methods"]["apfl"].get("0.5"),
-              f"FedGATE τ={tau_ref}": doc["methods"]["fedgate"].get(tau_ref),
-              f"APFLGate ({ref})": doc["methods"]["apflgate"].get(ref)}
-    for name, c in series.items():
-        if c and c.get("curve_mean"):  # FedAvg / local are None when the form leaves them out
-            ys = [np.nan if v is None else v for v in c["curve_mean"]]
-            ax.plot(range(len(ys)), ys, label=name)
+    series = {"FedAvg": _exact(doc, "fedavg", {}), "local only": _exact(doc, "local", {}),
+              "APFL α=0.5": _exact(doc, "apfl", {"alpha": 0.5}),
+              f"FedGATE τ={REFERENCE_TAU:g}": _exact(doc, "fedgate", {"tau": REFERENCE_TAU}),
+              f"APFLGate ({REFERENCE_CELL})": _exact(doc, "apflgate", {"alpha": 0.5, "tau": REFERENCE_TAU})}
+    for name, r in series.items():
+        if r and r.get("curve"):  # FedAvg / local are absent when the form leaves them out
+            ax.plot([row["round"] for row in r["curve"]], [row.get(m, np.nan) for row in r["curve"]], label=name)
     for (name, c), style in zip(doc.get("trivial", {}).items(), (":", "-.")):
         if c.get("mean") is not None:
             ax.axhline(c["mean"], color="grey", linestyle=style, label=f"constant ({name})")
@@ -600,8 +616,10 @@ def plot(doc: dict[str, Any], path: Path) -> None:
     ax.set_title(f"{doc['task']}: mean {m} over seeds per round")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        atomic_write_bytes(path, lambda fh: fig.savefig(fh, format="png", dpi=110))
+    finally:
+        plt.close(fig)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -155,8 +155,9 @@ class Bench:
 
     ``run_cell(cell)`` returns a JSON-able dict; ``final(result)`` its metrics (default
     ``result["final"]``); ``failed(result)`` why it failed or ``None`` (default: the result's
-    ``failed``, ``diverged`` or ``error`` entry). ``key(cell)`` is its run-cache key (default: the
-    benchmark's name, the cell's point, method, seed, params and split). ``cost(cell)`` weighs
+    ``failed``, ``diverged`` or ``error`` entry; a skipped cell always fails). ``key(cell)`` is its
+    run-cache key (default: the benchmark's name, the cell's point, method, seed, params and
+    split). ``cost(cell)`` weighs
     cells for the time estimate (default 1 each); ``seconds(cell)`` declares a cell's expected
     seconds (then the estimate needs no timed cell). ``curve_keys`` are averaged over seeds into
     each (point, method)'s ``curve`` (``curve_sd_keys`` also get a ``<key>_sd``).
@@ -181,6 +182,10 @@ class Bench:
     curve_sd_keys: Sequence[str] = ()
     methods_at: Callable[[Point], Sequence[str]] | None = None
     """The methods run at a point (default: all of ``methods``)."""
+    skip: Callable[[Cell], str | None] | None = None
+    """Why a cell is not run at all (neither run nor cached; reported as ``skipped``), or ``None``."""
+    errors: tuple[type[BaseException], ...] = ()
+    """Exceptions of ``run_cell`` that make a cell failed without storing it (the next run retries it)."""
 
     def methods_for(self, point: Point) -> list[str]:
         return list(self.methods_at(point) if self.methods_at else self.methods)
@@ -198,6 +203,8 @@ class Bench:
         return f
 
     def failure(self, result: dict[str, Any]) -> str | None:
+        if result.get("skipped"):
+            return str(result["skipped"])
         if self.failed is not None:
             return self.failed(result)
         for k in ("failed", "diverged", "error"):
@@ -271,6 +278,9 @@ class _Runner:
         self.missing: list[Cell] = []
 
     def __call__(self, cell: Cell) -> dict[str, Any]:
+        skip = self.bench.skip(cell) if self.bench.skip is not None else None
+        if skip:
+            return {"skipped": skip}
         key = self.bench.cell_key(cell)
         self.seen.append(cell)
         if self.dry:
@@ -284,7 +294,11 @@ class _Runner:
         if self.cache.has(key):
             return self.cache(key, lambda: {})
         t0 = time.perf_counter()
-        result = self.cache(key, lambda: self.bench.run_cell(cell))
+        try:
+            result = self.cache(key, lambda: self.bench.run_cell(cell))
+        except self.bench.errors as exc:  # a failed cell, not stored: the next run tries it again
+            logger.warning("%s %s failed: %s", self.bench.name, cell.label(), exc)
+            return {"error": f"{type(exc).__name__}: {exc}"}
         if self.progress is not None:
             self.progress.computed(cell, time.perf_counter() - t0)
         return result
@@ -531,12 +545,13 @@ def _aggregate(bench: Bench, point: tuple[tuple[str, Any], ...], method: str, ru
         tkey = _items(dict(tn.at(dict(point)) if tn.at else dict(point)))
         rec = tuning.get((tkey, method))
         params = dict(rec["params"]) if rec else {}
+    skipped = bench.skip(Cell(point, method, bench.seeds[0], _items(params))) if bench.skip is not None else None
     curve = mean_curve([r.get("curve") or [] for r in ok], bench.curve_keys, bench.curve_sd_keys) \
         if bench.curve_keys else []
     return {"point": dict(point), "method": method, "params": params,
             "params_per_seed": [dict(u) if u else None for u in used],
             "seeds": list(bench.seeds), "failed": sum(r is None for r in runs),
-            "failures": failures,
+            "failures": failures, "skipped": skipped,
             "metrics": metrics, "curve": curve}
 
 

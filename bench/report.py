@@ -121,11 +121,15 @@ def render_markdown(doc: Mapping[str, Any], intro: Sequence[str] = (), sections:
     rows = []
     for r in doc["results"]:
         row = [_axis(r["point"].get(a, "")) for a in axes] + [r["method"]]
+        skipped = r.get("skipped")
         if tuned:
-            row.append(_params(r))
-        row += [_stat(r["metrics"].get(m["name"]), formats.get(m["name"], m.get("format", "auto")),
-                      m.get("scale", 1.0)) for m in metrics]
-        row.append(r["failed"])
+            row.append(_params({**r, "params_per_seed": []} if skipped else r))
+        if skipped:
+            row += ["skipped"] * len(metrics) + ["–"]
+        else:
+            row += [_stat(r["metrics"].get(m["name"]), formats.get(m["name"], m.get("format", "auto")),
+                          m.get("scale", 1.0)) for m in metrics]
+            row.append(r["failed"])
         rows.append(row)
     cols = axes + ["method"] + (["tuned"] if tuned else []) + [m["label"] for m in metrics] + ["failed seeds"]
     lines += [f"## Results (test, mean ± sd over seeds {cfg['seeds']})", "", markdown_table(rows, cols), ""]

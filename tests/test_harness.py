@@ -148,3 +148,30 @@ def test_report_writes_one_layout(tmp_path: Path) -> None:
     assert "| 2 | b | lr=0.2 | 4.0100 ± 0.0100 |" in md
     assert "b − a" in md and "(0/3)" in md and "## Verdict" in md and "## Tuning on validation" in md
     assert paths["png"].stat().st_size > 1000
+
+
+def test_skipped_cells_are_not_run_and_errors_are_not_stored(tmp_path: Path) -> None:
+    calls: list[Cell] = []
+    bench = toy(calls)
+    inner = bench.run_cell
+    flaky = {"on": True}
+
+    def run_cell(cell: Cell) -> dict[str, Any]:
+        if flaky["on"] and cell.method == "a" and cell.seed == 1:
+            raise ValueError("transient")
+        return inner(cell)
+
+    bench.run_cell = run_cell
+    bench.errors = (ValueError,)
+    bench.skip = lambda cell: "unstable by construction" if cell.method == "b" and cell.at["size"] == 2 else None
+    out = run_bench(bench, tmp_path)
+    skipped = next(r for r in out.results if r["method"] == "b" and r["point"] == {"size": 2})
+    assert skipped["skipped"] == "unstable by construction" and skipped["metrics"]["loss"]["n"] == 0
+    assert not [c for c in calls if c.method == "b" and c.at["size"] == 2]
+    a = next(r for r in out.results if r["method"] == "a" and r["point"] == {"size": 1})
+    assert a["failed"] == 1 and "ValueError: transient" in a["failures"][0] and a["metrics"]["loss"]["n"] == 2
+    flaky["on"] = False
+    calls.clear()
+    again = run_bench(bench, tmp_path)
+    assert sorted((c.method, c.seed) for c in calls) == [("a", 1), ("a", 1)]  # only the failed cells, one per size
+    assert next(r for r in again.results if r["method"] == "a")["failed"] == 0
