@@ -12,6 +12,7 @@ import typer
 
 from graphfl.common.config import ConfigError, parse_assignment
 from graphfl.p2p.algorithms import registry
+from graphfl.p2p.config import load_network_file
 
 TOPOLOGY_HELP = "ring | grid | complete | erdos-renyi | knn | a network .toml | an edge-list file"
 _ALGORITHMS = " | ".join(registry.names())
@@ -40,6 +41,7 @@ def peer_command(
                                    "(default: refuse them; --resume continues instead)"),
 ) -> None:
     """Run one p2p peer process (one per device)."""
+    # imported when the command runs: every graphfl command imports this module at start-up
     from graphfl.deploy.p2p_outdir import claim_peer_folder
     from graphfl.p2p.peer import main
 
@@ -59,8 +61,6 @@ def _rounds_of(topology: Path, overrides: dict[str, Any]) -> int | None:
     """The rounds a peer of ``topology`` runs with ``overrides`` (``None`` if the file does not load:
     the peer then reports why).
     """
-    from graphfl.p2p.config import load_network_file
-
     try:
         return load_network_file(str(topology), overrides).run.rounds
     except (ConfigError, OSError, ValueError):
@@ -95,6 +95,7 @@ def p2p_command(
                                     "lock-step, no sockets; 1000+ nodes on linear models)"),
 ) -> None:
     """Launch N local peer processes on 127.0.0.1 (or run the network in-process), results in <out>/p2p.{json,md,png}."""
+    # imported when the command runs (gRPC, the peers' problems): graphfl imports this module at start-up
     from graphfl.deploy.p2p_inprocess import ENGINES, launch_inprocess
     from graphfl.deploy.p2p_launch import LaunchError, default_out, launch
     from graphfl.deploy.p2p_outdir import claim_network_folder

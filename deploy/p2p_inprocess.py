@@ -32,9 +32,14 @@ import numpy as np
 
 from graphfl.common.envinfo import env_info
 from graphfl.common.finite import node_divergence
+from graphfl.deploy.p2p_launch import prepare_network, write_report
 from graphfl.p2p import checkpoint
 from graphfl.p2p.algorithms.base import NodeContext, NodeState
 from graphfl.p2p.config import load_network_file
+from graphfl.p2p.driver import run_network_inprocess
+from graphfl.p2p.oracles import make_oracle
+from graphfl.p2p.peer import problem_spec
+from graphfl.p2p.vectorised import run_vectorised, supports
 
 logger = logging.getLogger(__name__)
 
@@ -48,12 +53,6 @@ def launch_inprocess(topology: str | None, peers: int | None, overrides: Mapping
 
     ``vectorise=False`` forces the per-node driver (tests compare the two).
     """
-    from graphfl.deploy.p2p_launch import prepare_network, write_report
-    from graphfl.p2p.driver import run_network_inprocess
-    from graphfl.p2p.oracles import make_oracle
-    from graphfl.p2p.peer import problem_spec
-    from graphfl.p2p.vectorised import run_vectorised, supports
-
     out = Path(out) if out is not None else Path("runs") / time.strftime("p2p-%Y%m%d-%H%M%S")
     seed = int(overrides.get("seed", 0))
     network_file = prepare_network(out, topology, peers, overrides, insecure=True, mixing=mixing, seed=seed,

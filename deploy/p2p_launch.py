@@ -27,16 +27,21 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from graphfl.common.certs import generate_network_certs
 from graphfl.common.config import ConfigError, device_problem
 from graphfl.common.envinfo import env_info
 from graphfl.common.ports import free_ports
 from graphfl.common.results import atomic_write_bytes, atomic_write_text, markdown_table, write_json
+from graphfl.deploy.p2p_outdir import claim_network_folder
 from graphfl.p2p.algorithms import registry
 from graphfl.p2p.algorithms.registry import PrepareContext
 from graphfl.p2p.config import P2PConfig, TlsSection, load_network_file, parse_p2p_config, write_network_file
+from graphfl.p2p.oracles import feature_columns, make_oracle
+from graphfl.p2p.peer import problem_spec
 from graphfl.p2p.topology import make_topology
+from graphfl.tasks.tabular import EDGES_FILE, device_files
 
 logger = logging.getLogger(__name__)
 
@@ -67,9 +72,6 @@ def prepare_network(
     out.mkdir(parents=True, exist_ok=True)
     overrides = dict(overrides)
     if data_dir is not None:
-        from graphfl.p2p.oracles import feature_columns
-        from graphfl.tasks.tabular import EDGES_FILE, device_files
-
         folder = Path(data_dir).resolve()
         files = device_files(folder)
         overrides["data-dir"] = str(folder)
@@ -126,9 +128,6 @@ def prepare_network(
         net = load_network_file(path)
 
         def problems() -> list[Any]:
-            from graphfl.p2p.oracles import make_oracle
-            from graphfl.p2p.peer import problem_spec
-
             return [make_oracle(i, problem_spec(net, i), partition=net.topology.peer(i).partition)
                     for i in range(net.topology.n)]
 
@@ -420,9 +419,9 @@ def write_report(out: Path, result: dict[str, Any]) -> None:
 
 def plot_report(path: Path, result: Mapping[str, Any]) -> None:
     """The curves of :func:`write_report`, plus the graph panel when there is something to show on it."""
-    import matplotlib
+    import matplotlib  # slow to import: only when a report is drawn
 
-    matplotlib.use("Agg")
+    matplotlib.use("Agg")  # before pyplot
     import matplotlib.pyplot as plt
 
     algo, m = next(iter(result["methods"].items()))
@@ -501,8 +500,6 @@ def launch(
     KeyboardInterrupt
         After tearing every peer down.
     """
-    from graphfl.deploy.p2p_outdir import claim_network_folder
-
     out = Path(out) if out is not None else default_out()
     with claim_network_folder(out, overwrite):
         return _launch_claimed(topology, peers, overrides, out, insecure, mixing, timeout, progress, data_dir, device)
@@ -552,8 +549,6 @@ def _launch_claimed(
 
 
 def _progress(stack: ExitStack, procs: PeerProcesses, n: int, rounds: int) -> Callable[[Mapping[int, int | None]], None]:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     bar = stack.enter_context(Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                        TextColumn("{task.fields[info]}"), TimeElapsedColumn(), transient=False))
     per_peer = n <= 16

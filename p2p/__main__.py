@@ -11,11 +11,11 @@ import argparse
 import importlib
 import sys
 
+from graphfl.common.config import ConfigError, parse_assignment
+
 
 def peer_main(argv: list[str]) -> int:
     """``peer --topology FILE --id I [--out DIR] [--insecure] [--set K=V ...] [--resume] [--device D] [--listen HOST:PORT]``."""
-    from graphfl.common.config import ConfigError, parse_assignment
-
     ap = argparse.ArgumentParser(prog="python -m graphfl.p2p peer", description="Run one p2p peer process.")
     ap.add_argument("--topology", required=True, help="network file (.toml)")
     ap.add_argument("--id", dest="peer_id", type=int, required=True, help="this peer's id in the network file")
@@ -35,7 +35,7 @@ def peer_main(argv: list[str]) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from graphfl.p2p.peer import main
+    from graphfl.p2p.peer import main  # gRPC and the peer runtime: only for the peer command
 
     return main(args.topology, args.peer_id, args.out, overrides, args.insecure, args.resume, args.device,
                 args.listen)

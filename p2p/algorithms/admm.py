@@ -106,7 +106,7 @@ from graphfl.p2p.algorithms.base import (
     Phase,
 )
 from graphfl.p2p.algorithms.registry import P2PAlgorithmSpec, PrepareContext, register
-from graphfl.p2p.oracles import DATA_PROBLEMS
+from graphfl.p2p.oracles import DATA_PROBLEMS, is_data_problem
 
 if TYPE_CHECKING:  # the cores import scipy / scikit-learn: loaded when first used, not by every peer
     from graphfl.p2p.algorithms import admm_math as am
@@ -245,7 +245,7 @@ class ADMMParams:
         return None if np.all(p == 1.0) else p
 
     def loss_fn(self) -> am.MLoss:
-        from graphfl.p2p.algorithms import admm_math as am
+        from graphfl.p2p.algorithms import admm_math as am  # scipy: loaded on first use
         return am.LogisticLoss() if self.loss == "logistic" else am.LeastSquaresLoss()
 
     @property
@@ -261,15 +261,13 @@ class ADMMParams:
 
     def schedule(self) -> am.StepSchedule | None:
         """The explicit step schedule (``None`` for ``auto``)."""
-        from graphfl.p2p.algorithms import admm_math as am
+        from graphfl.p2p.algorithms import admm_math as am  # scipy: loaded on first use
         if self.step == "auto":
             return None
         return am.StepSchedule(c=self.step_c, t0=self.step_t0, rule="constant" if self.step == "constant" else "decay")
 
 
 def _check_problem(problem: Any, node: int) -> None:
-    from graphfl.p2p.oracles import DATA_PROBLEMS, is_data_problem
-
     if not is_data_problem(problem):
         raise ConfigError(f"node {node}: admm needs tabular data (problem one of {list(DATA_PROBLEMS)}), "
                           f"got {type(problem).__name__}")
@@ -277,7 +275,7 @@ def _check_problem(problem: Any, node: int) -> None:
 
 def _online(t: int, node: int, p: np.ndarray | None, seed: int) -> bool:
     """``R_i(t)``: entry ``node`` of the reference's availability draw at iteration ``t`` (module docstring)."""
-    from graphfl.p2p.algorithms import admm_math as am
+    from graphfl.p2p.algorithms import admm_math as am  # scipy: loaded on first use
     if p is None:
         return True
     n = p.shape[0]
@@ -287,7 +285,7 @@ def _online(t: int, node: int, p: np.ndarray | None, seed: int) -> bool:
 
 
 def _stats_of(msg: dict[str, Array]) -> am.LocalStatistics:
-    from graphfl.p2p.algorithms import admm_math as am
+    from graphfl.p2p.algorithms import admm_math as am  # scipy: loaded on first use
     return am.LocalStatistics(theta=np.asarray(msg["theta_hat"]), cov=np.asarray(msg["cov"]),
                               n=int(msg["n"][0]), ridge=0.0)
 
@@ -296,9 +294,9 @@ def test_edge(own: am.LocalStatistics, other: am.LocalStatistics, level: float) 
     """One edge of :func:`~graphfl.p2p.algorithms.admm_math.select_edges` at per-test level ``α/|E|``:
     ``(kept, W², df, p-value)``.
     """
-    from scipy import stats as sstats
+    from scipy import stats as sstats  # scipy: loaded on first use
 
-    from graphfl.p2p.algorithms import admm_math as am
+    from graphfl.p2p.algorithms import admm_math as am  # scipy: loaded on first use
     w2, df = am.wald_statistic(own, other)
     if df == 0:
         return w2 == 0.0, w2, 0, 1.0 if w2 == 0.0 else 0.0
@@ -370,7 +368,7 @@ class ADMM(P2PAlgorithm[ADMMParams, Any]):
         return self.params.edge_selection == "complete"
 
     def init(self, oracle: Any, ctx: NodeContext) -> NodeState:
-        from graphfl.p2p.algorithms import admm_math as am
+        from graphfl.p2p.algorithms import admm_math as am  # scipy: loaded on first use
         _check_problem(oracle, ctx.node)
         if self.params.lam_value is None:
             raise ConfigError("lam = 'cv' must be resolved before the run: graphfl p2p does it (in-process "
@@ -415,7 +413,7 @@ class ADMM(P2PAlgorithm[ADMMParams, Any]):
                                        for k, v in combined.items() if k.startswith("mirror/")})
 
     def combine(self, state: NodeState, inbox: Inbox, ctx: NodeContext) -> Channels:
-        from graphfl.p2p.algorithms import admm_math as am
+        from graphfl.p2p.algorithms import admm_math as am  # scipy: loaded on first use
         i = ctx.node
         big = float(np.finfo(np.float64).max)
         if inbox.phase == STATS_PHASE.name:  # the owner tests each edge it owns
@@ -460,7 +458,7 @@ class ADMM(P2PAlgorithm[ADMMParams, Any]):
 
     def step(self, state: NodeState, combined: Channels | None, oracle: Any, ctx: NodeContext) -> NodeState:
         """Store this round's edge results, then the node step of iteration ``t`` (eq. 14 / 19)."""
-        from graphfl.p2p.algorithms import admm_math as am
+        from graphfl.p2p.algorithms import admm_math as am  # scipy: loaded on first use
         i, t = ctx.node, state.t
         combined = combined or {}
         aux = dict(state.aux)
@@ -546,7 +544,7 @@ class ADMM(P2PAlgorithm[ADMMParams, Any]):
 
 def selection_records(state: NodeState, node: int) -> list[dict[str, Any]]:
     """The node's tested edges as JSON records (``edge``, ``kept``, ``w2``, ``df``, ``pvalue``, ``decided_by``)."""
-    from graphfl.p2p.algorithms import admm_math as am
+    from graphfl.p2p.algorithms import admm_math as am  # scipy: loaded on first use
     out = []
     big = float(np.finfo(np.float64).max)
     for j, kept, w2, df, pv in np.asarray(state.aux.get("selection", np.zeros((0, 5)))).reshape(-1, 5):
@@ -568,7 +566,7 @@ def selected_edges(params: ADMMParams, problems: Sequence[Any],
     :func:`~graphfl.p2p.algorithms.admm_math.select_edges` on the nodes' local statistics (the same result
     as the protocol phase).
     """
-    from graphfl.p2p.algorithms import admm_math as am
+    from graphfl.p2p.algorithms import admm_math as am  # scipy: loaded on first use
     if params.edge_selection == "none":
         return [(min(i, j), max(i, j)) for i, j in edges], None
     loss = params.loss_fn()
@@ -581,7 +579,7 @@ def selected_edges(params: ADMMParams, problems: Sequence[Any],
 
 def choose_lambda(params: ADMMParams, problems: Sequence[Any], edges: Sequence[tuple[int, int]], rounds: int) -> am.CVResult:
     """``λ`` by :func:`~graphfl.p2p.algorithms.admm_math.admm_cv_lambda` on the selected graph (ALGORITHMS §6.3)."""
-    from graphfl.p2p.algorithms import admm_math as am
+    from graphfl.p2p.algorithms import admm_math as am  # scipy: loaded on first use
     kept, _ = selected_edges(params, problems, edges)
     seed = int(problems[0].seed)
     p_avail = params.availability_for(len(problems))

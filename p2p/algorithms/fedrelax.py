@@ -63,7 +63,7 @@ from graphfl.p2p.algorithms.base import (
     Phase,
 )
 from graphfl.p2p.algorithms.registry import P2PAlgorithmSpec, register
-from graphfl.p2p.oracles import DATA_PROBLEMS
+from graphfl.p2p.oracles import DATA_PROBLEMS, is_data_problem
 
 logger = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ def estimator_class(name: str) -> type:
     except ImportError as exc:
         raise ConfigError(f"model = {name!r}: module {module!r} cannot be imported: {exc}") from None
     cls = getattr(mod, cls_name, None)
-    from sklearn.base import BaseEstimator
+    from sklearn.base import BaseEstimator  # scikit-learn: loaded on first use
 
     if not (isinstance(cls, type) and issubclass(cls, BaseEstimator) and hasattr(cls, "fit") and hasattr(cls, "predict")):
         raise ConfigError(f"model = {name!r} is not a scikit-learn estimator class with fit() and predict()")
@@ -181,7 +181,7 @@ def make_estimator(params: FedRelaxParams, seed: int, node: int) -> Any:
 
 
 def _is_classifier(est: Any) -> bool:
-    from sklearn.base import is_classifier
+    from sklearn.base import is_classifier  # scikit-learn: loaded on first use
 
     return est is not None and bool(is_classifier(est))
 
@@ -203,7 +203,7 @@ class FedRelax(P2PAlgorithm[FedRelaxParams, Any]):
     # -- local fits ----------------------------------------------------------------------------
     def _fit(self, oracle: Any, node: int, preds: list[Array], weights: list[float], lam: float,
              rng: np.random.Generator | None) -> Any:
-        from graphfl.p2p.algorithms import fedrelax_math as fm
+        from graphfl.p2p.algorithms import fedrelax_math as fm  # scikit-learn: loaded on first use
 
         xs = oracle.shared()
         if self.params.model == LINEAR:
@@ -244,8 +244,6 @@ class FedRelax(P2PAlgorithm[FedRelaxParams, Any]):
         return {PREDICTIONS: {"yhat": ("float64", (int(state.theta.shape[0]),))}}
 
     def init(self, oracle: Any, ctx: NodeContext) -> NodeState:
-        from graphfl.p2p.oracles import DATA_PROBLEMS, is_data_problem
-
         if not is_data_problem(oracle):
             raise ConfigError(f"node {ctx.node}: fedrelax needs tabular data and a shared set D' (problem one of "
                               f"{list(DATA_PROBLEMS)}), got {type(oracle).__name__}")
