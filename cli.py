@@ -137,7 +137,8 @@ def run(
     nodes: int | None = typer.Option(None, help="Number of clients / SuperNodes (default: the task's own count, "
                                      "`graphfl list`: digits 4, bbbp 16, ciao 28)."),
     rounds: int | None = typer.Option(None, help="Federated rounds."),
-    engine: str | None = typer.Option(None, help="local-deployment | simulation | inprocess."),
+    engine: str | None = typer.Option(None, help="local-deployment | simulation | inprocess | batched "
+                                          "(in-process, a round's clients trained as one stacked computation)."),
     config: Path | None = typer.Option(None, "--config", help="TOML file with run-config keys."),
     out: Path | None = typer.Option(None, "--out", help="Output folder (default ./runs/<timestamp>)."),
     seed: int | None = typer.Option(None, help="Random seed."),

@@ -34,9 +34,18 @@ import numpy as np
 import torch
 from torch import nn
 
+from graphfl.client.objective import LocalObjective, linear_term
 from graphfl.client.trainers import state_model, store_model
-from graphfl.client.training import _batches, evaluate_client, get_arrays, model_input, set_arrays, sgd_update
-from graphfl.common.core import ClientContext, ClientTrainer
+from graphfl.client.training import (
+    _batches,
+    evaluate_client,
+    get_arrays,
+    model_input,
+    set_arrays,
+    sgd_steps,
+    sgd_update,
+)
+from graphfl.common.core import EVALUATE_PHASE, FIT_PHASE, ClientContext, ClientTrainer
 from graphfl.common.registry import ClientSpec, register_client
 from graphfl.common.types import Arrays, ClientData, ClientState, FitResult, Payload
 from graphfl.strategies.apfl import APFLParams
@@ -116,6 +125,7 @@ class GateTrainer(ClientTrainer[Any]):
     def __init__(self, ctx: ClientContext[Any]) -> None:
         super().__init__(ctx)
         self.loss_fn = ctx.task.loss_fn()
+        self._keys: tuple[str, ...] | None = None
 
     # -- state ---------------------------------------------------------------------------
 
@@ -176,66 +186,98 @@ class GateTrainer(ClientTrainer[Any]):
 
     # -- protocol ------------------------------------------------------------------------
 
+    def objective(self, server_round: int, payload: Payload, state: ClientState) -> LocalObjective:
+        """The round's local problem of ``w_i``: ``train.local-steps`` steps from the received ``w``
+        on the data loss plus, with tracking, ``−⟨δ_i, θ⟩`` (gradient ``−δ_i``: the step
+        ``w_i ← w_i − η(∇ℓ − δ_i)``), after the pending δ update (which changes ``state``).
+        """
+        moved = self.apply_pending_delta(payload, state) if self.tracking else False
+        keys = tuple(k for k in self.keys if self.tracking and DELTA_PREFIX + k in state)
+        penalties = (linear_term({k: state[DELTA_PREFIX + k] for k in keys}, keys),) if keys else ()
+        rng = client_rng(self.ctx.config.seed, 3, self.ctx.partition_id, server_round)
+        extra = {"delta_updated": float(moved)} if self.tracking else {}
+        return LocalObjective(self.model_arrays(payload), self.ctx.config.train.local_steps, rng, penalties, extra)
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """The trainable parameters' keys, in registration order."""
+        if self._keys is None:
+            self._keys = tuple(k for k, p in self.ctx.task.build_model().named_parameters() if p.requires_grad)
+        return self._keys
+
+    def finish(self, server_round: int, payload: Payload, state: ClientState, objective: LocalObjective,
+               arrays: Arrays, loss: float) -> FitResult:
+        """The upload ``w_i`` and its metrics; with tracking, keeps the steps run for the next δ update."""
+        metrics = {"train_loss": loss}
+        if self.tracking:
+            state[UP_STEPS_KEY] = np.asarray(objective.steps, dtype=np.int64)   # R of this round's δ update
+            metrics.update(objective.extra)
+        return FitResult(arrays, self.ctx.data.num_train, metrics)
+
+    def fit_by_objective(self, phase: str) -> bool:
+        """Whether ``phase`` runs as objective → SGD steps → finish (batchable): FedGATE's ``fit``;
+        a personal model (APFL) trains in its own loop.
+        """
+        cls = type(self)
+        return (not self.personal and phase == FIT_PHASE and cls.fit is GateTrainer.fit
+                and cls.fit_phase is ClientTrainer.fit_phase)
+
+    def evaluate_by_arrays(self, phase: str) -> bool:
+        """Whether ``phase`` is the received ``w`` on the test split (FedGATE's evaluation)."""
+        cls = type(self)
+        return (not self.personal and phase == EVALUATE_PHASE and cls.evaluate is GateTrainer.evaluate
+                and cls.evaluate_phase is ClientTrainer.evaluate_phase)
+
+    def evaluation_arrays(self, payload: Payload, state: ClientState) -> dict[str, Arrays]:
+        """FedGATE reports ``test_*`` of the received ``w``."""
+        return {"": self.model_arrays(payload)}
+
     def fit(self, server_round: int, payload: Payload, state: ClientState) -> FitResult:
         tc = self.ctx.config.train
         device = self.ctx.device
-        moved = self.apply_pending_delta(payload, state) if self.tracking else False
-        w = self.model_arrays(payload)
+        objective = self.objective(server_round, payload, state)
+        penalty = objective.penalty_on_model()
         model_w = self.ctx.task.build_model()
-        set_arrays(model_w, w)
+        set_arrays(model_w, objective.start)
+        if not self.personal:
+            loss = sgd_steps(model_w, self.ctx.data, self.loss_fn, objective.steps, tc.batch_size, tc.lr,
+                             objective.rng, penalty=penalty, momentum=tc.momentum, weight_decay=tc.weight_decay,
+                             device=device)
+            return self.finish(server_round, payload, state, objective, get_arrays(model_w), loss)
         model_w.to(device).train()
-        named_w = [(k, p) for k, p in model_w.named_parameters() if p.requires_grad]
-        params_w = [p for _, p in named_w]
-        deltas: list[torch.Tensor | None] = []
-        for k, p in named_w:
-            dk = DELTA_PREFIX + k
-            deltas.append(torch.as_tensor(np.asarray(state[dk]), dtype=p.dtype).to(device)
-                          if self.tracking and dk in state else None)
+        params_w = [p for p in model_w.parameters() if p.requires_grad]
         bufs_w: list[torch.Tensor | None] = [None] * len(params_w)
-        alpha = self.alpha(state) if self.personal else 0.0
-        model_v: nn.Module | None = None
-        bufs_v: list[torch.Tensor | None] = []
-        if self.personal:
-            model_v = self.ctx.task.build_model()
-            set_arrays(model_v, state_model(state) or w)
-            model_v.to(device).train()
-            bufs_v = [None] * len(list(model_v.parameters()))
+        alpha = self.alpha(state)
+        model_v = self.ctx.task.build_model()
+        set_arrays(model_v, state_model(state) or objective.start)
+        model_v.to(device).train()
+        bufs_v: list[torch.Tensor | None] = [None] * len(list(model_v.parameters()))
         adaptive = bool(getattr(self.params, "adaptive_alpha", False))
         alpha_lr = float(getattr(self.params, "alpha_lr", 0.0)) or tc.lr
-        rng = client_rng(self.ctx.config.seed, 3, self.ctx.partition_id, server_round)
         total_w = total_v = 0.0
         ran = 0
-        for x, y in minibatches(self.ctx.data, tc.local_steps, tc.batch_size, rng, device):
+        for x, y in minibatches(self.ctx.data, objective.steps, tc.batch_size, objective.rng, device):
             ran += 1
             for p in params_w:
                 p.grad = None
             loss = self.loss_fn(model_w(x), y)
-            loss.backward()
             total_w += float(loss.detach())
-            with torch.no_grad():
-                for p, d in zip(params_w, deltas):
-                    if d is not None and p.grad is not None:
-                        p.grad.sub_(d)                                  # g − δ_i
+            (loss if penalty is None else loss + penalty(model_w)).backward()   # ∇ℓ − δ_i
             sgd_update(params_w, bufs_w, tc.lr, tc.momentum, tc.weight_decay)
-            if model_v is not None:
-                with torch.no_grad():
-                    h_w = model_w(x)
-                lv, alpha = personal_step(model_v, h_w, x, y, alpha, self.loss_fn, tc.lr, bufs_v, adaptive,
-                                          alpha_lr, tc.momentum, tc.weight_decay)
-                total_v += lv
+            with torch.no_grad():
+                h_w = model_w(x)
+            lv, alpha = personal_step(model_v, h_w, x, y, alpha, self.loss_fn, tc.lr, bufs_v, adaptive,
+                                      alpha_lr, tc.momentum, tc.weight_decay)
+            total_v += lv
         steps = max(ran, 1)
-        metrics = {"train_loss": total_w / steps}
         trained = get_arrays(model_w)
-        if model_v is not None:
-            store_model(state, get_arrays(model_v))
-            state[ALPHA_KEY] = np.asarray(alpha, dtype=np.float64)
-            for k, v in trained.items():
-                state[LOCAL_PREFIX + k] = v
-            metrics.update(personal_loss=total_v / steps, alpha=alpha)
-        if self.tracking:
-            state[UP_STEPS_KEY] = np.asarray(ran, dtype=np.int64)      # R of this round's δ update
-            metrics["delta_updated"] = float(moved)
-        return FitResult(trained, self.ctx.data.num_train, metrics)
+        store_model(state, get_arrays(model_v))
+        state[ALPHA_KEY] = np.asarray(alpha, dtype=np.float64)
+        for k, v in trained.items():
+            state[LOCAL_PREFIX + k] = v
+        result = self.finish(server_round, payload, state, objective, trained, total_w / steps)
+        result.metrics.update(personal_loss=total_v / steps, alpha=alpha)
+        return result
 
     def after_upload(self, phase: str, server_round: int, payload: Payload, uploaded: Arrays,
                      state: ClientState) -> None:

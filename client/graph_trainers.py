@@ -11,17 +11,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-import numpy as np
-import torch
-from torch import nn
-
+from graphfl.client.objective import Penalty, cosine_term
 from graphfl.client.trainers import SGDTrainer
-from graphfl.client.training import get_arrays, param_keys, set_arrays, sgd_steps
 from graphfl.common.core import ClientContext
 from graphfl.common.registry import ClientSpec, register_client
-from graphfl.common.types import Arrays, ClientState, FitResult, Payload
+from graphfl.common.types import Arrays, ClientState, Payload
 from graphfl.strategies.cfl import CFLConfig
 from graphfl.strategies.fedamp import FedAMPConfig
 from graphfl.strategies.jgesr import JGESRConfig
@@ -33,38 +27,19 @@ def fedamp_trainer(ctx: ClientContext[FedAMPConfig]) -> SGDTrainer[FedAMPConfig]
     return SGDTrainer(ctx, mu=ctx.params.prox_mu)
 
 
-def cosine_penalty(cluster: Arrays, lam: float, keys: tuple[str, ...]) -> Callable[[nn.Module], torch.Tensor]:
-    """``−λ ⟨c, θ⟩ / ‖θ‖`` over the trainable parameters ``keys`` (pFedGraph's regulariser)."""
-    anchor = torch.cat([torch.as_tensor(np.asarray(cluster[k], dtype=np.float32)).reshape(-1) for k in keys])
-
-    def penalty(model: nn.Module) -> torch.Tensor:
-        params = dict(model.named_parameters())
-        flat = torch.cat([params[k].reshape(-1) for k in keys])
-        return -lam * torch.dot(anchor.to(flat.device), flat) / torch.linalg.norm(flat).clamp_min(1e-12)
-
-    return penalty
-
-
 class PFedGraphTrainer(SGDTrainer[PFedGraphConfig]):
     """Local SGD from ``θ̃_i`` with pFedGraph's similarity regulariser (module docstring)."""
 
     def start_arrays(self, payload: Payload, state: ClientState) -> Arrays:
         return {k: v for k, v in payload.arrays.items() if not k.startswith(CLUSTER_PREFIX)}
 
-    def fit(self, server_round: int, payload: Payload, state: ClientState) -> FitResult:
-        model = self.ctx.task.build_model()
-        set_arrays(model, self.start_arrays(payload, state))
-        keys = param_keys(model)
+    def penalties(self, server_round: int, payload: Payload, state: ClientState,
+                  start: Arrays) -> tuple[Penalty, ...]:
+        """``−λ ⟨c_i, θ⟩/‖θ‖`` when ``λ > 0`` and the payload carries every ``c_i`` array."""
+        keys = self.keys
         cluster = {k[len(CLUSTER_PREFIX):]: v for k, v in payload.arrays.items() if k.startswith(CLUSTER_PREFIX)}
         lam = self.params.lam
-        penalty = cosine_penalty(cluster, lam, keys) if lam > 0 and all(k in cluster for k in keys) else None
-        tc = self.ctx.config.train
-        loss = sgd_steps(
-            model, self.ctx.data, self.loss_fn, tc.local_steps, tc.batch_size, tc.lr,
-            self.rng(server_round), penalty=penalty, momentum=tc.momentum,
-            weight_decay=tc.weight_decay, device=self.ctx.device,
-        )
-        return FitResult(get_arrays(model), self.ctx.data.num_train, {"train_loss": loss})
+        return (cosine_term(cluster, lam, keys),) if lam > 0 and all(k in cluster for k in keys) else ()
 
 
 register_client(ClientSpec[JGESRConfig]("jgesr", SGDTrainer))

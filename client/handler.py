@@ -19,7 +19,7 @@ from graphfl.common import wire
 from graphfl.common.compress import Encoded, encode
 from graphfl.common.config import RunConfig
 from graphfl.common.core import EVALUATE_PHASE, FIT_PHASE, ClientContext, ClientTrainer
-from graphfl.common.types import Arrays, ClientState, Payload
+from graphfl.common.types import Arrays, ClientState, FitResult, Payload
 
 logger = logging.getLogger(__name__)
 
@@ -32,18 +32,42 @@ class ClientRuntime:
     trainer: ClientTrainer[Any]
 
 
-def build_runtime(cfg: RunConfig, partition_id: int, num_partitions: int, device: str | None = None,
-                  data_dir: str | None = None) -> ClientRuntime:
-    """Load the task's data for ``partition_id`` and build the algorithm's trainer.
+@dataclass(frozen=True)
+class SharedInputs:
+    """What every client of one process builds alike: the task, the run's client graph and the
+    training device (an engine that hosts many clients builds them once, :func:`shared_inputs`).
+    """
 
-    The client's neighbourhood comes from the run's client graph (``graph-file`` if set, which
-    must then exist on this client's machine too, else the task's graph). ``data_dir`` (the
-    SuperNode's ``data-dir``) replaces the run's ``data-dir`` for this client: its own data folder.
+    task: Any
+    graph: Any
+    device: str
+
+
+def shared_inputs(cfg: RunConfig, device: str | None = None, data_dir: str | None = None) -> SharedInputs:
+    """The task (``data_dir``: see :func:`build_runtime`), the client graph (``graph-file`` if set,
+    which must then exist on this client's machine too, else the task's graph) and the device.
     """
     from graphfl.client.training import pick_device
-    from graphfl.common import registry
-    from graphfl.common.graph import neighbourhood, resolve_client_graph
+    from graphfl.common.graph import resolve_client_graph
     from graphfl.tasks import registry as tasks
+
+    task = tasks.create(cfg.task, data=cfg.data, data_dir=data_dir or cfg.data_dir, seed=cfg.seed)
+    graph, _ = resolve_client_graph(cfg.nodes, task.client_graph(cfg.nodes), cfg.graph_file, cfg.task)
+    requested = device or cfg.device
+    size = sum(p.numel() for p in task.build_model().parameters()) if requested == "auto" else None
+    return SharedInputs(task, graph, pick_device(requested, size))
+
+
+def build_runtime(cfg: RunConfig, partition_id: int, num_partitions: int, device: str | None = None,
+                  data_dir: str | None = None, shared: SharedInputs | None = None) -> ClientRuntime:
+    """Load the task's data for ``partition_id`` and build the algorithm's trainer.
+
+    The client's neighbourhood comes from the run's client graph (:func:`shared_inputs`; pass
+    ``shared`` to reuse one already built for this run). ``data_dir`` (the SuperNode's
+    ``data-dir``) replaces the run's ``data-dir`` for this client: its own data folder.
+    """
+    from graphfl.common import registry
+    from graphfl.common.graph import neighbourhood
 
     if num_partitions != cfg.nodes:
         raise ValueError(
@@ -51,15 +75,13 @@ def build_runtime(cfg: RunConfig, partition_id: int, num_partitions: int, device
         )
     if not 0 <= partition_id < num_partitions:
         raise ValueError(f"partition-id {partition_id} is outside 0..{num_partitions - 1}")
-    task = tasks.create(cfg.task, data=cfg.data, data_dir=data_dir or cfg.data_dir, seed=cfg.seed)
-    data = task.client_data(partition_id, num_partitions)
-    graph, _ = resolve_client_graph(num_partitions, task.client_graph(num_partitions), cfg.graph_file, cfg.task)
-    requested = device or cfg.device
-    size = sum(p.numel() for p in task.build_model().parameters()) if requested == "auto" else None
+    if shared is None:
+        shared = shared_inputs(cfg, device, data_dir)
+    data = shared.task.client_data(partition_id, num_partitions)
     ctx: ClientContext[Any] = ClientContext(
         config=cfg, params=cfg.params, partition_id=partition_id, num_partitions=num_partitions,
-        task=task, data=data, device=pick_device(requested, size),
-        neighbourhood=neighbourhood(graph, partition_id),
+        task=shared.task, data=data, device=shared.device,
+        neighbourhood=neighbourhood(shared.graph, partition_id),
     )
     spec = registry.get_client(cfg.strategy)
     return ClientRuntime(ctx, spec.client_trainer(ctx))
@@ -77,31 +99,45 @@ def handle(
     ``phase`` names what the trainer does (``None``: ``fit`` for train, ``evaluate`` for
     evaluate requests). Evaluation metrics are returned under ``wire.EVAL_PREFIX``.
     """
-    ctx = runtime.ctx
     if kind not in REQUEST_KINDS:
         raise ValueError(f"unknown request kind {kind!r}; expected one of {list(REQUEST_KINDS)}")
-    metrics: dict[str, float] = {
+    metrics = reply_metrics(runtime)
+    t0 = time.perf_counter()
+    if kind == wire.TRAIN:
+        if eval_first:
+            metrics.update(prefixed(runtime.trainer.evaluate(payload, state)))
+        result = runtime.trainer.fit_phase(phase or FIT_PHASE, server_round, payload, state)
+        return train_reply(runtime, server_round, payload, result, state, metrics, phase, t0)
+    evaluation = (runtime.trainer.evaluate(payload, state) if kind == wire.JOIN
+                  else runtime.trainer.evaluate_phase(phase or EVALUATE_PHASE, payload, state))
+    metrics.update(prefixed(evaluation))
+    metrics[wire.CLIENT_SECONDS] = time.perf_counter() - t0
+    return None, metrics
+
+
+def reply_metrics(runtime: ClientRuntime) -> dict[str, float]:
+    """The metrics every reply starts with: partition id and count, sample count, GPU flag."""
+    ctx = runtime.ctx
+    return {
         wire.PARTITION_ID: float(ctx.partition_id),
         wire.NUM_PARTITIONS: float(ctx.num_partitions),
         wire.NUM_EXAMPLES: float(ctx.data.num_train),
         wire.CLIENT_ON_GPU: float(str(ctx.device).startswith("cuda")),
     }
-    t0 = time.perf_counter()
-    if kind == wire.TRAIN:
-        if eval_first:
-            metrics.update(_prefixed(runtime.trainer.evaluate(payload, state)))
-        result = runtime.trainer.fit_phase(phase or FIT_PHASE, server_round, payload, state)
-        upload = compress_upload(runtime, server_round, payload, result.arrays, state)
-        runtime.trainer.after_upload(phase or FIT_PHASE, server_round, payload, upload.decoded, state)
-        metrics.update({k: float(v) for k, v in result.metrics.items()})
-        metrics[wire.NUM_EXAMPLES] = float(result.num_examples)
-        metrics[wire.CLIENT_SECONDS] = time.perf_counter() - t0
-        return upload.wire_arrays, metrics
-    evaluation = (runtime.trainer.evaluate(payload, state) if kind == wire.JOIN
-                  else runtime.trainer.evaluate_phase(phase or EVALUATE_PHASE, payload, state))
-    metrics.update(_prefixed(evaluation))
+
+
+def train_reply(runtime: ClientRuntime, server_round: int, payload: Payload, result: FitResult, state: ClientState,
+                metrics: dict[str, float], phase: str | None, t0: float) -> tuple[Arrays, dict[str, float]]:
+    """A train request's reply from the trainer's ``result``: the upload encoded
+    (:func:`compress_upload`), the trainer's :meth:`~graphfl.common.core.ClientTrainer.after_upload`,
+    ``result``'s metrics and sample count added to ``metrics``, the seconds since ``t0``.
+    """
+    upload = compress_upload(runtime, server_round, payload, result.arrays, state)
+    runtime.trainer.after_upload(phase or FIT_PHASE, server_round, payload, upload.decoded, state)
+    metrics.update({k: float(v) for k, v in result.metrics.items()})
+    metrics[wire.NUM_EXAMPLES] = float(result.num_examples)
     metrics[wire.CLIENT_SECONDS] = time.perf_counter() - t0
-    return None, metrics
+    return upload.wire_arrays, metrics
 
 
 def compress_upload(runtime: ClientRuntime, server_round: int, payload: Payload, arrays: Arrays,
@@ -120,5 +156,6 @@ def compress_upload(runtime: ClientRuntime, server_round: int, payload: Payload,
     return encode(arrays, payload.arrays, cfg, rng, state)
 
 
-def _prefixed(evaluation: dict[str, float]) -> dict[str, float]:
+def prefixed(evaluation: dict[str, float]) -> dict[str, float]:
+    """Evaluation metrics under :data:`graphfl.common.wire.EVAL_PREFIX`, as a reply carries them."""
     return {wire.EVAL_PREFIX + k: float(v) for k, v in evaluation.items()}

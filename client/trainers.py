@@ -9,15 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from graphfl.client.training import (
-    evaluate_client,
-    get_arrays,
-    param_keys,
-    proximal_penalty,
-    set_arrays,
-    sgd_steps,
-)
-from graphfl.common.core import ClientContext, ClientTrainer, P
+from graphfl.client.objective import LocalObjective, Penalty, proximal_term
+from graphfl.client.training import evaluate_client, get_arrays, param_keys, set_arrays, sgd_steps
+from graphfl.common.core import EVALUATE_PHASE, FIT_PHASE, ClientContext, ClientTrainer, P
 from graphfl.common.registry import ClientSpec, register_client
 from graphfl.common.types import Arrays, ClientState, FitResult, Payload
 from graphfl.strategies.fedavg import FedAvgParams, FedProxParams
@@ -41,7 +35,15 @@ def store_model(state: ClientState, arrays: Arrays) -> None:
 
 
 class SGDTrainer(ClientTrainer[P]):
-    """Local SGD from the received model; optional proximal term towards it (``mu``)."""
+    """Local SGD from the received model; optional proximal term towards it (``mu``).
+
+    A round is :meth:`objective` (the :class:`~graphfl.client.objective.LocalObjective`: start,
+    steps, minibatch generator, penalty terms), the SGD steps, then :meth:`finish` (the upload,
+    metrics and state). :meth:`fit` runs the three for one client; the batched engine
+    (:mod:`graphfl.client.batched`) runs the steps of many clients at once between the same
+    :meth:`objective` and :meth:`finish`. Evaluation is :meth:`evaluation_arrays` (the models to
+    evaluate, by metric prefix) on the test split.
+    """
 
     mu: float = 0.0
 
@@ -49,6 +51,7 @@ class SGDTrainer(ClientTrainer[P]):
         super().__init__(ctx)
         self.mu = mu
         self.loss_fn = ctx.task.loss_fn()
+        self._keys: tuple[str, ...] | None = None
 
     def start_arrays(self, payload: Payload, state: ClientState) -> Arrays:
         return payload.arrays
@@ -56,28 +59,76 @@ class SGDTrainer(ClientTrainer[P]):
     def rng(self, server_round: int) -> np.random.Generator:
         return client_rng(self.ctx.config.seed, 3, self.ctx.partition_id, server_round)
 
-    def fit(self, server_round: int, payload: Payload, state: ClientState) -> FitResult:
-        model = self.ctx.task.build_model()
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """The trainable parameters' keys (θ of ALGORITHMS.md §1.1), in registration order."""
+        if self._keys is None:
+            self._keys = param_keys(self.ctx.task.build_model())
+        return self._keys
+
+    def penalties(self, server_round: int, payload: Payload, state: ClientState,
+                  start: Arrays) -> tuple[Penalty, ...]:
+        """The terms added to the data loss this round: FedProx's ``μ/2 ‖θ − θ_start‖²`` when ``mu > 0``."""
+        return (proximal_term(start, self.mu, self.keys),) if self.mu > 0 else ()
+
+    def objective(self, server_round: int, payload: Payload, state: ClientState) -> LocalObjective:
+        """The round's local problem: ``train.local-steps`` steps from :meth:`start_arrays`."""
         start = self.start_arrays(payload, state)
-        set_arrays(model, start)
-        penalty = proximal_penalty(start, self.mu, param_keys(model)) if self.mu > 0 else None
+        return LocalObjective(start, self.ctx.config.train.local_steps, self.rng(server_round),
+                              self.penalties(server_round, payload, state, start))
+
+    def finish(self, server_round: int, payload: Payload, state: ClientState, objective: LocalObjective,
+               arrays: Arrays, loss: float) -> FitResult:
+        """The round's result from the trained ``arrays`` and mean data ``loss``; keeps what the
+        trainer keeps (:meth:`after_fit`).
+        """
+        self.after_fit(arrays, state)
+        return FitResult(arrays, self.ctx.data.num_train, {"train_loss": loss, **objective.extra})
+
+    def fit(self, server_round: int, payload: Payload, state: ClientState) -> FitResult:
+        objective = self.objective(server_round, payload, state)
+        model = self.ctx.task.build_model()
+        set_arrays(model, objective.start)
         tc = self.ctx.config.train
         loss = sgd_steps(
-            model, self.ctx.data, self.loss_fn, tc.local_steps, tc.batch_size, tc.lr,
-            self.rng(server_round), penalty=penalty, momentum=tc.momentum,
+            model, self.ctx.data, self.loss_fn, objective.steps, tc.batch_size, tc.lr,
+            objective.rng, penalty=objective.penalty_on_model(), momentum=tc.momentum,
             weight_decay=tc.weight_decay, device=self.ctx.device,
         )
-        arrays = get_arrays(model)
-        self.after_fit(arrays, state)
-        return FitResult(arrays, self.ctx.data.num_train, {"train_loss": loss})
+        return self.finish(server_round, payload, state, objective, get_arrays(model), loss)
 
     def after_fit(self, arrays: Arrays, state: ClientState) -> None:
         """Hook for trainers that keep the trained model (local training)."""
 
+    def fit_by_objective(self, phase: str) -> bool:
+        """Whether ``phase`` is served as :meth:`objective` → SGD steps → :meth:`finish`: the
+        ``fit`` phase, unless a subclass replaced :meth:`fit` or :meth:`fit_phase`.
+        """
+        cls = type(self)
+        return phase == FIT_PHASE and cls.fit is SGDTrainer.fit and cls.fit_phase is ClientTrainer.fit_phase
+
+    def evaluate_by_arrays(self, phase: str) -> bool:
+        """Whether ``phase`` is evaluated as :meth:`evaluation_arrays` on the test split (the
+        ``evaluate`` phase, unless a subclass replaced :meth:`evaluate` or :meth:`evaluate_phase`).
+        """
+        cls = type(self)
+        return (phase == EVALUATE_PHASE and cls.evaluate is SGDTrainer.evaluate
+                and cls.evaluate_phase is ClientTrainer.evaluate_phase)
+
+    def evaluation_arrays(self, payload: Payload, state: ClientState) -> dict[str, Arrays]:
+        """The models :meth:`evaluate` reports, by metric prefix: ``""`` (``test_*``, ``num_test``)
+        is :meth:`start_arrays`; any other prefix adds ``<prefix>test_*`` (without ``num_test``).
+        """
+        return {"": self.start_arrays(payload, state)}
+
     def evaluate(self, payload: Payload, state: ClientState) -> dict[str, float]:
-        model = self.ctx.task.build_model()
-        set_arrays(model, self.start_arrays(payload, state))
-        return evaluate_client(model, self.ctx.task, self.ctx.data, self.loss_fn, device=self.ctx.device)
+        out: dict[str, float] = {}
+        for prefix, arrays in self.evaluation_arrays(payload, state).items():
+            model = self.ctx.task.build_model()
+            set_arrays(model, arrays)
+            metrics = evaluate_client(model, self.ctx.task, self.ctx.data, self.loss_fn, device=self.ctx.device)
+            out.update(metrics if not prefix else {f"{prefix}{k}": v for k, v in metrics.items() if k != "num_test"})
+        return out
 
 
 class LocalTrainer(SGDTrainer[LocalParams]):

@@ -199,18 +199,3 @@ def evaluate_client(model: nn.Module, task: Any, data: ClientData, loss_fn: nn.M
     """:func:`evaluate_model` on ``data``'s test split with the task's collate and metrics."""
     return evaluate_model(model, data.x_test, data.y_test, loss_fn, task.kind == "classification",
                           device=device, collate=data.collate, metrics_fn=task.metrics)
-
-
-def proximal_penalty(anchor: dict[str, np.ndarray], mu: float, keys: tuple[str, ...]) -> Callable[[nn.Module], torch.Tensor]:
-    """``μ/2 Σ_k ‖θ_k − anchor_k‖²`` over trainable parameters ``keys`` (FedProx, FeSEM eq. 10.10)."""
-    anchors = {k: torch.as_tensor(np.asarray(anchor[k])) for k in keys}
-
-    def penalty(model: nn.Module) -> torch.Tensor:
-        params = dict(model.named_parameters())
-        total = torch.zeros((), dtype=torch.float32)
-        for k, a in anchors.items():
-            p = params[k]
-            total = total + ((p - a.to(p.device)) ** 2).sum()
-        return 0.5 * mu * total
-
-    return penalty

@@ -226,7 +226,8 @@ class ChannelConfig:
         return self.noise > 0 or self.missing > 0
 
 
-ENGINES = ("local-deployment", "simulation", "inprocess")
+ENGINES = ("local-deployment", "simulation", "inprocess", "batched")
+"""``batched``: the in-process engine with a round's clients trained stacked (:mod:`graphfl.server.batched`)."""
 DEVICES = ("auto", "cpu", "cuda")
 
 

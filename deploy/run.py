@@ -305,7 +305,7 @@ def _launch(
     clientapp_mode: str = "warm", on_federation: Callable[[LocalFederation], None] | None = None,
 ) -> None:
     """Run ``cfg`` on the chosen engine (in-process, a local federation, or a remote SuperLink)."""
-    if superlink is None and cfg.engine == "inprocess":
+    if superlink is None and cfg.engine in ("inprocess", "batched"):
         from graphfl.server.inprocess import run_federated_inprocess
 
         with run_lock.acquire(out, name=run_lock.WRITER_LOCK_NAME, role="inprocess", run_key=cfg.run_key):

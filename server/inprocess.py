@@ -11,13 +11,13 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from graphfl.client.handler import ClientRuntime, build_runtime, handle
+from graphfl.client.handler import ClientRuntime, SharedInputs, build_runtime, handle, shared_inputs
 from graphfl.client.noisy_channel import CHANNEL_REF, transmit_upload
-from graphfl.client.state_store import CLIENT_STATE_DIR, state_for_request, store_for
+from graphfl.client.state_store import CLIENT_STATE_DIR, StateStore, state_for_request, store_for
 from graphfl.common import wire
 from graphfl.common.config import RunConfig
 from graphfl.common.core import EVALUATE_PHASE, ServerCore
-from graphfl.common.types import ClientState, Payload
+from graphfl.common.types import Arrays, ClientState, Payload
 from graphfl.server.exchange import Reply, Request
 from graphfl.server.recorder import RunRecorder
 from graphfl.server.rounds import ServerInputs, run_federated
@@ -45,48 +45,85 @@ class InProcessExchange:
         self.fail: dict[FailKey, str] = dict(fail or {})
         self.state_dir = str(state_dir) if state_dir else None
         self._live: set[int] = set()   # clients whose state this run produced (else it may be loaded)
+        self._shared: SharedInputs | None = None
 
     def runtime(self, pid: int) -> ClientRuntime:
-        """The client's runtime, built on first use (its data stays loaded)."""
+        """The client's runtime, built on first use (its data stays loaded; the task and the
+        client graph are built once for all clients).
+        """
         if pid not in self.runtimes:
-            self.runtimes[pid] = build_runtime(self.cfg, pid, self.cfg.nodes)
+            if self._shared is None:
+                self._shared = shared_inputs(self.cfg)
+            self.runtimes[pid] = build_runtime(self.cfg, pid, self.cfg.nodes, shared=self._shared)
             self.states[pid] = {}
         return self.runtimes[pid]
 
-    def _call(self, request: Request, pid: int, payload: Payload) -> Reply:
+    def fail_mode(self, request: Request, pid: int) -> str | None:
+        """The injected behaviour for this request and client (``"error"``, ``"nan"`` or ``None``)."""
         r = request.server_round
-        mode = self.fail.get((r, pid, request.phase), self.fail.get((r, pid)))
-        if mode == "error":
-            return Reply(pid, error="injected failure")
-        try:
-            runtime = self.runtime(pid)
-            store = store_for(self.state_dir, self.cfg.run_key, pid)
-            state, restored = state_for_request(store, request.kind, r, self.states[pid], pid in self._live)
-            self.states[pid] = state
-            arrays, metrics = handle(runtime, request.kind, r, payload, state, request.eval_first, request.phase)
-            if restored is not None:
-                metrics[wire.STATE_RESTORED] = float(restored)
-            if request.kind != wire.JOIN:
-                self._live.add(pid)
-                if store is not None:
-                    store.save(r, state)
-        except OSError as exc:  # its state could not be saved (a full disk): the reason, not a traceback
+        return self.fail.get((r, pid, request.phase), self.fail.get((r, pid)))
+
+    def open_client(self, request: Request, pid: int) -> tuple[ClientRuntime, StateStore | None, ClientState,
+                                                                 int | None]:
+        """The client's runtime, state store, the state to serve ``request`` with and the round
+        it was restored from (:func:`~graphfl.client.state_store.state_for_request`).
+        """
+        runtime = self.runtime(pid)
+        store = store_for(self.state_dir, self.cfg.run_key, pid)
+        state, restored = state_for_request(store, request.kind, request.server_round, self.states[pid],
+                                            pid in self._live)
+        self.states[pid] = state
+        return runtime, store, state, restored
+
+    def close_client(self, request: Request, pid: int, store: StateStore | None, state: ClientState,
+                     restored: int | None, metrics: dict[str, float]) -> None:
+        """After a served request: report a restored state, mark the client live, save its state."""
+        if restored is not None:
+            metrics[wire.STATE_RESTORED] = float(restored)
+        if request.kind != wire.JOIN:
+            self._live.add(pid)
+            if store is not None:
+                store.save(request.server_round, state)
+
+    @staticmethod
+    def error_reply(request: Request, pid: int, exc: Exception) -> Reply:
+        """A failed client's reply (logged; an ``OSError``, a full disk say, without a traceback)."""
+        r = request.server_round
+        if isinstance(exc, OSError):
             logger.error("client %d failed in round %d (phase %s): %s", pid, r, request.phase, exc)
-            return Reply(pid, error=f"{type(exc).__name__}: {exc}")
-        except Exception as exc:  # a failing client is a failed reply, as in deployment
-            logger.exception("client %d failed in round %d (phase %s)", pid, r, request.phase)
-            return Reply(pid, error=f"{type(exc).__name__}: {exc}")
+        else:
+            logger.error("client %d failed in round %d (phase %s)", pid, r, request.phase, exc_info=exc)
+        return Reply(pid, error=f"{type(exc).__name__}: {exc}")
+
+    def transmit(self, request: Request, pid: int, payload: Payload, arrays: Arrays | None,
+                 metrics: dict[str, float], mode: str | None) -> Reply:
+        """The reply as the server receives it: through the noisy uplink when ``[channel]`` is on
+        (the function the ClientApp's channel mod applies), NaN-poisoned when injected.
+        """
         mask = None
         channel = self.cfg.channel
-        if arrays and channel.active:  # the same function the ClientApp's channel mod applies
+        if arrays and channel.active:
             ref = payload.config.get(CHANNEL_REF)
-            arrays, mask = transmit_upload(arrays, channel.noise, channel.missing, self.cfg.seed, pid, r,
-                                           request.phase, None if ref is None else float(ref))
+            arrays, mask = transmit_upload(arrays, channel.noise, channel.missing, self.cfg.seed, pid,
+                                           request.server_round, request.phase, None if ref is None else float(ref))
         if mode == "nan" and arrays:
             key = next(iter(arrays))
             arrays = dict(arrays)
             arrays[key] = arrays[key] * float("nan")
         return Reply(pid, arrays, metrics, mask=mask)
+
+    def _call(self, request: Request, pid: int, payload: Payload) -> Reply:
+        r = request.server_round
+        mode = self.fail_mode(request, pid)
+        if mode == "error":
+            return Reply(pid, error="injected failure")
+        try:
+            runtime, store, state, restored = self.open_client(request, pid)
+            arrays, metrics = handle(runtime, request.kind, r, payload, state, request.eval_first, request.phase)
+            self.close_client(request, pid, store, state, restored, metrics)
+        except Exception as exc:  # noqa: BLE001 - a failing client is a failed reply (logged), as in deployment
+            return self.error_reply(request, pid, exc)
+        return self.transmit(request, pid, payload, arrays, metrics, mode)
 
     def join(self, initial: Payload, num_clients: int) -> dict[int, Reply]:
         """Every client evaluates the initial model and reports its partition and size."""
@@ -135,12 +172,21 @@ def run_federated_inprocess(
     spec = registry.get(cfg.strategy)
     inputs = server_inputs(cfg)
     state_dir = Path(out_dir) / CLIENT_STATE_DIR if out_dir else None
-    exchange = InProcessExchange(cfg, fail, state_dir=state_dir)
+    exchange: InProcessExchange
+    if cfg.engine == "batched":
+        from graphfl.server.batched import BatchedExchange
+
+        exchange = BatchedExchange(cfg, fail, state_dir=state_dir)
+    else:
+        exchange = InProcessExchange(cfg, fail, state_dir=state_dir)
     try:  # the device the clients really train on (``auto`` depends on the model's size)
         device: str | None = str(exchange.runtime(0).ctx.device)
     except Exception:  # noqa: BLE001 - a broken client 0 fails inside the run, with its own report
         device = None
-    recorder = RunRecorder(cfg, cfg.strategy, Path(out_dir) if out_dir else None, name=name,
-                           env={**env_info(device), "engine": "inprocess"}, progress=progress)
+    env: dict[str, Any] = {**env_info(device), "engine": "inprocess"}
+    if cfg.engine == "batched":
+        env.update(exchange.describe())   # type: ignore[attr-defined]
+    recorder = RunRecorder(cfg, cfg.strategy, Path(out_dir) if out_dir else None, name=name, env=env,
+                           progress=progress)
     core = run_federated(cfg, spec, exchange, inputs, recorder)
     return recorder.document(), core

@@ -1,0 +1,189 @@
+"""The batched engine (``engine = batched``) gives the per-client in-process engine's numbers.
+
+Each case runs the same config on both engines in this process and compares every number of
+every curve row (losses, accuracies, per-client values, bytes, server metrics) to ``RTOL``:
+batched matrix products sum in another order than one client's, so the runs are close, not
+bit-identical. Times (keys with ``seconds``) are left out.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from graphfl.common.config import parse_run_config
+from graphfl.server.inprocess import run_federated_inprocess
+
+RTOL = 1e-5
+ATOL = 1e-7
+
+
+def _run(engine: str, **settings: Any) -> tuple[dict[str, Any], Any]:
+    flat = {"rounds": 3, "nodes": 6, "train.local-steps": 4, "engine": engine, **settings}
+    cfg = parse_run_config(flat)
+    doc, core = run_federated_inprocess(cfg)
+    return doc, core
+
+
+def _compare(a: Any, b: Any, where: str) -> None:
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and set(a) == set(b), f"{where}: keys {sorted(a)} != {sorted(b)}"
+        for k in a:
+            if "seconds" not in k:   # times differ between any two runs
+                _compare(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, list):
+        assert isinstance(b, list) and len(a) == len(b), f"{where}: lengths differ"
+        for i, (x, y) in enumerate(zip(a, b)):
+            _compare(x, y, f"{where}[{i}]")
+    elif isinstance(a, float) or isinstance(b, float):
+        if a is None or b is None:
+            assert a is b, f"{where}: {a} != {b}"
+        elif math.isnan(a):
+            assert math.isnan(b), f"{where}: nan != {b}"
+        else:
+            assert math.isclose(a, b, rel_tol=RTOL, abs_tol=ATOL), f"{where}: {a} != {b}"
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def _same_curves(strategy: str, batched_fully: bool = True, **settings: Any) -> dict[str, Any]:
+    """Run both engines; with ``batched_fully`` also check that no request fell back to the
+    per-client path (else equal curves would prove nothing).
+    """
+    log = logging.getLogger("graphfl.server.batched")
+    lines, level = _Lines(), log.level
+    log.addHandler(lines)
+    log.setLevel(logging.INFO)
+    try:
+        batched, _ = _run("batched", strategy=strategy, **settings)
+    finally:
+        log.removeHandler(lines)
+        log.setLevel(level)
+    inproc, _ = _run("inprocess", strategy=strategy, **settings)
+    assert batched["status"] == inproc["status"] == "completed"
+    _compare(batched["methods"][strategy]["curve"], inproc["methods"][strategy]["curve"], strategy)
+    assert batched["env"]["engine"] == "batched"
+    fallbacks = [line for line in lines.lines if "client by client" in line]
+    if batched_fully:
+        assert not fallbacks, fallbacks
+        assert any("per chunk" in line for line in lines.lines), lines.lines
+    return batched
+
+
+PLAIN = ["fedavg", "fedprox", "local", "fesem", "cfl", "jgesr", "fedamp", "pfedgraph"]
+
+
+@pytest.mark.parametrize("strategy", PLAIN)
+def test_plain_sgd_strategies_equal_the_per_client_engine_on_synthetic_multicenter(strategy):
+    settings: dict[str, Any] = {"task": "synthetic-multicenter", "train.momentum": 0.5, "train.weight-decay": 0.01}
+    if strategy == "fedprox":
+        settings["fedprox.mu"] = 0.1
+    if strategy == "pfedgraph":
+        settings["pfedgraph.lam"] = 0.1
+    doc = _same_curves(strategy, **settings)
+    assert doc["env"]["batch_chunk"] >= 6   # every client in one chunk
+
+
+@pytest.mark.parametrize("strategy", ["fedavg", "fedprox", "fesem", "fedamp"])
+def test_strategies_equal_the_per_client_engine_on_digits(strategy):
+    _same_curves(strategy, task="digits", **({"fedprox.mu": 0.1} if strategy == "fedprox" else {}))
+
+
+def test_partial_participation_and_separate_evaluation_are_equal():
+    _same_curves("fedavg", task="digits", fraction_train=0.5, nodes=8)
+
+
+def test_failed_and_nan_clients_are_masked_out_as_in_the_per_client_engine():
+    cfg = parse_run_config({"strategy": "fedavg", "task": "synthetic-multicenter", "nodes": 6, "rounds": 2,
+                            "train.local-steps": 3, "engine": "batched"})
+    fail = {(1, 2): "error", (2, 4): "nan"}
+    batched, _ = run_federated_inprocess(cfg, fail=fail)
+    inproc, _ = run_federated_inprocess(parse_run_config({**cfg.to_flat(), "engine": "inprocess"}), fail=fail)
+    a, b = batched["methods"]["fedavg"]["curve"], inproc["methods"]["fedavg"]["curve"]
+    assert a[1]["clients_ok"] == 5 and a[2]["clients_ok"] == 5
+    _compare(a, b, "fedavg-failures")
+
+
+def test_compression_and_noisy_channel_are_equal():
+    _same_curves("fedavg", task="synthetic-multicenter", **{"compress.kind": "quant", "compress.bits": 4,
+                                                             "channel.noise": 0.1, "channel.missing": 0.1})
+
+
+def test_fedgate_equals_the_per_client_engine():
+    _same_curves("fedgate", task="synthetic-multicenter")
+
+
+def test_chunks_of_the_client_axis_give_the_same_numbers():
+    from graphfl.server.batched import BatchedExchange
+    from graphfl.server.inprocess import server_inputs
+    from graphfl.server.recorder import RunRecorder
+    from graphfl.server.rounds import run_federated
+    from graphfl.common import registry
+
+    cfg = parse_run_config({"strategy": "fedprox", "task": "synthetic-multicenter", "nodes": 7, "rounds": 2,
+                            "train.local-steps": 3, "engine": "batched", "fedprox.mu": 0.1})
+    docs = []
+    for chunk in (None, 3):
+        exchange = BatchedExchange(cfg, chunk=chunk)
+        recorder = RunRecorder(cfg, cfg.strategy, None, env={})
+        run_federated(cfg, registry.get(cfg.strategy), exchange, server_inputs(cfg), recorder)
+        docs.append(recorder.document())
+        assert exchange.chunk == (chunk or exchange.chunk) and exchange.batched_clients > 0
+    _compare(docs[0]["methods"]["fedprox"]["curve"], docs[1]["methods"]["fedprox"]["curve"], "chunked")
+
+
+def test_a_trainer_that_does_not_batch_runs_client_by_client_with_one_log_line(caplog):
+    with caplog.at_level(logging.INFO, logger="graphfl.server.batched"):
+        _same_curves("apfl", batched_fully=False, task="synthetic-multicenter")
+    lines = [r.getMessage() for r in caplog.records if "client by client" in r.getMessage()]
+    assert lines and all("APFLTrainer" in line for line in lines)
+    assert len(lines) == len(set(lines))
+
+
+def test_unbatchable_models_and_inputs_are_named():
+    from graphfl.client.batched import unbatchable_reason
+    from graphfl.common.types import ClientData
+
+    x = np.zeros((4, 3), np.float32)
+    plain = ClientData(x, np.zeros(4, np.int64), x, np.zeros(4, np.int64))
+    graphs = ClientData(x, np.zeros(4, np.int64), x, np.zeros(4, np.int64), collate=torch.as_tensor)
+    assert unbatchable_reason(nn.Linear(3, 2), plain) is None
+    assert "collate" in str(unbatchable_reason(nn.Linear(3, 2), graphs))
+    assert "buffers" in str(unbatchable_reason(nn.Sequential(nn.Linear(3, 2), nn.BatchNorm1d(2)), plain))
+    assert "Dropout" in str(unbatchable_reason(nn.Sequential(nn.Linear(3, 2), nn.Dropout(0.1)), plain))
+
+
+def test_the_client_graph_is_built_once_for_all_clients(monkeypatch):
+    from graphfl.server.inprocess import InProcessExchange
+    from graphfl.tasks.synthetic import SyntheticMulticenter
+
+    calls = []
+    original = SyntheticMulticenter.client_graph
+
+    def counting(self, n):
+        calls.append(n)
+        return original(self, n)
+
+    monkeypatch.setattr(SyntheticMulticenter, "client_graph", counting)
+    cfg = parse_run_config({"strategy": "fedavg", "task": "synthetic-multicenter", "nodes": 12, "rounds": 1,
+                            "engine": "inprocess"})
+    exchange = InProcessExchange(cfg)
+    for pid in range(12):
+        exchange.runtime(pid)
+    assert len(calls) == 1
+    assert exchange.runtime(5).ctx.neighbourhood.ids   # the shared graph still gives each client its neighbours
