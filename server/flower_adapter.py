@@ -44,7 +44,7 @@ MetricRecordValue = int | float | list[int] | list[float]
 
 FINAL_PULL_S = 1.0
 """After a round's deadline, one more pull collects replies that arrived while the pull of a
-straggler's half-pushed reply used up the deadline (found by ``graphfl bench faults``)."""
+straggler's half-pushed reply used up the deadline."""
 EXCHANGE_TRACE = "exchange.jsonl"
 """Per-exchange timing trace under ``<out>/logs`` (read by ``graphfl bench deploy``)."""
 REJOIN_ATTEMPTS = 2
