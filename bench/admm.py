@@ -28,7 +28,15 @@ Every setting the paper does not give is listed in the result's ``unspecified_se
 ``ϱ ∈ {0.1, 0.9}``, 3 seeds, a 5-value λ grid ``10^{-4..0}`` and fixed ``λ ∈ {0.01, 0.1}``
 (one worker process per core, ``GRAPHFL_BENCH_WORKERS`` overrides). Full: the paper's grids A
 and B (90 settings) with 3 seeds and a 9-value λ grid; the result records its own time estimate
-(``config.expected_seconds_full``). ``run(quick, seed, out)`` writes ``<out>/admm.{json,md,png}``.
+(``config.expected_seconds_full``).
+
+The benchmark is declared for the harness (:func:`declare`, :mod:`graphfl.bench.harness`): one
+*joint* cell per (V, n, ϱ, seed) runs all six methods on one draw, computed by the worker
+processes and stored in the run cache ``<out>/cache`` (a killed run continues; the convergence
+runs are cached too), the estimate logged. ``run(quick, seed, out)`` writes
+``<out>/admm.{json,md,png}`` in the harness's layout (results per setting and method, paired
+differences of the error) followed by the figure tables, the edge tests, the convergence and the
+claims.
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +56,7 @@ import numpy as np
 import numpy.typing as npt
 from threadpoolctl import threadpool_limits
 
-from graphfl.common.envinfo import env_info
-from graphfl.common.results import atomic_write_text, markdown_table, plot_panels, write_json
+from graphfl.common.results import markdown_table, plot_panels
 from graphfl.p2p.algorithms.admm_math import (
     COVARIANCES,
     CVResult,
@@ -68,6 +76,10 @@ from graphfl.p2p.algorithms.admm_math import (
     run_admm_stacked,
     select_edges,
 )
+
+from .harness import Bench, Cell, Metric, run_bench
+from .report import build_doc, write_report
+from .runcache import RunCache
 
 logger = logging.getLogger(__name__)
 
@@ -608,28 +620,100 @@ def expected_seconds(plan: Plan, seconds_per_step: float) -> float:
     return total * seconds_per_step / max(1, plan.workers)
 
 
+RESUMABLE = True
+"""An interrupted run continues in the same ``--out`` (finished cells come from ``<out>/cache``)."""
+CACHE_VERSION = 1
+"""Part of every cached cell's key: bump it when a change of code changes a setting's results."""
+
+
+def setting_key(cell: Cell, plan: Plan) -> dict[str, Any]:
+    """The run-cache key of one draw (setting and seed) and everything of ``plan`` its result depends on."""
+    fit = {k: getattr(plan, k) for k in ("lambdas", "fixed_lambdas", "cv_folds", "cv_iter", "n_iter", "alpha", "rho")}
+    return {"bench": NAME, **cell.at, "seed": cell.seed, **fit, "version": CACHE_VERSION}
+
+
+def setting_cell(cell: Cell, plan: Plan) -> dict[str, Any]:
+    """One joint cell: every method on the draw of ``cell``'s setting and seed (:func:`run_setting`)."""
+    at = cell.at
+    return run_setting(at["V"], at["n"], at["flip"], cell.seed, plan)
+
+
+def setting_cost(cell: Cell, plan: Plan) -> float:
+    """Relative cost of a cell: node-or-edge steps of its graphs at the expected edge counts."""
+    v, f = cell.at["V"], cell.at["flip"]
+    pairs = v * (v - 1) / 2
+    e0 = K0 * (v // K0) * (v // K0 - 1) / 2
+    eg = e0 * (1 - f) + (pairs - e0) * f
+    return float(sum(v + e for e in {round(eg), round(e0 * (1 - f)), round(e0)}))
+
+
+def _final(part: dict[str, Any], plan: Plan) -> dict[str, Any]:
+    out = {k: part.get(k) for k in ("error", "lambda", "edges", "false_edges", "true_edges_missing")}
+    for lam in plan.fixed_lambdas:
+        out[f"error_lambda={lam:g}"] = (part.get("fixed_lambda_error") or {}).get(repr(float(lam)))
+    return out
+
+
+def _failed(result: dict[str, Any]) -> str | None:
+    """A method's share fails when its estimation error is not finite (a whole draw never fails)."""
+    if "methods" in result:
+        return None
+    err = result.get("error")
+    return None if err is not None and math.isfinite(err) else f"estimation error {err}"
+
+
+PAIRS = (("fedadmm-es", "local"), ("fedadmm-es", "fedadmm"), ("fedadmm", "local"), ("fedadmm-local-es", "local"))
+"""Paired per-seed differences ``a − b`` of the estimation error (negative = ``a`` better)."""
+
+
+def declare(plan: Plan) -> Bench:
+    """B4 on the harness: points (V, n, ϱ) of both panels; one joint cell per draw runs all six methods."""
+    return Bench(
+        name=NAME, title="B4: FedADMM estimation error (seed 001 / original paper §5)", methods=METHODS,
+        points=[{"V": v, "n": n, "flip": f} for v, n, f in plan.settings()], seeds=list(plan.seeds),
+        metrics=(Metric("error", "‖Θ̂ − Θ*‖²/V"), Metric("lambda", "λ (CV)", fmt=".4g", paired=False),
+                 Metric("edges", fmt=".1f", paired=False), Metric("false_edges", "false edges", fmt=".1f", paired=False),
+                 Metric("true_edges_missing", "true edges missing", fmt=".1f", paired=False),
+                 *(Metric(f"error_lambda={lam:g}", f"error at λ = {lam:g}") for lam in plan.fixed_lambdas)),
+        run_cell=partial(setting_cell, plan=plan), key=partial(setting_key, plan=plan),
+        final=partial(_final, plan=plan), failed=_failed, joint=True, workers=plan.workers, pairs=PAIRS,
+        cost=partial(setting_cost, plan=plan))
+
+
+def convergence_runs(plan: Plan, lam_of: dict[tuple[int, int, float, int], float], out: Path) -> list[dict[str, Any]]:
+    """:func:`run_convergence` per seed at ``plan.conv_setting`` (through the run cache in ``<out>/cache``)."""
+    cache = RunCache(out / "cache")
+    cv_, cn, cf = plan.conv_setting
+    jobs = [(cv_, cn, cf, s, lam_of[(cv_, cn, cf, s)]) for s in plan.seeds]
+
+    def key(job: tuple[int, int, float, int, float]) -> dict[str, Any]:
+        return {"bench": NAME, "convergence": list(job[:3]), "seed": job[3], "lambda": job[4], "rho": plan.rho,
+                "conv_iter": plan.conv_iter, "conv_batch": plan.conv_batch, "conv_every": plan.conv_every,
+                "version": CACHE_VERSION}
+
+    todo = [j for j in jobs if not cache.has(key(j))]
+    if plan.workers > 1 and len(todo) > 1:
+        with ProcessPoolExecutor(max_workers=plan.workers) as pool:
+            for job, res in zip(todo, pool.map(run_convergence, *zip(*todo), [plan] * len(todo))):
+                cache(key(job), lambda res=res: res)
+    return [cache(key(j), lambda j=j: run_convergence(*j, plan)) for j in jobs]
+
+
 def run(quick: bool, seed: int, out: Path, plan: Plan | None = None) -> dict[str, Any]:
     """Run B4 and write ``<out>/admm.{json,md,png}``; returns the result dict (``plan`` overrides, for tests)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
     plan = plan or make_plan(quick, seed)
-    jobs = [(v, n, f, s) for (v, n, f) in plan.settings() for s in plan.seeds]
     logger.info("B4: %d settings x %d seeds on %d worker(s)", len(plan.settings()), len(plan.seeds), plan.workers)
-    if plan.workers > 1:
-        with ProcessPoolExecutor(max_workers=plan.workers) as pool:
-            results = list(pool.map(run_setting, *zip(*jobs), [plan] * len(jobs)))
-    else:
-        results = [run_setting(v, n, f, s, plan) for v, n, f, s in jobs]
+    bench = declare(plan)
+    outcome = run_bench(bench, out)
+    results = [outcome.joint[(tuple({"V": v, "n": n, "flip": f}.items()), s)]
+               for (v, n, f) in plan.settings() for s in plan.seeds]
     table = summarise(results)
     lam_of = {(r["V"], r["n"], r["flip"], r["seed"]): r["methods"]["fedadmm"]["lambda"] for r in results}
+    conv_runs = convergence_runs(plan, lam_of, out)
     cv_, cn, cf = plan.conv_setting
-    conv_jobs = [(cv_, cn, cf, s, lam_of[(cv_, cn, cf, s)]) for s in plan.seeds]
-    if plan.workers > 1:
-        with ProcessPoolExecutor(max_workers=plan.workers) as pool:
-            conv_runs = list(pool.map(run_convergence, *zip(*conv_jobs), [plan] * len(conv_jobs)))
-    else:
-        conv_runs = [run_convergence(*j, plan) for j in conv_jobs]
     conv = {m: _combine_curves(conv_runs, m) for m in (*CONV_METHODS, "fedadmm-b10-avg")}
     steps = sum(r["graph_steps"] for r in results)
     grid_seconds = sum(r["seconds"] for r in results)
@@ -650,19 +734,17 @@ def run(quick: bool, seed: int, out: Path, plan: Plan | None = None) -> dict[str
         c = conv[m]
         methods[m] = {"final": {"dist_to_estimator": c[-1]["dist_to_estimator"],
                                 "estimation_error": c[-1]["estimation_error"]}, "curve": c}
-    doc: dict[str, Any] = {
-        "name": NAME,
-        "config": {**asdict(plan), "quick": quick, "p": P, "K0": K0, "loss": "least squares ½(y-θᵀx)²", "phi": "l1",
-                   "adapter": "run_admm_stacked (the reference iteration on stacked arrays, one process)",
-                   "es_covariance": COVARIANCES[0],
-                   "grid": {"error_vs_flip": [list(x) for x in plan.flip_settings],
-                            "error_vs_V": [list(x) for x in plan.v_settings],
-                            "convergence": list(plan.conv_setting), "columns": ["V", "n", "flip"],
-                            "cv_lambdas": list(plan.lambdas), "fixed_lambdas": list(plan.fixed_lambdas),
-                            "seeds": list(plan.seeds)},
-                   "seconds_per_step_measured": per_step,
-                   "expected_seconds": expected_seconds(plan, per_step),
-                   "expected_seconds_full": expected_seconds(full_plan, per_step)},
+    config = {**asdict(plan), "quick": quick, "p": P, "K0": K0, "loss": "least squares ½(y-θᵀx)²", "phi": "l1",
+              "adapter": "run_admm_stacked (the reference iteration on stacked arrays, one process)",
+              "es_covariance": COVARIANCES[0],
+              "figures": {"error_vs_flip": [list(x) for x in plan.flip_settings],
+                          "error_vs_V": [list(x) for x in plan.v_settings],
+                          "convergence": list(plan.conv_setting), "columns": ["V", "n", "flip"],
+                          "cv_lambdas": list(plan.lambdas), "fixed_lambdas": list(plan.fixed_lambdas)},
+              "seconds_per_step_measured": per_step,
+              "expected_seconds": expected_seconds(plan, per_step),
+              "expected_seconds_full": expected_seconds(full_plan, per_step)}
+    doc = build_doc(bench, outcome, quick, config, extra={
         "unspecified_settings": UNSPECIFIED,
         "methods": methods,
         "convergence": {"setting": {"V": cv_, "n": cn, "flip": cf},
@@ -670,12 +752,10 @@ def run(quick: bool, seed: int, out: Path, plan: Plan | None = None) -> dict[str
                                                        "estimator_error", "seconds")} for r in conv_runs]},
         "claims": checked,
         "edge_tests": edge_test_grid,
-        "runs": [{k: v for k, v in r.items()} for r in results],
-        "env": env_info(),
-        "seconds": time.perf_counter() - t_start,
-    }
-    write_json(out / f"{NAME}.json", doc)
-    atomic_write_text(out / f"{NAME}.md", render_markdown(doc, plan, table, conv))
+        "runs": [{k: v for k, v in r.items() if k != "_key"} for r in results],
+    })
+    doc["seconds"] = time.perf_counter() - t_start
+    write_report(out, doc, sections=render_markdown(doc, plan, table, conv).split("\n"))
     draw(out / f"{NAME}.png", plan, table, conv)
     return doc
 
@@ -684,8 +764,8 @@ def render_markdown(doc: dict[str, Any], plan: Plan, table: dict[tuple[int, int,
                     conv: dict[str, list[dict[str, Any]]]) -> str:
     """Tables: error vs ϱ, error vs V, chosen λ and graphs, convergence, claims."""
     cols = [LABELS[m] for m in METHODS]
-    grid = doc["config"]["grid"]
-    lines = [f"# B4: FedADMM estimation error ({'quick' if doc['config']['quick'] else 'full'})", "",
+    grid = doc["config"]["figures"]
+    lines = [f"## Setting ({'quick' if doc['config']['quick'] else 'full'} form)", "",
              f"p = {P}, K0 = {K0}, seeds {list(plan.seeds)}, λ grid {list(plan.lambdas)} by {plan.cv_folds}-fold CV, "
              f"and fixed λ ∈ {list(plan.fixed_lambdas)}; edge test at α = {plan.alpha} with the "
              f"{doc['config']['es_covariance']!r} covariance; error = ‖Θ̂ − Θ*‖²_F / V, mean ± sd over seeds. "

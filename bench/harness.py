@@ -90,6 +90,8 @@ class Metric:
     lower_is_better: bool = True
     fmt: str = "auto"
     scale: float = 1.0
+    paired: bool = True
+    """Whether paired differences are reported for it (not for e.g. a chosen λ or an edge count)."""
 
     @property
     def title(self) -> str:
@@ -186,6 +188,23 @@ class Bench:
     """Why a cell is not run at all (neither run nor cached; reported as ``skipped``), or ``None``."""
     errors: tuple[type[BaseException], ...] = ()
     """Exceptions of ``run_cell`` that make a cell failed without storing it (the next run retries it)."""
+    joint: bool = False
+    """One cell computes every method of a (point, seed) at once (shared data, shared graph): the
+    cell's method is :data:`JOINT` and ``part(result, method)`` is a method's share of the result
+    (default ``result["methods"][method]``), which ``final`` and ``failed`` then read."""
+    part: Callable[[dict[str, Any], str], dict[str, Any]] | None = None
+    workers: int = 1
+    """Processes computing pending cells at once (benchmarks without tuning only; ``run_cell``
+    must then be picklable: a module-level function or a ``functools.partial`` of one)."""
+
+    def share(self, result: dict[str, Any], method: str) -> dict[str, Any]:
+        """A joint cell's share for ``method`` (the result itself for a per-method cell)."""
+        if not self.joint or result.get("_pending") or result.get("skipped"):
+            return result
+        if self.part is not None:
+            return self.part(result, method)
+        found: dict[str, Any] = result["methods"][method]
+        return found
 
     def methods_for(self, point: Point) -> list[str]:
         return list(self.methods_at(point) if self.methods_at else self.methods)
@@ -208,8 +227,9 @@ class Bench:
         if self.failed is not None:
             return self.failed(result)
         for k in ("failed", "diverged", "error"):
-            if result.get(k):
-                return str(result[k])
+            v = result.get(k)
+            if isinstance(v, str) and v or v is True:  # a message (a number under these names is a value)
+                return str(v)
         return None
 
     def pair_list(self) -> list[tuple[str, str]]:
@@ -218,6 +238,10 @@ class Bench:
         if self.reference is None:
             return []
         return [(m, self.reference) for m in self.methods if m != self.reference]
+
+
+JOINT = "*"
+"""The method of a joint cell (:attr:`Bench.joint`)."""
 
 
 class NotCached(Exception):
@@ -233,6 +257,7 @@ class _Progress:
     started: float = field(default_factory=time.perf_counter)
     done: int = 0
     count: int = 0
+    workers: int = 1
     computed_seconds: float = 0.0
     computed_weight: float = 0.0
     estimate: dict[str, Any] = field(default_factory=dict)
@@ -248,7 +273,7 @@ class _Progress:
         self.computed_weight += self.weight(cell)
         self.done = min(self.done + 1, len(self.pending))
         self.count += 1
-        left = self.remaining_weight() * self.computed_seconds / max(self.computed_weight, 1e-12)
+        left = self.remaining_weight() * self.computed_seconds / max(self.computed_weight, 1e-12) / self.workers
         if not self.estimate.get("from"):
             self.estimate.update({"from": "timed first cell", "first_cell": cell.label(),
                                   "first_cell_seconds": seconds, "seconds": seconds + left})
@@ -276,6 +301,8 @@ class _Runner:
         self.bench, self.cache, self.dry, self.progress = bench, cache, dry, progress
         self.seen: list[Cell] = []
         self.missing: list[Cell] = []
+        self.memo: dict[str, dict[str, Any]] = {}
+        """Results computed by the worker pool, by key (when there is no cache folder)."""
 
     def __call__(self, cell: Cell) -> dict[str, Any]:
         skip = self.bench.skip(cell) if self.bench.skip is not None else None
@@ -291,14 +318,20 @@ class _Runner:
                     raise NotCached(cell.label())
                 return dict(PENDING)
             return found
+        if repr(key) in self.memo:
+            return self.memo[repr(key)]
         if self.cache.has(key):
             return self.cache(key, lambda: {})
+        if self.cache.folder is None and repr(key) in self.memo:
+            return self.memo[repr(key)]
         t0 = time.perf_counter()
         try:
             result = self.cache(key, lambda: self.bench.run_cell(cell))
         except self.bench.errors as exc:  # a failed cell, not stored: the next run tries it again
             logger.warning("%s %s failed: %s", self.bench.name, cell.label(), exc)
             return {"error": f"{type(exc).__name__}: {exc}"}
+        if self.cache.folder is None:
+            self.memo[repr(key)] = result
         if self.progress is not None:
             self.progress.computed(cell, time.perf_counter() - t0)
         return result
@@ -319,6 +352,8 @@ class Outcome:
     runs: dict[tuple[tuple[tuple[str, Any], ...], str], list[dict[str, Any] | None]]
     """(point, method) -> per-seed cell results (``None`` where every setting failed)."""
     seconds: float
+    joint: dict[tuple[tuple[tuple[str, Any], ...], int], dict[str, Any]] = field(default_factory=dict)
+    """(point, seed) -> the whole result of a joint cell (:attr:`Bench.joint`)."""
 
 
 def _tune(bench: Bench, point: Point, run: _Runner) -> dict[tuple[str, ...], dict[str, Any]]:
@@ -421,6 +456,20 @@ def _walk(bench: Bench, run: _Runner) -> Iterator[tuple[Point, str, int, dict[st
             if tkey not in tuned_at:
                 tuned_at[tkey] = _tune(bench, point, run)
             records = tuned_at[tkey]
+        if bench.joint:
+            joint = {seed: run(Cell(_items(point), JOINT, seed)) for seed in bench.seeds}
+            for method in bench.methods_for(point):
+                for seed in bench.seeds:
+                    res = joint[seed]
+                    why = None if res.get("_pending") else bench.failure(res)
+                    if why is None:
+                        part = bench.share(res, method)
+                        why = None if part.get("_pending") else bench.failure(part)
+                        if why is None:
+                            yield point, method, seed, part, {}, [], None
+                            continue
+                    yield point, method, seed, None, {}, [why], None
+            continue
         for method in bench.methods_for(point):
             rec = records.get((method,))
             params = dict(rec["params"]) if rec else {}
@@ -515,6 +564,8 @@ def run_bench(bench: Bench, out: Path | None) -> Outcome:
             progress.estimate.update({"from": "cache", "seconds": 0.0})
     cache = RunCache(out / "cache" if out is not None else None)
     run = _Runner(bench, cache, dry=False, progress=progress)
+    if bench.workers > 1 and bench.tuning is None and pending:
+        _compute_in_pool(bench, pending, run, progress)
     runs: dict[tuple[tuple[tuple[str, Any], ...], str], list[dict[str, Any] | None]] = {}
     used: dict[tuple[tuple[tuple[str, Any], ...], str], list[dict[str, Any]]] = {}
     tuning: dict[tuple[tuple[tuple[str, Any], ...], str], dict[str, Any]] = {}
@@ -530,8 +581,35 @@ def run_bench(bench: Bench, out: Path | None) -> Outcome:
                           failures[(point, method)], tuning) for point, method in runs]
     paired = _pairs(bench, runs)
     tuning_records = _tuning_records(tuning)
+    joint = {(_items(p), s): run(Cell(_items(p), JOINT, s)) for p in bench.points for s in bench.seeds} \
+        if bench.joint else {}
     return Outcome(results=results, paired=paired, tuning=tuning_records, estimate=progress.estimate,
-                   runs=runs, seconds=time.perf_counter() - t_start)
+                   runs=runs, seconds=time.perf_counter() - t_start, joint=joint)
+
+
+def _timed(run_cell: Callable[[Cell], dict[str, Any]], cell: Cell) -> tuple[dict[str, Any], float]:
+    t0 = time.perf_counter()
+    return run_cell(cell), time.perf_counter() - t0
+
+
+def _compute_in_pool(bench: Bench, pending: list[Cell], run: _Runner, progress: _Progress) -> None:
+    """Compute ``pending`` in ``bench.workers`` processes; each result is stored as it arrives."""
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    logger.info("%s: %d cells on %d worker processes", bench.name, len(pending), bench.workers)
+    progress.workers = bench.workers
+    with ProcessPoolExecutor(max_workers=bench.workers) as pool:
+        futures = {pool.submit(_timed, bench.run_cell, cell): cell for cell in pending}
+        for fut in as_completed(futures):
+            cell = futures[fut]
+            try:
+                result, seconds = fut.result()
+            except bench.errors as exc:
+                logger.warning("%s %s failed: %s", bench.name, cell.label(), exc)
+                continue
+            key = bench.cell_key(cell)
+            run.memo[repr(key)] = run.cache(key, lambda result=result: result)
+            progress.computed(cell, seconds)
 
 
 def _aggregate(bench: Bench, point: tuple[tuple[str, Any], ...], method: str, runs: list[dict[str, Any] | None],
@@ -568,7 +646,7 @@ def _pairs(bench: Bench, runs: dict[tuple[tuple[tuple[str, Any], ...], str], lis
             fb = [bench.finals(r) if r is not None else {} for r in rb]
             out.append({"point": dict(point), "a": a, "b": b,
                         "metrics": {m.name: paired_difference([f.get(m.name) for f in fa], [f.get(m.name) for f in fb],
-                                                              m.lower_is_better) for m in bench.metrics}})
+                                                              m.lower_is_better) for m in bench.metrics if m.paired}})
     return out
 
 

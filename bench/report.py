@@ -134,17 +134,18 @@ def render_markdown(doc: Mapping[str, Any], intro: Sequence[str] = (), sections:
     cols = axes + ["method"] + (["tuned"] if tuned else []) + [m["label"] for m in metrics] + ["failed seeds"]
     lines += [f"## Results (test, mean ± sd over seeds {cfg['seeds']})", "", markdown_table(rows, cols), ""]
     if doc["paired"]:
+        paired_metrics = [m for m in metrics if m["name"] in doc["paired"][0]["metrics"]]
         prow = []
         for p in doc["paired"]:
             cells = []
-            for m in metrics:
+            for m in paired_metrics:
                 d = p["metrics"].get(m["name"]) or {}
                 cells.append("–" if d.get("mean") is None else
                              f"{_stat(d, formats.get(m['name'], m.get('format', 'auto')), m.get('scale', 1.0), True)} "
                              f"({d['first_better']}/{d['seeds']})")
             prow.append([_axis(p["point"].get(a, "")) for a in axes] + [f"{p['a']} − {p['b']}"] + cells)
         lines += ["## Paired per seed (a − b; (k/n) = seeds on which a is better)", "",
-                  markdown_table(prow, axes + ["pair"] + [m["label"] for m in metrics]), ""]
+                  markdown_table(prow, axes + ["pair"] + [m["label"] for m in paired_metrics]), ""]
     if doc["tuning"]:
         tn = cfg.get("tuning", {})
         values = sorted({float(v) for t in doc["tuning"] for v in t["scores"]})

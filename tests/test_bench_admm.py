@@ -57,7 +57,17 @@ def test_tiny_run_writes_results_and_fedadmm_on_the_true_graph_pools_clusters(tm
     assert set(tests) == {"hessian", "sandwich-hc3", "sandwich"}
     assert tests["hessian"]["local-es"]["true_tested"] == 5 and tests["hessian"]["local-es"]["false_tested"] == 40
     assert saved["config"]["es_covariance"] == "hessian"
-    assert saved["config"]["grid"]["error_vs_flip"] == [[10, 40, 0.0], [10, 40, 0.6]]
+    assert saved["config"]["figures"]["error_vs_flip"] == [[10, 40, 0.0], [10, 40, 0.6]]
+    # the harness's layout: one result per (setting, method), paired differences of the error
+    assert saved["config"]["grid"] == {"V": [10], "n": [40], "flip": [0.0, 0.6]}
+    es = next(r for r in saved["results"] if r["method"] == "fedadmm-es" and r["point"]["flip"] == 0.6)
+    assert es["metrics"]["error"]["per_seed"] == [noisy["fedadmm-es"]["error"]]
+    pair = next(p for p in saved["paired"] if (p["a"], p["b"]) == ("fedadmm-es", "local") and p["point"]["flip"] == 0.6)
+    assert pair["metrics"]["error"]["mean"] == noisy["fedadmm-es"]["error"] - noisy["local"]["error"]
+    assert "lambda" not in pair["metrics"]
+    # a second run in the same folder reads every draw from the cache
+    again = admm.run(quick=True, seed=0, out=tmp_path, plan=plan)
+    assert again["estimate"]["cells_to_run"] == 0 and again["runs"] == doc["runs"]
     assert saved["edge_tests"][0]["hessian"]["es"]["true_kept_share"] is not None
     md = (tmp_path / "admm.md").read_text()
     assert "Error vs ϱ" in md and "Settings the paper does not give" in md
