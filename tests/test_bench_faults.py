@@ -16,12 +16,11 @@ import pytest
 from graphfl.bench import faults
 from graphfl.common.config import ConfigError
 
-pytestmark = pytest.mark.e2e
-
 CI_ROWS = ["p2p-messages", "p2p-flood", "p2p-oversized", "p2p-idle-streams", "p2p-huge-values", "p2p-sigstop",
            "p2p-socket-flood", "p2p-fixed-port-restart"]
 
 
+@pytest.mark.e2e
 def test_ci_subset_of_rows_is_green_and_writes_json_md_png(tmp_path: Path) -> None:
     doc = faults.run(quick=True, seed=0, out=tmp_path, rows=",".join(CI_ROWS))
     for ext in ("json", "md", "png"):
@@ -65,6 +64,7 @@ def test_resume_row_says_not_available_without_the_option(tmp_path: Path, monkey
     assert row.green is None and row.outcome == "not available: graphfl run has no --resume"
 
 
+@pytest.mark.e2e
 def test_concurrent_resume_row_is_green_on_a_real_deployment(tmp_path: Path) -> None:
     """``flower-concurrent-resume`` on a real TLS deployment (2 warm SuperNodes, 2 rounds: about a minute):
     the live run's folder refuses the ``--resume`` process, the run completes without a resume."""

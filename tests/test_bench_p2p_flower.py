@@ -9,8 +9,6 @@ import pytest
 from graphfl.bench.p2p_throughput import measure_flower
 from graphfl.tasks import registry
 
-pytestmark = pytest.mark.e2e
-
 
 def test_synthetic_vector_model_is_all_payload() -> None:
     from graphfl.common.config import DataConfig
@@ -30,6 +28,7 @@ def test_synthetic_vector_model_is_all_payload() -> None:
     torch.testing.assert_close(model.theta.detach(), torch.as_tensor(data.y_train).mean(0))
 
 
+@pytest.mark.e2e
 def test_flower_round_moves_the_same_bytes_as_the_ring(tmp_path: Path) -> None:
     d, n = 1000, 2
     res = measure_flower(tmp_path / "flower", d, n, rounds=2, insecure=True, timeout=300)

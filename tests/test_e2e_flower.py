@@ -30,8 +30,6 @@ from graphfl.deploy.run import run_experiment
 from graphfl.server.inprocess import run_federated_inprocess
 from graphfl.tests.cli_runner import default_sigint, graphfl_cli
 
-pytestmark = pytest.mark.e2e
-
 TINY = {"task": "digits", "nodes": 2, "rounds": 2, "train.local-steps": 5, "train.lr": 0.1,
         "connect-timeout": 90, "round-timeout": 120}
 PROBE = "graphfl.tests.probe_strategy"
@@ -66,6 +64,7 @@ def assert_matches_inprocess(out: Path, cfg_values: dict, method: str = "fedavg"
             assert g["test_acc"] == pytest.approx(w["test_acc"], rel=1e-5, abs=1e-6)
 
 
+@pytest.mark.e2e
 def test_local_deployment_with_tls_matches_inprocess(tmp_path):
     values = {**TINY, "strategy": "fedavg", "engine": "local-deployment", "out-dir": str(tmp_path)}
     out = run_experiment(parse_run_config(values))
@@ -81,6 +80,7 @@ def test_local_deployment_with_tls_matches_inprocess(tmp_path):
     assert_matches_inprocess(out, values)
 
 
+@pytest.mark.e2e
 def test_simulation_engine_matches_inprocess(tmp_path):
     values = {**TINY, "strategy": "fedavg", "engine": "simulation", "out-dir": str(tmp_path)}
     out = run_experiment(parse_run_config(values))
@@ -89,6 +89,7 @@ def test_simulation_engine_matches_inprocess(tmp_path):
     assert_matches_inprocess(out, values)
 
 
+@pytest.mark.e2e
 def test_supernode_restart_is_mapped_back_to_its_partition(tmp_path, monkeypatch):
     """A restarted SuperNode gets a new node id; the server finds its partition again."""
     monkeypatch.setenv("GRAPHFL_PLUGINS", "graphfl.tests.probe_strategy")
@@ -151,6 +152,7 @@ def test_missing_data_file_fails_before_starting_processes(tmp_path):
     assert not (out / "logs").exists()           # nothing was started
 
 
+@pytest.mark.e2e
 def test_unreachable_superlink_is_a_clear_bounded_error(tmp_path):
     port = free_port()
     t0 = time.monotonic()
@@ -174,6 +176,7 @@ def kill_leftovers(proc: subprocess.Popen | None, out: Path) -> None:
             pass
 
 
+@pytest.mark.e2e
 def test_ctrl_c_stops_every_process(tmp_path):
     """SIGINT during a deployment run: exit code 130, no SuperLink/SuperNode/ClientApp left."""
     out = tmp_path / "run"
@@ -226,6 +229,7 @@ def submit(fed: LocalFederation, values: dict, timeout: float = 400) -> Path:
     return out
 
 
+@pytest.mark.e2e
 class TestOneTlsFederation:
     """Several runs, one after another, on one running TLS deployment (as a lab's server would)."""
 
@@ -300,6 +304,7 @@ def auth_federation(tmp_path_factory):
     assert_no_processes_left(root / "fed")
 
 
+@pytest.mark.e2e
 class TestAuthenticatedFederation:
     """A deployment as the README's multi-host recipe builds it, with ``--node-auth``."""
 

@@ -195,6 +195,7 @@ def test_a_data_port_taken_by_another_process_is_a_bind_error_naming_the_port(tm
     assert "bind" in doc["error"] and f"127.0.0.1:{port}" in doc["error"] and "data" in doc["error"], doc["error"]
 
 
+@pytest.mark.e2e
 def test_no_certificate_connections_grow_a_peer_log_by_a_bounded_amount(tmp_path):
     """A peer process's log grows by a bounded number of bytes under a flood of connections
     without a client certificate (gRPC port and data port), and the refusal is logged once.
