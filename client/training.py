@@ -45,7 +45,7 @@ def pick_device(requested: str = "auto", num_params: int | None = None) -> str:
 
     ``auto``: ``cuda`` when torch sees a GPU and the model has at least
     :data:`graphfl.common.devices.AUTO_GPU_MIN_PARAMS` parameters (``num_params``; a tiny model
-    is slower on a GPU, measured in :mod:`graphfl.common.devices`), else ``cpu``.
+    is slower on a GPU, :mod:`graphfl.common.devices`), else ``cpu``.
     ``cuda`` / ``cuda:N``: that GPU, an error naming what torch sees when it is absent (a
     missing GPU is an error only if asked for).
     """

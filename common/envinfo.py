@@ -22,7 +22,7 @@ def env_info(device: str | None = None) -> dict[str, object]:
     in-process run); otherwise only ``gpu_visible`` (and ``gpu``) describe this process's
     machine, and a deployment's rows say how many clients trained on a GPU (``clients_on_gpu``).
     torch is asked only when it is already imported: a numpy-only run (p2p on linear problems)
-    must not pay torch's import (~1 s, ~200 MB) for this line; ``gpu_visible`` is then absent.
+    must not pay torch's import (seconds and hundreds of MB) for this line; ``gpu_visible`` is then absent.
     """
     info: dict[str, object] = {
         "python": platform.python_version(),

@@ -5,16 +5,14 @@ parameters, the encoded frames) and frees the previous round's. With glibc's def
 buffer is either ``mmap``-ed (above the dynamic mmap threshold, at most 32 MiB) and unmapped on
 ``free``, or taken from the heap, whose top is given back to the kernel (``trim``) as soon as
 more than twice the last such size is free. Either way the next round touches fresh pages:
-one page fault and one zeroed page per 4 kB. Measured here (a 2-core VM, docs/p2p.md "Third
-look: CPU per round"): mixing three 1M-parameter float32 vectors into a new array took 4.8 ms with
-the defaults and 0.75 ms with freed memory kept; page faults were a quarter of a 1M-parameter
-ring's CPU.
+one page fault and one zeroed page per 4 kB, a large part of a big model's round (measured in
+docs/p2p.md, "Third look: CPU per round").
 
 :func:`keep_freed_memory` sets ``M_MMAP_MAX = 0`` (every allocation from the heap, none
 ``mmap``-ed) and ``M_TRIM_THRESHOLD`` to 2 GiB, the largest value ``mallopt`` takes (freed
 memory is reused, not trimmed). The resident set then stays at the process's peak instead of
 falling back between rounds, and the peak (``max_rss_mb``) can grow a little where freed blocks
-are kept rather than unmapped: unchanged at 1M float32 parameters, 10–15 % at 10M. It is
+are kept rather than unmapped (docs/p2p.md). It is
 called at the start of processes whose working set is a few model-sized buffers reused every round: a p2p peer
 (``python -m graphfl.p2p peer``) and the parallel floor of ``graphfl bench p2p-throughput`` (the
 floor gets it too, or it would pay page faults the peers do not). Not glibc (macOS, musl):

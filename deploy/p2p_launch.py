@@ -163,8 +163,8 @@ class PeerProcesses:
         self.prefix: dict[int, list[str]] = {}
         """Per peer, a command prefix (e.g. ``ip netns exec NS``: the network bench's namespaces)."""
         # MALLOC_ARENA_MAX=2: gRPC's threads otherwise each get a glibc arena holding freed 1 MB
-        # chunks; measured on a 4-peer ring of 1M float32 parameters: peak RSS per peer 187 -> 147 MB,
-        # round time unchanged (docs/p2p.md, "Lighter peers"). An explicit value in the environment wins.
+        # chunks, which raises every peer's resident set, not its round time (measured in docs/p2p.md,
+        # "Lighter peers"). An explicit value in the environment wins.
         self.env = {"MALLOC_ARENA_MAX": "2", **os.environ, "GRAPHFL_TORCH_THREADS": "1", "OMP_NUM_THREADS": "1",
                     "PYTHONUNBUFFERED": "1", **(env or {})}
         for i in ids:

@@ -1,8 +1,8 @@
 """``python -m graphfl.p2p peer|p2p ...`` (the same commands as ``graphfl peer`` / ``graphfl p2p``).
 
 ``peer`` (what the launcher starts, once per peer) is parsed here with :mod:`argparse`, the same
-options as ``graphfl peer``, so a peer process does not import typer/click (~0.3 s of start-up
-per process, docs/p2p.md "Lighter peers"); everything else goes to the typer app.
+options as ``graphfl peer``, so a peer process does not import typer/click (start-up time of every
+peer, docs/p2p.md "Lighter peers"); everything else goes to the typer app.
 """
 
 from __future__ import annotations

@@ -482,7 +482,7 @@ def validate(msg: Message, expected: TensorSpecs | None, require_finite: bool = 
             if a.dtype.kind != "f" or a.size == 0:
                 continue
             # two reductions, no temporaries: max and min propagate NaN, and an Inf is its own extreme
-            # (isfinite + abs + max took three passes and two model-sized temporaries per message)
+            # (isfinite + abs + max would be three passes and two model-sized temporaries per message)
             hi, lo = float(np.max(a)), float(np.min(a))
             if not (np.isfinite(hi) and np.isfinite(lo)):
                 raise WireError(f"channel {msg.channel!r} from peer {msg.sender}: tensor {name!r} has NaN/Inf values")

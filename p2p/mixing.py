@@ -236,9 +236,8 @@ def mix(weights: dict[int, float], arrays: dict[int, np.ndarray]) -> np.ndarray:
     term is written into one reused buffer (no copy per term), and the terms are added in
     ascending ``j``. A node's combination has ``1 + d_i`` terms with weights in ``[0, 1]``
     summing to 1, so float32 accumulation adds at most ``~(1 + d_i) · 2⁻²⁴`` relative error —
-    the size of the rounding the result gets anyway when it is stored as float32. (Before
-    issue 14 the sum was taken in float64 with a float64 copy per term: ~10× slower on 1M
-    float32 parameters, docs/p2p.md.)
+    the size of the rounding the result gets anyway when it is stored as float32 (its cost
+    against float64 accumulation: docs/p2p.md).
 
     Both the in-process driver and the gRPC runtime call this function (and
     :class:`graphfl.p2p.vectorised.MixingSlots` does the same operations on rows), so for the

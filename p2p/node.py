@@ -67,9 +67,8 @@ def local_disagreement(own_theta: np.ndarray, inboxes: list[Inbox]) -> float:
     in the parameters' float dtype into one cache-sized buffer and its squared norm is a BLAS dot
     in that dtype; the blocks' sums are added in Python floats (float64). For float32 parameters
     the result is the float64 one to ~1e-6 relative (tested); one pass over each neighbour's
-    vector and no model-sized temporaries. (It used to build four float64 temporaries per
-    neighbour, a fifth of a 1M-parameter peer's round, and then an einsum with a float64
-    accumulator, which cast every element: 4× this cost, docs/p2p.md "Where the time goes".)
+    vector and no model-sized temporaries (float64 temporaries per neighbour would cost a large
+    part of a big model's round: docs/p2p.md "Where the time goes").
     """
     others = [msg[PARAMS][THETA] for inbox in inboxes for msg in inbox.messages.values()
               if PARAMS in msg and THETA in msg[PARAMS]]

@@ -104,16 +104,13 @@ Implementation choices (what §8 said → what is done here → why)
    inner steps and ``K_out = 50``; the defaults here are ``J_in = 1`` and ``K_out = 1000``.
    At ``x^k`` the subproblem's gradient *equals* ``∇F(x^k)``, so one inner step is a
    projected gradient step on ``F`` whose length is certified on the majorant; extra inner
-   steps refine the minimiser of a majorant that is discarded at the next iteration.
-   Measured on the planted problem (n = 50, d = 512, 30 % missing, stopping rule of item 7):
-   ``J_in = 20`` used 1709 outer iterations and 68 368 distance evaluations (8.2 s CPU),
-   ``J_in = 5`` 485 and 4 858 (0.62 s), ``J_in = 1`` 541 and 1 090 (0.22 s), all ending at
-   ``F = −102.9905`` (a run to 1e-7 reaches −102.9967). Outer iterations are then cheap,
-   hence ``K_out = 1000`` (150–1000 are used on the planted problems with n = 10–100).
+   steps refine the minimiser of a majorant that is discarded at the next iteration: on the
+   planted problem they cost many more distance evaluations for the same final ``F``
+   (docs/jgesr.md, "Solver settings"). Outer iterations are then cheap, hence ``K_out = 1000``.
 7. *Stopping.* §8.5 stops on the relative step ``‖x^{k+1} − x^k‖ <= tol‖x^k‖``. With
    inexact inner solves the step is short whenever the step size is, not only near a
-   stationary point (measured: the MM steps then stopped after one or two iterations each and
-   the MM loop never settled). PDCA therefore stops, before a step, on the projected-gradient
+   stationary point (the MM steps then stop after one or two iterations each and the MM loop
+   does not settle). PDCA therefore stops, before a step, on the projected-gradient
    residual ``‖x^k − P_{w>=0}(x^k − ∇F(x^k)/L_f)‖ <= tol · ‖x^k‖`` (zero exactly at
    stationary points; a warm start at a solution does 0 iterations). The Two-step keeps the
    relative-step test (each half-step is an exact block minimisation, so a short step does
@@ -134,12 +131,10 @@ Implementation choices (what §8 said → what is done here → why)
     Memory: the input, the mask, and three work arrays of ``n x d``; no ``n² x d`` temporary.
 12. *BLAS threads.* A solve runs under ``threadpoolctl``'s one-BLAS-thread limit. The reduced
     iterations multiply ``n x n`` matrices a few thousand times, where threads gain nothing; and
-    on a loaded host OpenBLAS' threads spin against each other in every product. Measured on the
-    2-core development host (load average ≈ 7): PDCA at n = 100, d = 1e5 took 59 s with two
-    OpenBLAS threads against 0.4–1.2 s with one; a JGESR round at n = 50, d = 3e5 (cold, warm)
-    took (8.3 s, 22.8 s) and (10.8 s, 68.6 s) with two threads, (1.7 s, 1.4 s) and (4.3 s,
-    4.4 s) with one. On an idle many-core host the ``n²d`` products (Gram matrix, output) could
-    go faster threaded; robustness under load was preferred.
+    on a loaded host OpenBLAS' threads spin against each other in every product, many times
+    slower than one thread (docs/jgesr.md, "Solver settings"). On an idle many-core host the
+    ``n²d`` products (Gram matrix, output) could go faster threaded; robustness under load is
+    preferred.
 11. *DC scale* ``c`` (``dc_scale``, default 1 = §8.3). Any ``c > 0`` gives a valid DC split;
     it trades the curvature of ``h`` in ``Ψ`` (``∝ 1/c``) against that in ``w`` (``∝ c``).
     Exposed for experiments only.

@@ -109,7 +109,7 @@ class Digits(LabeledPoolTask):
 class PermutedDigits(Digits):
     """Digits over clients in 3 groups; group ``g = pid mod 3`` relabels with permutation π_g.
 
-    A real dataset with planted cluster structure (for FeSEM / BiG-FL, issue 3):
+    A real dataset with planted cluster structure (for FeSEM / BiG-FL):
 
     ``cluster_labels`` = group; ``client_graph`` = a ring inside each group (no edges across).
     """
