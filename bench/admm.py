@@ -691,12 +691,19 @@ def convergence_runs(plan: Plan, lam_of: dict[tuple[int, int, float, int], float
                 "conv_iter": plan.conv_iter, "conv_batch": plan.conv_batch, "conv_every": plan.conv_every,
                 "version": CACHE_VERSION}
 
+    def given(res: dict[str, Any]) -> dict[str, Any]:
+        return res
+
+    def compute(job: tuple[int, int, float, int, float]) -> dict[str, Any]:
+        v, n, f, s, lam = job
+        return run_convergence(v, n, f, s, lam, plan)
+
     todo = [j for j in jobs if not cache.has(key(j))]
     if plan.workers > 1 and len(todo) > 1:
         with ProcessPoolExecutor(max_workers=plan.workers) as pool:
             for job, res in zip(todo, pool.map(run_convergence, *zip(*todo), [plan] * len(todo))):
-                cache(key(job), lambda res=res: res)
-    return [cache(key(j), lambda j=j: run_convergence(*j, plan)) for j in jobs]
+                cache(key(job), partial(given, res))
+    return [cache(key(j), partial(compute, j)) for j in jobs]
 
 
 def run(quick: bool, seed: int, out: Path, plan: Plan | None = None) -> dict[str, Any]:

@@ -33,6 +33,7 @@ import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -587,6 +588,10 @@ def run_bench(bench: Bench, out: Path | None) -> Outcome:
                    runs=runs, seconds=time.perf_counter() - t_start, joint=joint)
 
 
+def _given(result: dict[str, Any]) -> dict[str, Any]:
+    return result
+
+
 def _timed(run_cell: Callable[[Cell], dict[str, Any]], cell: Cell) -> tuple[dict[str, Any], float]:
     t0 = time.perf_counter()
     return run_cell(cell), time.perf_counter() - t0
@@ -608,7 +613,7 @@ def _compute_in_pool(bench: Bench, pending: list[Cell], run: _Runner, progress: 
                 logger.warning("%s %s failed: %s", bench.name, cell.label(), exc)
                 continue
             key = bench.cell_key(cell)
-            run.memo[repr(key)] = run.cache(key, lambda result=result: result)
+            run.memo[repr(key)] = run.cache(key, partial(_given, result))
             progress.computed(cell, seconds)
 
 

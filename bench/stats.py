@@ -64,9 +64,10 @@ def mean_curve(curves: Sequence[Sequence[dict[str, Any]]], keys: Sequence[str],
         for key in keys:
             vals = [c[k].get(key) for c in curves]
             if all(v is not None for v in vals):
-                row[key] = float(np.mean(vals))
+                nums = [float(v) for v in vals if v is not None]
+                row[key] = float(np.mean(nums))
                 if key in sd_keys:
-                    row[f"{key}_sd"] = float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0
+                    row[f"{key}_sd"] = float(np.std(nums, ddof=1)) if len(nums) > 1 else 0.0
         out.append(row)
     return out
 
