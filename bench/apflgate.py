@@ -45,6 +45,7 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -124,17 +125,16 @@ QUICK = Form(rounds=15, local_steps=10, seeds=3, lr_grid=(0.2, 0.5, 1.0), alphas
 FULL = Form(rounds=50, local_steps=20, seeds=3, lr_grid=(0.03, 0.1, 0.3, 1.0), alphas=PAPER_ALPHAS,
             taus=PAPER_TAUS, nodes=0)
 QUICK_BY_TASK: dict[str, Form] = {
-    # Measured on the shared 2-core machine (docs/apflgate.md): a GIN step on 32 molecules costs
-    # ~11 ms CPU (digits' MLP: <1 ms) and the bench got a quarter of a core, ~9 s per round of 16
-    # clients x 5 steps. So: the paper's 16 clients, 5 rounds x 4 steps, a 2-point step grid, the
+    # A GIN step costs an order of magnitude more than digits' MLP step (timings in
+    # docs/apflgate.md). So: the paper's 16 clients, 5 rounds x 4 steps, a 2-point step grid, the
     # cells the poster reports (α = 0.1 across its τ grid, and the reference α = 0.5; not the
     # full 5 x 4 product), one codec, no FedAvg.
     "bbbp": Form(rounds=5, local_steps=4, seeds=3, lr_grid=(0.1, 0.3), alphas=(0.1, 0.5), taus=PAPER_TAUS,
                  nodes=0, codecs=("quant-4bit",), fedavg=False,
                  cells=((0.1, 0.1), (0.1, 1.0), (0.1, 10.0), (0.1, 100.0), (0.5, 1.0), (0.5, 10.0))),
     # the paper's 28 clients (one per category) on a random 20,000 of the 283,319 ratings: a step
-    # costs a GCN pass over the client's whole graph (0.5 s CPU for all 28 clients on all ratings,
-    # 0.14 s on 60,000); the reference configuration subsamples too (ego networks, ALGORITHMS.md §9.3)
+    # costs a GCN pass over the client's whole graph, which grows with the ratings kept; the
+    # reference configuration subsamples too (ego networks, ALGORITHMS.md §9.3)
     "ciao": Form(rounds=6, local_steps=4, seeds=3, lr_grid=(0.1, 0.3), alphas=(0.1, 0.5), taus=(1.0, 10.0, 100.0),
                  nodes=0, batch_size=256, codecs=("quant-4bit",),
                  cells=((0.1, 1.0), (0.1, 10.0), (0.1, 100.0), (0.5, 1.0), (0.5, 10.0)),
@@ -301,8 +301,8 @@ def find_metric(task: str, nodes: int, form: Form, seed: int, data_dir: str, cac
     for lr in form.lr_grid:
         key = run_key("apflgate", validation_task(task), nodes, form, seed, lr, REFERENCE["apflgate"], data_dir)
         try:
-            r = cache(key, lambda lr=lr: run_one("apflgate", validation_task(task), nodes, form, seed, lr,
-                                                  REFERENCE["apflgate"], data_dir))
+            r = cache(key, partial(run_one, "apflgate", validation_task(task), nodes, form, seed, lr,
+                                   REFERENCE["apflgate"], data_dir))
         except RUN_ERRORS as exc:
             logger.warning("apflgate lr=%g failed while finding the metric: %s", lr, exc)
             continue

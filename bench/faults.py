@@ -1,4 +1,4 @@
-"""Benchmark ``faults``: a table of faults against both runtimes on 127.0.0.1 (issue 8, "Fault suite").
+"""Benchmark ``faults``: a table of faults against both runtimes on 127.0.0.1.
 
 Every row injects one fault into real processes and reports what happened: the *outcome*, the
 *time to recover* (fault -> the system works normally again, or -> the run ended with its

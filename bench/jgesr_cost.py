@@ -1,4 +1,4 @@
-"""Cost of JGESR's aggregation against clients ``n`` and parameters ``d`` (issue 11), beside FedAvg's.
+"""Cost of JGESR's aggregation against clients ``n`` and parameters ``d`` beside FedAvg's.
 
 For every ``(n, d)`` of the grid (``n ∈ {10, 50, 100}``, ``d ∈ {1e4, 1e5, 1e6}``, plus the
 target point ``n = 50, d = 512``) the server cores aggregate one round of synthetic float32
@@ -15,7 +15,7 @@ uploads into the ``n x d`` table, the solve, one payload per client):
 
 Settings: the defaults of :class:`~graphfl.strategies.jgesr.JGESRConfig` (tolerance 1e-4 on the
 projected-gradient residual: the documented early stop), ``work_dtype = auto`` (float32 above
-4M entries). Targets (issue 11): <= 1 s at ``n = 50, d = 512`` and <= 10 s at ``n = 100,
+4M entries). Targets: <= 1 s at ``n = 50, d = 512`` and <= 10 s at ``n = 100,
 d = 1e6`` on the 2-core development host. ``--quick`` runs one repeat per point, the full form
 the median of 3. Writes ``jgesr-cost.{json,md,png}``.
 """

@@ -1,6 +1,6 @@
 """User-space TCP link emulator: one proxy per link, with delay, jitter, bandwidth, stalls and resets.
 
-Used by ``graphfl bench network`` where the kernel has no ``netem`` (issue 9, section 3): a
+Used by ``graphfl bench network`` where the kernel has no ``netem``: a
 :class:`LinkProxy` listens on a free ``127.0.0.1`` port and forwards every accepted connection to
 a target ``host:port``. It is TCP-transparent (bytes are relayed unchanged, so TLS and gRPC run
 through it with the server name the certificate expects). Each direction of each connection is a

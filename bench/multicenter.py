@@ -11,7 +11,7 @@ Two generators (``tasks/synthetic.py``):
 Methods: FedAvg, FeSEM (K = 3), BiG-FL, local-only training and DFL (DFL-SGD on the task's 4-NN
 graph, Metropolis weights, gossip every ``local-steps`` iterations; the p2p in-process driver).
 
-Fair set-up (issue 10):
+Fair set-up:
 
 * **One optimiser for all**: plain SGD (momentum 0; the client trainers reset momentum buffers
   every round and the DFL step functions have none), ``local-steps`` = 10, batch 20, a constant

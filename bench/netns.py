@@ -1,4 +1,4 @@
-"""Emulated hosts in Linux network namespaces, each behind its own shaped access link (issue 9 §3).
+"""Emulated hosts in Linux network namespaces, each behind its own shaped access link.
 
 The kernel path of ``graphfl bench network`` (``--emulation netns``; ``auto`` picks it where the
 kernel has ``netem``). Root only; needs ``ip`` and ``tc`` (iproute2)::

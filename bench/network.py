@@ -1,4 +1,4 @@
-"""Benchmark ``network``: both runtimes over emulated links (issue 9, section 3).
+"""Benchmark ``network``: both runtimes over emulated links.
 
 Several hosts are emulated on one machine, and each runtime is run across links with latency,
 jitter, a bandwidth limit and loss:

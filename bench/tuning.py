@@ -2,7 +2,7 @@
 
 A grid search whose winner is the largest (or smallest) step tried has not found the best step,
 only a bound; comparing methods at such steps favours whichever method's optimum happens to lie
-inside the grid (issue 10: "each method gets its own tuned step"). :func:`search_grid` therefore
+inside the grid; each method gets its own tuned step. :func:`search_grid` therefore
 evaluates the grid, and while the best finite step is not *bracketed* it evaluates one more step
 beside it (``best · factor`` above, ``best / factor`` below), at most ``max_extensions`` times in
 total. A side is bracketed by a neighbour that scored worse, or by a failed (diverged) neighbour
