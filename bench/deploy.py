@@ -38,6 +38,12 @@ the server -> task claimed), *reply push* (ClientApp -> SuperNode) and *reply to
 
 ``run(quick, seed, out)`` writes ``<out>/deploy.{json,md,png}``; each run's own files stay under
 ``<out>/runs/``.
+
+Not on the benchmark harness (:mod:`graphfl.bench.harness`): what it measures is wall time of
+freshly started process federations, so a repetition's numbers belong to the machine's state at
+that moment. Repetitions are interleaved (the order of the variants rotates) so that load falls on
+every variant alike; a run cache would mix repetitions from different runs and break that, and
+there is no validation tuning, no seeds in the statistical sense and no paired comparison.
 """
 
 from __future__ import annotations

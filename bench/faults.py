@@ -59,6 +59,10 @@ in time and intact.
 
 ``run(quick, seed, out, rows=None)`` writes ``<out>/faults.{json,md,png}``; ``rows`` picks rows
 by name (the CI test runs a subset). The full form runs more rounds and peers.
+
+Not on the benchmark harness (:mod:`graphfl.bench.harness`): a row is one fault scenario with
+its own checks (green or red), not a method at a grid point with seeds and metrics to average;
+a row's outcome belongs to the processes of that run, so nothing is cached.
 """
 
 from __future__ import annotations

@@ -18,6 +18,10 @@ projected-gradient residual: the documented early stop), ``work_dtype = auto`` (
 4M entries). Targets: <= 1 s at ``n = 50, d = 512`` and <= 10 s at ``n = 100,
 d = 1e6`` on the 2-core development host. ``--quick`` runs one repeat per point, the full form
 the median of 3. Writes ``jgesr-cost.{json,md,png}``.
+
+Not on the benchmark harness (:mod:`graphfl.bench.harness`): the values are timings of one
+aggregation (median of repeats), which belong to the machine's state during this run; caching
+them across runs would mix loads, and there are no seeds, tuning or paired differences.
 """
 
 from __future__ import annotations

@@ -32,6 +32,11 @@ neighbour; connection resets and stalls of the links), and the final test loss /
 ``run(quick, seed, out)`` writes ``<out>/network.{json,md,png}`` (and each run's own files under
 ``<out>/runs``). ``--quick``: 3 profiles, 4 nodes, 3 Flower rounds, 20 p2p rounds, one seed. The
 full form: 4 profiles (adds ``wan-resets``), 8 Flower rounds, 50 p2p rounds, 2 seeds.
+
+Not on the benchmark harness (:mod:`graphfl.bench.harness`): its values are times over links
+emulated in this run (the emulation method itself is detected per run), and the time to target
+loss is measured against the same run's ``lan`` profile; a cached cell from another run would
+compare numbers from different machine states and emulations. No tuning, no paired seeds.
 """
 
 from __future__ import annotations

@@ -43,6 +43,11 @@ round of DFL-GT on ``linreg`` with 1000 nodes on a ring, vectorised vs the per-n
 128-peer ring (100k parameters, plaintext) when the machine has the memory for it (1.5 x 128 x
 the per-peer estimate ``60 MB + 20 x model bytes``, from the RSS measured in docs/p2p.md; skipped
 with the reason otherwise).
+
+Not on the benchmark harness (:mod:`graphfl.bench.harness`): its results are ratios of graphfl's
+round time to floors measured in the same run on the same machine; a run cache would pair a
+cached time with a floor measured under another load. Cases are skipped by the memory available
+now, not a fixed grid; no tuning, no seeds.
 """
 
 from __future__ import annotations
