@@ -1,4 +1,4 @@
-"""The pieces that make B1 (bench dfl) and B2 (bench multicenter) fair (issue 10); fast."""
+"""The pieces that make B1 (bench dfl) and B2 (bench multicenter) fair; fast."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import pytest
 
 from graphfl.bench import dfl as b1
 from graphfl.bench import multicenter as b2
+from graphfl.bench.harness import run_bench
 from graphfl.common.graph import gcn_propagation, knn_graph
 from graphfl.p2p.oracles import ProblemSpec, make_oracle
 from graphfl.tasks import registry
@@ -148,14 +149,19 @@ def test_b1_tuning_picks_one_alpha0_by_validation_never_test(monkeypatch: pytest
         return {"final": {"avg_model_test_loss": loss, "test_loss": 0.0}}
 
     monkeypatch.setattr(b1, "run_method", fake)
-    monkeypatch.setattr(b1, "_cache", b1.RunCache(None))
     form = b1.Form(iterations=10, seeds=1, grid=(0.1, 0.3, 1.0), eval_points=2)
-    t = b1.tune(1, 5, form, seed=0)
-    assert t["alpha0"] == 0.3
-    assert t["grid_val_loss"] == pytest.approx({"0.1": 0.6, "0.3": 0.3, "0.6": 0.35, "1": None})
-    assert t["per_method_val_loss"]["dfl-gt"]["0.3"] == pytest.approx(0.4)
-    assert t["extended"] == [0.6] and not t["at_grid_edge"]
-    assert set(splits) == {"val"}
+    bench = b1.declare(form, seed=0)
+    bench.points = [{"topology": "ring5", "tau": 1}]
+    out = run_bench(bench, None)
+    (t,) = out.tuning
+    assert t["chosen"] == 0.3
+    assert t["scores"] == pytest.approx({"0.1": 0.6, "0.3": 0.3, "0.6": 0.35, "1": None})
+    assert t["per_method"]["dfl-gt"]["0.3"] == pytest.approx(0.4)
+    assert t["extended"] == [0.6] and not t["at_edge"]
+    # every validation run comes before the first test run, and the test runs use the chosen value only
+    first_test = splits.index("test")
+    assert set(splits[:first_test]) == {"val"} and set(splits[first_test:]) == {"test"}
+    assert all(r["params"] == {"alpha0": 0.3} for r in out.results)
 
 
 def test_b2_tuning_picks_by_validation_never_test(monkeypatch: pytest.MonkeyPatch) -> None:
