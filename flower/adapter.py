@@ -185,13 +185,15 @@ class GraphflStrategy(Strategy):
     @staticmethod
     def make_params(cls: type, section: str, **values: Any) -> Any:
         """``cls(**values)`` with graphfl's checks (bounds, choices); a bad value is a ``ConfigError``
-        naming ``section.key``."""
+        naming ``section.key``.
+        """
         return build_dataclass(cls, {k.replace("_", "-"): v for k, v in values.items()}, section)
 
     # -- what subclasses may override -------------------------------------------------
     def regulariser(self) -> tuple[str, dict[str, float]] | None:
         """The client term the local loss needs (:data:`keys.PROXIMAL` / :data:`keys.COSINE` and its
-        config values), or ``None`` when a stock ClientApp does what the algorithm needs."""
+        config values), or ``None`` when a stock ClientApp does what the algorithm needs.
+        """
         return None
 
     def summary(self) -> None:
@@ -307,7 +309,8 @@ class GraphflStrategy(Strategy):
     def train_contents(self, server_round: int, node_ids: Sequence[int], arrays: Arrays,
                        config: ConfigRecord) -> list[tuple[int, RecordDict]]:
         """``(node_id, content)`` of every train message of ``server_round`` (Flower-free half of
-        :meth:`configure_train`); ``arrays`` is what Flower passed (used by global-model strategies)."""
+        :meth:`configure_train`); ``arrays`` is what Flower passed (used by global-model strategies).
+        """
         if self.core is None:
             self.start_core(arrays, node_ids)
         assert self.core is not None
@@ -411,7 +414,8 @@ class GraphflStrategy(Strategy):
     def evaluate_contents(self, server_round: int, node_ids: Sequence[int], config: ConfigRecord,
                           arrays: Arrays | None = None) -> list[tuple[int, RecordDict]]:
         """``(node_id, content)`` of the evaluate messages: each client's ``evaluation_payload``
-        (global-model strategies: ``arrays``, what Flower passes, e.g. a wrapper's noised model)."""
+        (global-model strategies: ``arrays``, what Flower passes, e.g. a wrapper's noised model).
+        """
         if self.core is None:
             return []
         live = self._live(node_ids)
@@ -448,7 +452,7 @@ class GraphflStrategy(Strategy):
         self.client_evaluations[server_round] = per_client
         if not rows:
             return None
-        return MetricRecord(weighted_metrics(rows, skip=(keys.NUM_EXAMPLES, keys.PARTITION_ID, keys.APPLIED)))
+        return metric_record(weighted_metrics(rows, skip=(keys.NUM_EXAMPLES, keys.PARTITION_ID, keys.APPLIED)))
 
     # -- Flower's hooks ----------------------------------------------------------------
     def _refuse_wrapper(self, hook: str) -> None:

@@ -21,8 +21,8 @@ its values) and returns ``reg(model) -> tensor``; :func:`graphfl_mod` confirms i
 ``"metrics"`` (:data:`~graphfl.flower.keys.APPLIED`) that the term was evaluated during the call,
 which the strategy requires (else it stops with an error naming these two lines). The mod also
 reports the node config's ``partition-id`` in the reply's metrics when the reply does not.
-The terms are graphfl's own client terms (:func:`graphfl.client.training.proximal_penalty`,
-:func:`graphfl.client.graph_trainers.cosine_penalty`), over the model's ``named_parameters``.
+The terms are graphfl's own client terms (:func:`graphfl.client.objective.proximal_term`,
+:func:`graphfl.client.objective.cosine_term`), over the model's ``named_parameters``.
 """
 
 from __future__ import annotations
@@ -35,8 +35,7 @@ import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from torch import nn
 
-from graphfl.client.graph_trainers import cosine_penalty
-from graphfl.client.training import proximal_penalty
+from graphfl.client.objective import Penalty, cosine_term, proximal_term
 from graphfl.flower import keys
 
 _APPLIED: contextvars.ContextVar[set[str] | None] = contextvars.ContextVar("graphfl_applied", default=None)
@@ -73,14 +72,16 @@ def regulariser(msg: Message) -> Regulariser:
     config = msg.content.config_records[keys.CONFIG]
     if name == keys.PROXIMAL:
         anchor = {k: np.asarray(v.numpy()) for k, v in msg.content.array_records[keys.ARRAYS].items()}
-        term = _lazy_keys(lambda ks: proximal_penalty(anchor, float(config[keys.MU]), ks))  # type: ignore[arg-type]
+        mu = float(config[keys.MU])  # type: ignore[arg-type]
+        term = _lazy_keys(lambda ks: proximal_term(anchor, mu, ks))
     elif name == keys.COSINE:
         record = msg.content.array_records.get(keys.ANCHOR)
         if record is None:
             term = _zero
         else:
             cluster = {k: np.asarray(v.numpy()) for k, v in record.items()}
-            term = _lazy_keys(lambda ks: cosine_penalty(cluster, float(config[keys.LAM]), ks))  # type: ignore[arg-type]
+            lam = float(config[keys.LAM])  # type: ignore[arg-type]
+            term = _lazy_keys(lambda ks: cosine_term(cluster, lam, ks))
     else:
         raise ValueError(f"the strategy asks for the client term {name!r}, which this graphfl version does not "
                          f"know (known: {[keys.PROXIMAL, keys.COSINE]})")
@@ -98,14 +99,16 @@ def _zero(model: nn.Module) -> torch.Tensor:
     return torch.zeros(())
 
 
-def _lazy_keys(build: Callable[[tuple[str, ...]], Regulariser]) -> Regulariser:
+def _lazy_keys(build: Callable[[tuple[str, ...]], Penalty]) -> Regulariser:
     """A term over the model's parameter names, built on the first call (when the model is known)."""
-    built: list[Regulariser] = []
+    built: list[Penalty] = []
 
     def term(model: nn.Module) -> torch.Tensor:
+        params = dict(model.named_parameters())
         if not built:
-            built.append(build(tuple(name for name, _ in model.named_parameters())))
-        return built[0](model)
+            device = str(next(iter(params.values())).device)
+            built.append(build(tuple(params)).to(device))
+        return built[0](params)
 
     return term
 

@@ -63,14 +63,16 @@ def client_eval(pid: int, arrays: Mapping[str, np.ndarray]) -> float:
 class TaskExchange:
     """graphfl's ClientExchange over the example's client functions (the reference engine)."""
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, data_of: Mapping[int, int] | None = None) -> None:
         self.n = n
         self.model_keys = tuple(initial_arrays())
+        self.data_of = dict(data_of or {p: p for p in range(n)})
+        """Client (partition id of the core) -> the example's data partition it trains on."""
 
     def join(self, initial: Payload, num_clients: int) -> dict[int, Reply]:
         return {pid: Reply(pid, None, {wire.PARTITION_ID: pid, wire.NUM_PARTITIONS: self.n,
                                        wire.NUM_EXAMPLES: task.TRAIN,
-                                       wire.EVAL_PREFIX + "test_loss": client_eval(pid, initial.arrays)})
+                                       wire.EVAL_PREFIX + "test_loss": client_eval(self.data_of[pid], initial.arrays)})
                 for pid in range(num_clients)}
 
     def send(self, request: Request, payloads: Mapping[int, Payload]) -> dict[int, Reply]:
@@ -78,20 +80,22 @@ class TaskExchange:
         for pid, payload in payloads.items():
             model = {k: v for k, v in payload.arrays.items() if k in self.model_keys}   # pFedGraph's c_i aside
             if request.kind == wire.TRAIN:
-                arrays, n_ex = client_train(pid, model)
+                arrays, n_ex = client_train(self.data_of[pid], model)
                 out[pid] = Reply(pid, arrays, {wire.NUM_EXAMPLES: n_ex})
             else:
                 out[pid] = Reply(pid, None, {wire.NUM_EXAMPLES: task.TEST,
-                                             wire.EVAL_PREFIX + "test_loss": client_eval(pid, model)})
+                                             wire.EVAL_PREFIX + "test_loss": client_eval(self.data_of[pid], model)})
         return out
 
 
-def reference(strategy: gf.GraphflStrategy, n: int, rounds: int) -> Any:
-    """graphfl's own round loop (``run_federated``) with the same core and client functions."""
-    cfg = RunConfig(strategy=strategy.algorithm, nodes=n, rounds=rounds, seed=strategy.seed, params=strategy.params)
+def reference(strategy: gf.GraphflStrategy, n: int, rounds: int, data_of: Mapping[int, int] | None = None,
+              fraction: float = 1.0, exchange: TaskExchange | None = None) -> Any:
+    """graphfl's own round loop (``run_federated``) with the same core and client functions; returns its core."""
+    cfg = RunConfig(strategy=strategy.algorithm, nodes=n, rounds=rounds, seed=strategy.seed, params=strategy.params,
+                    fraction_train=fraction)
     init = initial_arrays()
     inputs = ServerInputs(initial_arrays=init, param_keys=tuple(init))
-    return run_federated(cfg, registry.get(strategy.algorithm), TaskExchange(n), inputs,
+    return run_federated(cfg, registry.get(strategy.algorithm), exchange or TaskExchange(n, data_of), inputs,
                          RunRecorder(cfg, strategy.algorithm, None))
 
 
@@ -170,7 +174,7 @@ def test_each_client_gets_its_own_arrays_and_identical_payloads_share_one_record
     records = {nid: c[keys.ARRAYS] for nid, c in contents}
     assert len(records) == 6
     assert len({id(r) for r in records.values()}) == 3          # one record per center
-    for nid, c in contents:
+    for _, c in contents:
         assert list(c[keys.ARRAYS].keys()) == ["weight", "bias"]  # only the model: a stock client loads it
         assert c[keys.CONFIG][keys.SERVER_ROUND] == 3 and c[keys.CONFIG]["lr"] == LR
         assert keys.REGULARISER not in c[keys.CONFIG]
@@ -267,17 +271,8 @@ def test_fraction_train_samples_like_graphfls_runner():
     n, rounds = 6, 3
     strategy = gf.FedAMP(prox_mu=0.0, fraction_train=0.5)
     run_pure(strategy, n, rounds)
-    cfg_core = reference_with_fraction(strategy, n, rounds, 0.5)
+    cfg_core = reference(strategy, n, rounds, fraction=0.5)
     assert_same_client_models(strategy, cfg_core, n)
-
-
-def reference_with_fraction(strategy: gf.GraphflStrategy, n: int, rounds: int, fraction: float) -> Any:
-    cfg = RunConfig(strategy=strategy.algorithm, nodes=n, rounds=rounds, seed=strategy.seed, params=strategy.params,
-                    fraction_train=fraction)
-    init = initial_arrays()
-    return run_federated(cfg, registry.get(strategy.algorithm), TaskExchange(n),
-                         ServerInputs(initial_arrays=init, param_keys=tuple(init)),
-                         RunRecorder(cfg, strategy.algorithm, None))
 
 
 def test_hyperparameters_are_checked_like_a_run_config():

@@ -12,6 +12,7 @@ app = ClientApp()
 
 @app.train()
 def train_fn(msg: Message, context: Context) -> Message:
+    """Train the received model on this node's partition; reply with the model and ``num-examples``."""
     model = make_model()
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
     x, y, _, _ = load_data(int(context.node_config["partition-id"]))
@@ -22,6 +23,7 @@ def train_fn(msg: Message, context: Context) -> Message:
 
 @app.evaluate()
 def evaluate_fn(msg: Message, context: Context) -> Message:
+    """Test MSE of the received model on this node's test split."""
     model = make_model()
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
     _, _, x, y = load_data(int(context.node_config["partition-id"]))

@@ -18,6 +18,7 @@ app.evaluate()(evaluate_fn)
 
 @app.train()
 def train_fn(msg: Message, context: Context) -> Message:
+    """As the stock ``train_fn``, with the term the strategy asks for added to the loss."""
     model = make_model()
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
     x, y, _, _ = load_data(int(context.node_config["partition-id"]))

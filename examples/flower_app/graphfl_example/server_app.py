@@ -20,7 +20,8 @@ app = ServerApp()
 def make_strategy(name: str, cfg: Any) -> gf.GraphflStrategy:
     """The graphfl strategy ``name`` with settings for the example's 3 planted groups."""
     mu = float(cfg["prox-mu"])
-    common: dict[str, Any] = {"min_available_nodes": 3, "seed": 0}
+    common: dict[str, Any] = {"min_available_nodes": 3, "seed": 0,
+                              "fraction_evaluate": float(cfg.get("fraction-evaluate", 1.0))}
     if name == "fedavg":
         return gf.FedAvg(**common)
     if name == "fedprox":
@@ -40,13 +41,15 @@ def make_strategy(name: str, cfg: Any) -> gf.GraphflStrategy:
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
+    """Run each strategy named in ``strategies``; write results.json and every client's final model."""
     cfg = context.run_config
     out = Path(str(cfg["out-dir"])) if cfg["out-dir"] else None
     results: dict[str, Any] = {}
-    for name in str(cfg["strategies"]).split(","):
-        strategy = make_strategy(name.strip(), cfg)
+    wrapped = {s.strip() for s in str(cfg["dp-strategies"]).split(",") if s.strip()}
+    for name in (s.strip() for s in str(cfg["strategies"]).split(",")):
+        strategy = make_strategy(name, cfg)
         runner: Strategy = strategy
-        if float(cfg["dp-clip"]) > 0:
+        if name in wrapped:
             runner = DifferentialPrivacyServerSideFixedClipping(
                 strategy, noise_multiplier=float(cfg["dp-noise"]), clipping_norm=float(cfg["dp-clip"]),
                 num_sampled_clients=3)

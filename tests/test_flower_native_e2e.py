@@ -1,0 +1,174 @@
+"""graphfl.flower on real Flower processes: the example app (examples/flower_app) under ``flwr run``.
+
+One SuperLink and 3 stock SuperNodes (``flower-superlink`` / ``flower-supernode``, one
+``flwr-clientapp`` process per message, TLS) on 127.0.0.1 with free ports; the app is submitted
+with ``flwr run`` like a user's own. Its ServerApp writes every client's final model and
+evaluation; they must equal graphfl's own round loop (``run_federated``) over the same client
+functions and the same client order (node id -> partition id, read from the SuperNodes' logs).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import sys
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from graphfl.client.objective import cosine_term, proximal_term
+from graphfl.common import wire
+from graphfl.common.types import Payload
+from graphfl.deploy.federation import FederationError, LocalFederation
+from graphfl.server.exchange import Reply, Request
+from graphfl.strategies.pfedgraph import CLUSTER_PREFIX
+from graphfl.tests import test_flower_native as fn
+
+pytestmark = pytest.mark.e2e
+
+NODES, ROUNDS = 3, 2
+RUN_TIMEOUT_S = 900.0
+COMPONENT = 'clientapp = "graphfl_example.client_app:app"'
+
+
+def app_copy(dest: Path, terms: bool = False) -> Path:
+    """The example app, optionally with the ClientApp that adds graphfl's client term."""
+    shutil.copytree(fn.EXAMPLE, dest, ignore=shutil.ignore_patterns("__pycache__"))
+    if terms:
+        toml = dest / "pyproject.toml"
+        text = toml.read_text()
+        assert COMPONENT in text
+        toml.write_text(text.replace(COMPONENT, 'clientapp = "graphfl_example.client_app_terms:app"'))
+    return dest
+
+
+def submit(fed: LocalFederation, work: Path, app: Path, overrides: Mapping[str, Any],
+           federation_config: str | None = None) -> dict[str, Any]:
+    out = work / "out"
+    out.mkdir(parents=True)
+    values = {**overrides, "num-server-rounds": ROUNDS, "out-dir": str(out)}
+    lines = [f"{k} = {json.dumps(v)}" for k, v in values.items()]
+    (work / "overrides.toml").write_text("\n".join(lines) + "\n")
+    sub = fed.submitter()
+    handle = sub.submit(app, work / "overrides.toml", out, federation_config=federation_config)
+    sub.wait_status(handle.run_id, RUN_TIMEOUT_S, interval=2.0)
+    doc: dict[str, Any] = json.loads((out / "results.json").read_text())
+    return doc
+
+
+def data_partitions(fed: LocalFederation) -> dict[int, int]:
+    """Node id -> the partition id in its node config (each SuperNode logs its node id)."""
+    out = {}
+    for i in range(NODES):
+        match = re.search(r"SuperNode ID: (\d+)", (fed.run_dir / "logs" / f"supernode-{i}.log").read_text())
+        assert match, f"supernode-{i}.log names no node id"
+        out[int(match.group(1))] = i
+    return out
+
+
+class TermsExchange(fn.TaskExchange):
+    """The reference clients with the client term (graphfl's own penalty functions)."""
+
+    def __init__(self, n: int, data_of: Mapping[int, int], mu: float = 0.0, lam: float = 0.0) -> None:
+        super().__init__(n, data_of)
+        self.mu, self.lam = mu, lam
+
+    def send(self, request: Request, payloads: Mapping[int, Payload]) -> dict[int, Reply]:
+        if request.kind != wire.TRAIN:
+            return super().send(request, payloads)
+        out = {}
+        for pid, payload in payloads.items():
+            model = {k: v for k, v in payload.arrays.items() if k in self.model_keys}
+            cluster = {k[len(CLUSTER_PREFIX):]: v for k, v in payload.arrays.items() if k.startswith(CLUSTER_PREFIX)}
+            keys_ = tuple(self.model_keys)
+            term = None
+            if self.mu > 0:
+                term = proximal_term(model, self.mu, keys_)
+            elif self.lam > 0 and cluster:
+                term = cosine_term(cluster, self.lam, keys_)
+            extra = None if term is None else (lambda m, t=term: t(dict(m.named_parameters())))
+            arrays, n_ex = fn.client_train(self.data_of[pid], model, extra)
+            out[pid] = Reply(pid, arrays, {wire.NUM_EXAMPLES: n_ex})
+        return out
+
+
+def check_against_reference(work: Path, name: str, result: Mapping[str, Any], nodes: Mapping[int, int],
+                            exchange: fn.TaskExchange | None = None, evaluated: bool = False) -> None:
+    from graphfl_example.server_app import make_strategy
+
+    data_of = {pid: nodes[int(nid)] for nid, pid in result["partition_of_node"].items()}
+    assert sorted(data_of) == list(range(NODES)) and sorted(data_of.values()) == list(range(NODES))
+    cfg = {"prox-mu": getattr(exchange, "mu", 0.0), "pfedgraph-lam": getattr(exchange, "lam", 0.0)}
+    strategy = make_strategy(name, cfg)
+    core = fn.reference(strategy, NODES, ROUNDS, data_of, exchange=exchange)
+    for pid in range(NODES):
+        got = np.load(work / "out" / f"{name}-client-{pid}.npz")
+        want = core.evaluation_payload(pid).arrays
+        assert sorted(got.files) == ["bias", "weight"]
+        for k in got.files:
+            np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6, err_msg=f"{name} client {pid} {k}")
+        if evaluated:
+            ev = result["client_evaluations"][str(ROUNDS)][str(pid)]
+            model = {k: v for k, v in want.items() if k in ("weight", "bias")}
+            assert ev["test_loss"] == pytest.approx(fn.client_eval(data_of[pid], model), rel=1e-5)
+            assert ev["num-examples"] == fn.task.TEST
+
+
+@pytest.fixture(scope="module")
+def federation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFederation]:
+    run = tmp_path_factory.mktemp("flower-native")
+    with LocalFederation(run / "fed", nodes=NODES, tls=True, clientapp_mode="cold", superlink_middleware="stock",
+                         start_timeout=120.0) as fed:
+        yield fed
+
+
+def test_stock_clientapp_runs_each_fedavg_like_strategy_and_equals_graphfls_runner(federation, tmp_path):
+    names = ["fesem", "jgesr", "cfl", "fedamp", "pfedgraph"]
+    app = app_copy(tmp_path / "app")
+    source = (app / "graphfl_example" / "client_app.py").read_text()
+    assert "graphfl." not in source and "import graphfl" not in source      # only Flower's API
+    results = submit(federation, tmp_path, app, {"strategies": ",".join(names), "fraction-evaluate": 0.0})
+    nodes = data_partitions(federation)
+    assert sorted(results) == sorted(names)
+    for name in names:
+        check_against_reference(tmp_path, name, results[name], nodes)
+    fesem = results["fesem"]["server_metrics"][str(ROUNDS)]
+    assert sorted(fesem["cluster_sizes"]) == [1, 1, 1]      # 3 planted groups, one client each
+    assert results["cfl"]["server_metrics"][str(ROUNDS)]["num_clusters"] >= 2
+
+
+def test_cooperative_strategies_run_with_the_mod_and_flowers_dp_wrapper_composes_with_fedavg(federation, tmp_path):
+    app = app_copy(tmp_path / "app", terms=True)
+    results = submit(federation, tmp_path, app, {
+        "strategies": "fedprox,pfedgraph,fedavg", "prox-mu": 0.1, "pfedgraph-lam": 0.01,
+        "dp-strategies": "fedavg", "dp-clip": 1000.0, "dp-noise": 0.0})
+    nodes = data_partitions(federation)
+    for name, exchange_kw in (("fedprox", {"mu": 0.1}), ("pfedgraph", {"lam": 0.01}), ("fedavg", {})):
+        data_of = {pid: nodes[int(nid)] for nid, pid in results[name]["partition_of_node"].items()}
+        exchange = TermsExchange(NODES, data_of, **exchange_kw)
+        check_against_reference(tmp_path, name, results[name], nodes, exchange, evaluated=True)
+        rounds = results[name]["evaluate_metrics"]
+        assert sorted(rounds) == [str(r) for r in range(1, ROUNDS + 1)] and "test_loss" in rounds[str(ROUNDS)]
+    assert results["fedavg"]["final_arrays"] == ["weight", "bias"]        # Result.arrays: the global model
+
+
+def test_a_stock_clientapp_under_a_strategy_that_needs_the_client_term_fails_the_run(federation, tmp_path):
+    app = app_copy(tmp_path / "app")
+    with pytest.raises(FederationError, match="ended with status 'finished:failed'"):
+        submit(federation, tmp_path, app, {"strategies": "fedprox", "prox-mu": 0.1, "fraction-evaluate": 0.0})
+    assert not (tmp_path / "out" / "results.json").exists()
+
+
+def test_the_same_app_runs_on_flowers_simulation_engine(tmp_path):
+    if sys.platform != "linux":
+        pytest.skip("Ray simulation is tested on Linux only")
+    app = app_copy(tmp_path / "app")
+    with LocalFederation(tmp_path / "fed", nodes=NODES, simulation=True, start_timeout=120.0) as fed:
+        results = submit(fed, tmp_path, app, {"strategies": "fesem", "fraction-evaluate": 1.0},
+                         federation_config=f"num-supernodes={NODES} client-resources-num-cpus=1")
+    assert sorted(results["fesem"]["server_metrics"][str(ROUNDS)]["cluster_sizes"]) == [1, 1, 1]
+    assert set(results["fesem"]["client_evaluations"][str(ROUNDS)]) == {"0", "1", "2"}
