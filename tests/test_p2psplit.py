@@ -181,3 +181,61 @@ def test_common_modules_have_no_import_cycle() -> None:
     for m in sorted(mods):
         if m not in state:
             visit(m, [])
+
+
+# -- e2e marks --------------------------------------------------------------------------------------
+
+STARTS_PROCESSES = ("PeerProcesses(", "LocalFederation(", '"-m", "graphfl.p2p", "peer"', "measure_ring(",
+                    "measure_flower(")
+"""Calls that start peer processes or a Flower deployment (what ``-m e2e`` selects)."""
+
+
+def unmarked_process_tests(src: str) -> list[str]:
+    """Test functions of one test module that start real processes (directly, through a helper of
+    the module or a fixture of the module) without the ``e2e`` mark.
+    """
+    import ast
+
+    tree = ast.parse(src)
+    module_e2e = "pytestmark = pytest.mark.e2e" in src
+    helpers = {n.name: ast.get_source_segment(src, n) or "" for n in tree.body
+               if isinstance(n, ast.FunctionDef) and not n.name.startswith("test_")}
+
+    def starts(text: str, seen: frozenset[str] = frozenset()) -> bool:
+        if any(s in text for s in STARTS_PROCESSES):
+            return True
+        return any(name not in seen and f"{name}(" in text and starts(body, seen | {name})
+                   for name, body in helpers.items())
+
+    out = []
+    scopes = [(n, False) for n in tree.body if isinstance(n, ast.FunctionDef)]
+    for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
+        marked = any("e2e" in (ast.get_source_segment(src, d) or "") for d in cls.decorator_list)
+        scopes += [(n, marked) for n in cls.body if isinstance(n, ast.FunctionDef)]
+    for fn, class_marked in scopes:
+        if not fn.name.startswith("test_"):
+            continue
+        marked = module_e2e or class_marked or any("e2e" in (ast.get_source_segment(src, d) or "")
+                                                   for d in fn.decorator_list)
+        body = ast.get_source_segment(src, fn) or ""
+        fixtures = "".join(helpers.get(a.arg, "") + f"{a.arg}(" * (a.arg in helpers) for a in fn.args.args)
+        if not marked and starts(body + fixtures):
+            out.append(fn.name)
+    return out
+
+
+def test_every_test_that_starts_processes_is_marked_e2e() -> None:
+    bad = {p.name: names for p in sorted((REPO / "tests").glob("test_*.py"))
+           if (names := unmarked_process_tests(p.read_text()))}
+    assert not bad, f"tests that start peer processes or a Flower deployment without @pytest.mark.e2e: {bad}"
+
+
+def test_the_e2e_check_sees_a_peer_process_behind_a_helper() -> None:
+    src = (
+        "import subprocess, sys\nimport pytest\n"
+        "def _peer(path):\n    return subprocess.Popen([sys.executable, \"-m\", \"graphfl.p2p\", \"peer\", path])\n"
+        "def test_a():\n    _peer('x')\n"
+        "@pytest.mark.e2e\ndef test_b():\n    _peer('x')\n"
+        "def test_c():\n    assert 1\n"
+    )
+    assert unmarked_process_tests(src) == ["test_a"]
