@@ -46,7 +46,14 @@ FedRelax runs through :func:`fedrelax`, the ONE adapter of this module (the all-
 loop :func:`graphfl.p2p.algorithms.fedrelax_math.run_fedrelax_reference`). Every FedRelax run is cached under
 ``<out>/cache`` (:class:`~graphfl.bench.runcache.RunCache`): a killed run continues where it
 stopped. Before running, the benchmark times one pending run of each kind and logs an estimate of
-the remaining time. ``run(quick, seed, out)`` writes ``<out>/fedrelax.{json,md,png}``.
+the remaining time.
+
+The benchmark is declared for the harness (:func:`declare`, :mod:`graphfl.bench.harness`): one
+*joint* cell per (part, seed) runs every method of that part on one draw — the (λ, depth) and
+(α, λ) searches stay inside the cell, on the draw's shared data and graphs — and is cached as a
+whole beside its FedRelax runs. ``run(quick, seed, out)`` writes ``<out>/fedrelax.{json,md,png}``
+in the harness's layout (results per part and method, paired differences of the test metrics)
+followed by the verdicts, the per-part tables and the GTVMin check.
 """
 
 from __future__ import annotations
@@ -63,9 +70,8 @@ import numpy as np
 import numpy.typing as npt
 from threadpoolctl import threadpool_limits
 
-from graphfl.common.envinfo import env_info
 from graphfl.common.graph import knn_graph
-from graphfl.common.results import atomic_write_text, markdown_table, plot_panels, write_json
+from graphfl.common.results import markdown_table, plot_panels
 from graphfl.p2p.algorithms.fedrelax_math import (
     FedRelaxResult,
     LinearModel,
@@ -76,6 +82,8 @@ from graphfl.p2p.algorithms.fedrelax_math import (
 from graphfl.tasks.base import DataError
 from graphfl.tasks.labeled import default_data_dir
 
+from .harness import Bench, Cell, Metric, Outcome, run_bench
+from .report import build_doc, write_report
 from .runcache import RunCache
 
 logger = logging.getLogger(__name__)
@@ -952,10 +960,9 @@ def _run(quick: bool, plan: Plan, out: Path, data_dir: str | Path | None, t_star
     contexts = {(s, n): prepare_fdu(devices, n, s, plan) for n in plan.fdu_train_sizes for s in plan.seeds} \
         if devices is not None else {}
     est = estimate(plan, devices, contexts)
-    p1_runs = []
-    for s in plan.seeds:
-        logger.info("B6 two clusters, seed %d", s)
-        p1_runs.append(run_two_clusters(s, plan))
+    bench = declare(plan, devices, contexts, root)
+    outcome = run_bench(bench, out)
+    p1_runs = [_joint(outcome, {"part": "two-cluster"}, s) for s in plan.seeds]
     p1 = _aggregate(p1_runs, P1_METHODS, ("val_mse", "test_mse"))
     p1_pairs = {f"{a}−{b}": paired(p1_runs, a, b, "test_mse", True) for a, b in P1_PAIRS}
     p2: dict[int, dict[str, Any]] = {}
@@ -964,10 +971,7 @@ def _run(quick: bool, plan: Plan, out: Path, data_dir: str | Path | None, t_star
     checks: list[dict[str, Any]] = []
     if devices is not None:
         for n_train in plan.fdu_train_sizes:
-            p2_runs[n_train] = []
-            for s in plan.seeds:
-                logger.info("B6 FDU-MTL n_train=%d, seed %d", n_train, s)
-                p2_runs[n_train].append(run_fdu(devices, n_train, s, plan, contexts[s, n_train]))
+            p2_runs[n_train] = [_joint(outcome, {"part": "fdu_mtl", "n_train": n_train}, s) for s in plan.seeds]
             p2[n_train] = _aggregate(p2_runs[n_train], P2_METHODS, ("val_mse", "test_mse", "val_acc", "test_acc"))
             p2_pairs[n_train] = {f"{a}−{b}": paired(p2_runs[n_train], a, b, "test_acc", False) for a, b in P2_PAIRS}
         n0, s0 = min(plan.fdu_train_sizes), plan.seeds[0]
@@ -990,14 +994,12 @@ def _run(quick: bool, plan: Plan, out: Path, data_dir: str | Path | None, t_star
             methods[f"fdu_mtl-n{n_train}/{m}"] = {"final": agg[m], "curve": []}
         for g in P2_GRAPHS:
             methods[f"fdu_mtl-n{n_train}/fedrelax-{g}"]["curve"] = _path_curve(p2_runs[n_train], g, "test_acc", True)
-    doc: dict[str, Any] = {
-        "name": NAME,
-        "config": {**asdict(plan), "quick": quick, "data_dir": str(root), "two_cluster": {
+    config = {**asdict(plan), "quick": quick, "data_dir": str(root), "two_cluster": {
             "nodes": N_NODES, "points_per_split": N_POINTS, "noise_sd": NOISE, "shared_set": GRID_SHARED[:, 0].tolist(),
             "reference": {"lambda": REF_LAMBDA, "depth": REF_DEPTH, "graph": "3-NN on (mean x, mean y), exp(-d/100)"}},
             "fdu_mtl": {"devices": list(FDU_DOMAINS), "public_unlabelled": FDU_PUBLIC, "features": f"SVD({FDU_DIM})",
                         "validation_rows": FDU_DEV},
-            "grid": {"two_cluster": {"local/pooled/cluster-pooled depth": list(DEPTHS),
+            "tuning_grids": {"two_cluster": {"local/pooled/cluster-pooled depth": list(DEPTHS),
                                      "fedrelax λ": list(plan.lambdas),
                                      "fedrelax depth (prediction, cluster graphs)": list(plan.fedrelax_depths),
                                      "fedrelax descriptor graph":
@@ -1008,25 +1010,70 @@ def _run(quick: bool, plan: Plan, out: Path, data_dir: str | Path | None, t_star
                                  "selection": "highest validation accuracy, ties lower validation MSE"},
                      "gtvmin_check": {"λ": list(plan.check_lambdas), "ridge": CHECK_RIDGE,
                                       "iterations": list(plan.check_iters)}},
-            "adapter": "run_fedrelax_reference (all nodes, one process)"},
+            "adapter": "run_fedrelax_reference (all nodes, one process)"}
+    doc = build_doc(bench, outcome, quick, config, extra={
         "unspecified_settings": UNSPECIFIED,
         "cut_settings": list(plan.cuts),
-        "estimate": est,
         "verdicts": verdict,
-        "paired": {"two-cluster": p1_pairs, **{f"fdu_mtl-n{k}": v for k, v in p2_pairs.items()}},
+        "paired_by_part": {"two-cluster": p1_pairs, **{f"fdu_mtl-n{k}": v for k, v in p2_pairs.items()}},
         "diagnostics": diagnostics,
         "gtvmin_check": checks,
         "methods": methods,
         "skipped": skipped,
         "two_cluster_runs": p1_runs,
         "fdu_mtl_runs": {str(k): v for k, v in p2_runs.items()},
-        "env": env_info(),
-        "seconds": time.perf_counter() - t_start,
-    }
-    write_json(out / f"{NAME}.json", doc)
-    atomic_write_text(out / f"{NAME}.md", render_markdown(doc, plan, p1, p1_runs, p2, p2_runs))
+    })
+    doc["estimate"] = {**doc["estimate"], **est, "from": "pilot runs of each kind"}
+    doc["seconds"] = time.perf_counter() - t_start
+    write_report(out, doc, sections=render_markdown(doc, plan, p1, p1_runs, p2, p2_runs).split("\n"))
     draw(out / f"{NAME}.png", p1, p1_runs, p2, p2_runs, checks)
     return doc
+
+
+P_METHODS = tuple(dict.fromkeys(P1_METHODS + P2_METHODS))
+P_PAIRS = tuple(dict.fromkeys(P1_PAIRS + P2_PAIRS))
+
+
+def declare(plan: Plan, devices: FduDevices | None, contexts: dict[tuple[int, int], P2Context],
+            root: Path) -> Bench:
+    """B6 on the harness: one joint cell per (part, seed) runs every method of that part on one draw.
+
+    A joint cell's FedRelax runs go through the run cache one by one (their keys: :func:`p1_jobs`,
+    :func:`p2_jobs`), so a cell cut short resumes from its finished runs; the cell itself is
+    cached under the part, the seed and the plan's grids.
+    """
+    def run_cell(cell: Cell) -> dict[str, Any]:
+        at = cell.at
+        if at["part"] == "two-cluster":
+            logger.info("B6 two clusters, seed %d", cell.seed)
+            return run_two_clusters(cell.seed, plan)
+        assert devices is not None
+        logger.info("B6 FDU-MTL n_train=%d, seed %d", at["n_train"], cell.seed)
+        return run_fdu(devices, at["n_train"], cell.seed, plan, contexts[cell.seed, at["n_train"]])
+
+    def key(cell: Cell) -> dict[str, Any]:
+        grids = {k: v for k, v in asdict(plan).items() if k not in ("seeds", "cuts", "check_lambdas", "check_iters")}
+        return {"bench": NAME, "version": CACHE_VERSION, "cell": cell.at, "seed": cell.seed, **grids,
+                **({"data_dir": str(root)} if cell.at["part"] == "fdu_mtl" else {})}
+
+    points: list[dict[str, Any]] = [{"part": "two-cluster"}]
+    if devices is not None:
+        points += [{"part": "fdu_mtl", "n_train": n} for n in plan.fdu_train_sizes]
+    return Bench(
+        name=NAME, title="B6: FedRelax (seed 003)",
+        methods=P_METHODS, points=points, seeds=list(plan.seeds),
+        metrics=(Metric("test_mse", "test MSE"), Metric("val_mse", "validation MSE", paired=False),
+                 Metric("test_acc", "test accuracy", lower_is_better=False),
+                 Metric("val_acc", "validation accuracy", lower_is_better=False, paired=False)),
+        run_cell=run_cell, key=key, final=lambda r: r, joint=True, pairs=P_PAIRS,
+        methods_at=lambda p: P1_METHODS if p["part"] == "two-cluster" else P2_METHODS,
+        cost=lambda cell: 1.0 if cell.at["part"] == "two-cluster" else 0.5)
+
+
+def _joint(outcome: Outcome, point: dict[str, Any], seed: int) -> dict[str, Any]:
+    """A joint cell's whole result (without the run cache's key entry)."""
+    res = outcome.joint[(tuple(point.items()), seed)]
+    return {k: v for k, v in res.items() if k != "_key"}
 
 
 def _chosen(entry: dict[str, Any]) -> str:
@@ -1037,7 +1084,7 @@ def _chosen(entry: dict[str, Any]) -> str:
 def render_markdown(doc: dict[str, Any], plan: Plan, p1: dict[str, dict[str, Any]], p1_runs: list[dict[str, Any]],
                     p2: dict[int, dict[str, Any]], p2_runs: dict[int, list[dict[str, Any]]]) -> str:
     """Verdicts, tables for both parts (mean ± sd over seeds), paired differences, the GTVMin check."""
-    lines = [f"# B6: FedRelax ({'quick' if doc['config']['quick'] else 'full'})", "",
+    lines = [f"## Run ({'quick' if doc['config']['quick'] else 'full'} form)", "",
              f"Seeds {list(plan.seeds)}; wall time {doc['seconds']:.0f} s (estimate before the start: "
              f"{doc['estimate']['seconds'] / 60:.0f} min).", "", "## Verdicts (one per claim of seed 003)", ""]
     for name, v in doc["verdicts"].items():
@@ -1059,12 +1106,12 @@ def render_markdown(doc: dict[str, Any], plan: Plan, p1: dict[str, dict[str, Any
               markdown_table(columns=["pair", "per seed", "mean ± sd", "first better"],
                              rows=[[k, ", ".join(f"{d:+.4f}" for d in p["per_seed"]),
                                     f"{p['mean']:+.4f}" + (f" ± {p['sd']:.4f}" if p["sd"] is not None else ""),
-                                    f"{p['a_better']}/{p['seeds']}"] for k, p in doc["paired"]["two-cluster"].items()]),
+                                    f"{p['a_better']}/{p['seeds']}"] for k, p in doc["paired_by_part"]["two-cluster"].items()]),
               ""]
     if doc["skipped"]:
         lines += ["## Part 2: FDU-MTL", "", doc["skipped"], ""]
     for n_train, agg in p2.items():
-        pairs = doc["paired"][f"fdu_mtl-n{n_train}"]
+        pairs = doc["paired_by_part"][f"fdu_mtl-n{n_train}"]
         lines += [f"## Part 2: FDU-MTL, 15 devices, {n_train} training reviews each, ridge regression", "",
                   markdown_table(columns=["method", "validation acc", "test acc", "test MSE", "chosen (per seed)"],
                                  rows=[[P2_LABELS[m], _pm(agg[m], "val_acc"), _pm(agg[m], "test_acc"),
@@ -1089,7 +1136,7 @@ def render_markdown(doc: dict[str, Any], plan: Plan, p1: dict[str, dict[str, Any
                                         f"{c['early_stop']['iterations']}, {c['early_stop']['rel_gap']:.2e}"]
                                        for c in doc["gtvmin_check"]]), ""]
     lines += ["## Diagnostics", ""] + ([f"- {d}" for d in doc["diagnostics"]] or ["- none"]) + [""]
-    lines += ["## Tuning grids", "", "```", __import__("json").dumps(doc["config"]["grid"], indent=1,
+    lines += ["## Tuning grids", "", "```", __import__("json").dumps(doc["config"]["tuning_grids"], indent=1,
                                                                      ensure_ascii=False), "```", ""]
     lines += ["## Settings the sources do not give", ""] + [f"- {k}: {v}" for k, v in doc["unspecified_settings"].items()]
     lines += ["", "## Cut settings (what this form leaves out)", ""] + ([f"- {c}" for c in doc["cut_settings"]]

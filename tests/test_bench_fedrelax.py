@@ -165,17 +165,25 @@ def test_a_stopped_run_resumes_from_its_cache_and_logs_an_estimate_first(tmp_pat
     one = fr.Plan(**{**TINY.__dict__, "seeds": (0,)})
     fr.run(quick=False, seed=0, out=out, data_dir=tmp_path / "no-data", plan=one)   # 'killed' after seed 0
     cached = len(list((out / "cache").glob("*.json")))
-    assert cached == len(fr.p1_jobs(TINY, 0))
-    with caplog.at_level("INFO", logger="graphfl.bench.fedrelax"):
+    assert cached == len(fr.p1_jobs(TINY, 0)) + 1  # every FedRelax run of seed 0 and the seed's joint cell
+    with caplog.at_level("INFO", logger="graphfl.bench"):
         doc = fr.run(quick=False, seed=0, out=out, data_dir=tmp_path / "no-data", plan=TINY)
     kinds = doc["estimate"]["kinds"]["two-cluster"]
     assert kinds["total"] == 2 * len(fr.p1_jobs(TINY, 0)) and kinds["pending"] == len(fr.p1_jobs(TINY, 1))
     text = caplog.text
-    assert "B6 estimate" in text and text.index("B6 estimate") < text.index("B6 two clusters, seed 0")
+    assert "B6 estimate" in text and text.index("B6 estimate") < text.index("B6 two clusters, seed 1")
+    assert "B6 two clusters, seed 0" not in text and "fedrelax: 1 cells cached, 1 to run" in text
+    assert doc["estimate"]["cells_cached"] == 1 and doc["estimate"]["cells_to_run"] == 1
     again = fr.run(quick=False, seed=0, out=out, data_dir=tmp_path / "no-data", plan=TINY)
     assert again["estimate"]["kinds"]["two-cluster"]["pending"] == 0
     assert again["paired"] == doc["paired"] and again["verdicts"] == doc["verdicts"]
-    grid = again["config"]["grid"]["two_cluster"]
+    assert again["paired_by_part"] == doc["paired_by_part"]
+    # the harness's layout: per seed the same numbers as the part's own tables
+    res = next(r for r in again["results"] if r["method"] == "fedrelax-prediction")
+    assert res["point"] == {"part": "two-cluster"}
+    assert res["metrics"]["test_mse"]["per_seed"] == pytest.approx(
+        again["methods"]["two-cluster/fedrelax-prediction"]["final"]["test_mse_per_seed"])
+    grid = again["config"]["tuning_grids"]["two_cluster"]
     assert grid["fedrelax λ"] == list(TINY.lambdas) and grid["local/pooled/cluster-pooled depth"] == list(fr.DEPTHS)
     md = (out / "fedrelax.md").read_text()
     assert "## Verdicts" in md and "Paired differences" in md and "Constant (pooled training mean)" in md
