@@ -42,6 +42,13 @@ local test accuracy (step tuned on validation accuracy).
 
 ``run(quick, seed, out)`` writes ``<out>/multicenter.{json,md,png}``.
 
+Not on the benchmark harness (:mod:`graphfl.bench.harness`): its stages feed each other —
+the settings tuned on one generator are reused on the other in the quick form, BiG-FL's φ of each
+train-graph run is carried into the test-graph runs of the same seed, the digits study tunes its
+own steps — and its result layout is the one docs/results/multicenter-* hold. It runs its own loop
+over the shared run cache (:class:`~graphfl.bench.runcache.RunCache`, every run resumes) and step
+search (:func:`~graphfl.bench.tuning.search_grid`).
+
 FeSEM's ``local_test_loss`` is read from the run's curve rows when the round recorder keeps it;
 otherwise the bench evaluates the final models once more through the same client exchange.
 """
