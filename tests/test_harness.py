@@ -175,3 +175,32 @@ def test_skipped_cells_are_not_run_and_errors_are_not_stored(tmp_path: Path) -> 
     again = run_bench(bench, tmp_path)
     assert sorted((c.method, c.seed) for c in calls) == [("a", 1), ("a", 1)]  # only the failed cells, one per size
     assert next(r for r in again.results if r["method"] == "a")["failed"] == 0
+
+
+def joint_cell(cell: Cell) -> dict[str, Any]:
+    """Both methods of the toy on one draw (a module-level function: worker processes unpickle it)."""
+    import os
+
+    base = cell.at["size"] + cell.seed / 100
+    return {"pid": os.getpid(), "methods": {"a": {"final": {"loss": base}}, "b": {"final": {"loss": 2 * base}}}}
+
+
+def test_joint_cells_in_worker_processes_split_by_method_and_resume(tmp_path: Path) -> None:
+    def bench() -> Bench:
+        return Bench(name="joint", title="Joint", methods=("a", "b"), points=[{"size": 1}, {"size": 2}],
+                     seeds=(0, 1, 2), metrics=(Metric("loss"),), run_cell=joint_cell, joint=True, workers=2,
+                     reference="a")
+
+    out = run_bench(bench(), tmp_path)
+    assert out.estimate["cells_to_run"] == 2 * 3  # one cell per (point, seed), not per method
+    b = next(r for r in out.results if r["method"] == "b" and r["point"] == {"size": 2})
+    assert b["metrics"]["loss"]["per_seed"] == pytest.approx([4.0, 4.02, 4.04])
+    assert (next(p for p in out.paired if p["point"] == {"size": 1})["metrics"]["loss"]["per_seed"]
+            == pytest.approx([1.0, 1.01, 1.02]))
+    import os
+
+    pids = {r["pid"] for r in out.joint.values()}
+    assert os.getpid() not in pids  # computed in the workers
+    again = run_bench(bench(), tmp_path)
+    assert again.estimate["cells_cached"] == 6 and again.estimate["cells_to_run"] == 0
+    assert {r["pid"] for r in again.joint.values()} == pids  # read back, not recomputed
