@@ -97,8 +97,8 @@ def main(grid: Grid, context: Context) -> None:
     from graphfl.common.config import parse_run_config
     from graphfl.common.envinfo import env_info
     from graphfl.common.records import arrays_to_record
-    from graphfl.server.flower_adapter import CoreStrategy
     from graphfl.flowerx.handshake_retry import install_on_grid
+    from graphfl.server.flower_adapter import CoreStrategy
     from graphfl.server.inprocess import server_inputs
     from graphfl.server.rounds import RunRecorder
 
