@@ -35,6 +35,7 @@ BENCHMARKS = {
     "jgesr-cost": "graphfl.bench.jgesr_cost",
     "multicenter": "graphfl.bench.multicenter",
     "dfl": "graphfl.bench.dfl",
+    "engine": "graphfl.bench.engine",
     "p2p-throughput": "graphfl.bench.p2p_throughput",
     "deploy": "graphfl.bench.deploy",
     "network": "graphfl.bench.network",

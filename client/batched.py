@@ -176,7 +176,7 @@ def unreduced(loss_fn: nn.Module) -> nn.Module | None:
     if type(loss_fn) not in UNREDUCED_LOSSES or getattr(loss_fn, "weight", None) is not None:
         return None
     out = copy.copy(loss_fn)
-    out.reduction = "none"
+    setattr(out, "reduction", "none")  # noqa: B010 - an attribute of the loss classes above, not of Module
     return out
 
 

@@ -41,6 +41,8 @@ class SharedInputs:
     task: Any
     graph: Any
     device: str
+    graph_source: str = ""
+    """Where the graph came from (:func:`~graphfl.common.graph.resolve_client_graph`'s second value)."""
 
 
 def shared_inputs(cfg: RunConfig, device: str | None = None, data_dir: str | None = None) -> SharedInputs:
@@ -52,10 +54,10 @@ def shared_inputs(cfg: RunConfig, device: str | None = None, data_dir: str | Non
     from graphfl.tasks import registry as tasks
 
     task = tasks.create(cfg.task, data=cfg.data, data_dir=data_dir or cfg.data_dir, seed=cfg.seed)
-    graph, _ = resolve_client_graph(cfg.nodes, task.client_graph(cfg.nodes), cfg.graph_file, cfg.task)
+    graph, source = resolve_client_graph(cfg.nodes, task.client_graph(cfg.nodes), cfg.graph_file, cfg.task)
     requested = device or cfg.device
     size = sum(p.numel() for p in task.build_model().parameters()) if requested == "auto" else None
-    return SharedInputs(task, graph, pick_device(requested, size))
+    return SharedInputs(task, graph, pick_device(requested, size), source)
 
 
 def build_runtime(cfg: RunConfig, partition_id: int, num_partitions: int, device: str | None = None,

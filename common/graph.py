@@ -140,7 +140,9 @@ def knn_graph(points: np.ndarray, k: int) -> np.ndarray:
     if n < 2:
         return np.zeros((n, n))
     k = min(k, n - 1)
-    d2 = ((points[:, None, :] - points[None, :, :]) ** 2).sum(-1)
+    pts = np.asarray(points)
+    rows = max(1, (1 << 22) // max(n * pts.shape[1], 1))   # blocks of about 32 MB, not one n×n×dim temporary
+    d2 = np.concatenate([((pts[lo : lo + rows, None, :] - pts[None, :, :]) ** 2).sum(-1) for lo in range(0, n, rows)])
     np.fill_diagonal(d2, np.inf)
     nearest = np.argsort(d2, axis=1, kind="stable")[:, :k]
     adj = np.zeros((n, n))

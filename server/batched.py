@@ -39,7 +39,7 @@ from graphfl.client.batched import (
     draw_indices,
     unbatchable_reason,
 )
-from graphfl.client.handler import ClientRuntime, prefixed, reply_metrics, train_reply
+from graphfl.client.handler import ClientRuntime, SharedInputs, prefixed, reply_metrics, train_reply
 from graphfl.client.objective import LocalObjective
 from graphfl.common import wire
 from graphfl.common.config import RunConfig
@@ -85,8 +85,9 @@ class BatchedExchange(InProcessExchange):
     """
 
     def __init__(self, cfg: RunConfig, fail: Mapping[FailKey, str] | None = None,
-                 state_dir: str | Path | None = None, chunk: int | None = None) -> None:
-        super().__init__(cfg, fail, state_dir)
+                 state_dir: str | Path | None = None, chunk: int | None = None,
+                 shared: SharedInputs | None = None) -> None:
+        super().__init__(cfg, fail, state_dir, shared)
         self.chunk_setting = chunk
         self.chunk: int | None = None
         self._stacked: StackedData | None = None
@@ -143,7 +144,7 @@ class BatchedExchange(InProcessExchange):
     def _task_metrics_plain(self) -> bool:
         from graphfl.tasks.base import Task
 
-        task = self.runtime(0).ctx.task
+        task: Any = self.runtime(0).ctx.task
         return type(task).metrics is Task.metrics
 
     # -- serving ------------------------------------------------------------------------------

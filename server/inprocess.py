@@ -38,14 +38,14 @@ class InProcessExchange:
     """
 
     def __init__(self, cfg: RunConfig, fail: Mapping[FailKey, str] | None = None,
-                 state_dir: str | Path | None = None) -> None:
+                 state_dir: str | Path | None = None, shared: SharedInputs | None = None) -> None:
         self.cfg = cfg
         self.runtimes: dict[int, ClientRuntime] = {}
         self.states: dict[int, ClientState] = {}
         self.fail: dict[FailKey, str] = dict(fail or {})
         self.state_dir = str(state_dir) if state_dir else None
         self._live: set[int] = set()   # clients whose state this run produced (else it may be loaded)
-        self._shared: SharedInputs | None = None
+        self._shared = shared
 
     def runtime(self, pid: int) -> ClientRuntime:
         """The client's runtime, built on first use (its data stays loaded; the task and the
@@ -135,16 +135,22 @@ class InProcessExchange:
         return {pid: self._call(request, pid, p) for pid, p in payloads.items()}
 
 
-def server_inputs(cfg: RunConfig) -> ServerInputs:
-    """Initial arrays, parameter keys, the resolved client graph and cluster labels of ``cfg``'s task."""
+def server_inputs(cfg: RunConfig, shared: SharedInputs | None = None) -> ServerInputs:
+    """Initial arrays, parameter keys, the resolved client graph and cluster labels of ``cfg``'s task.
+
+    ``shared``: the task and client graph the in-process clients use (built once for both).
+    """
     from graphfl.client.training import get_arrays, param_keys
     from graphfl.common.graph import resolve_client_graph
     from graphfl.tasks import registry as tasks
     from graphfl.tasks.base import DataError
 
-    task = tasks.create(cfg.task, data=cfg.data, data_dir=cfg.data_dir, seed=cfg.seed)
+    if shared is not None:
+        task, graph, source = shared.task, shared.graph, shared.graph_source
+    else:
+        task = tasks.create(cfg.task, data=cfg.data, data_dir=cfg.data_dir, seed=cfg.seed)
+        graph, source = resolve_client_graph(cfg.nodes, task.client_graph(cfg.nodes), cfg.graph_file, cfg.task)
     model = task.build_model()
-    graph, source = resolve_client_graph(cfg.nodes, task.client_graph(cfg.nodes), cfg.graph_file, cfg.task)
     try:
         info = task.describe()
     except DataError as exc:  # a server without the data files still runs; the clients load them
@@ -170,15 +176,19 @@ def run_federated_inprocess(
 
     torch.set_num_threads(1)
     spec = registry.get(cfg.strategy)
-    inputs = server_inputs(cfg)
+    try:  # the task and the client graph, once for the server and every client
+        shared: SharedInputs | None = shared_inputs(cfg)
+    except Exception:  # noqa: BLE001 - e.g. a device that is absent: each client reports it in the run
+        shared = None
+    inputs = server_inputs(cfg, shared)
     state_dir = Path(out_dir) / CLIENT_STATE_DIR if out_dir else None
     exchange: InProcessExchange
     if cfg.engine == "batched":
         from graphfl.server.batched import BatchedExchange
 
-        exchange = BatchedExchange(cfg, fail, state_dir=state_dir)
+        exchange = BatchedExchange(cfg, fail, state_dir=state_dir, shared=shared)
     else:
-        exchange = InProcessExchange(cfg, fail, state_dir=state_dir)
+        exchange = InProcessExchange(cfg, fail, state_dir=state_dir, shared=shared)
     try:  # the device the clients really train on (``auto`` depends on the model's size)
         device: str | None = str(exchange.runtime(0).ctx.device)
     except Exception:  # noqa: BLE001 - a broken client 0 fails inside the run, with its own report

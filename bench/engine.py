@@ -1,0 +1,203 @@
+"""Seconds per round and set-up time of the engines, in one run: batched, in-process, Flower's simulation.
+
+Each row runs FedAvg (``train.local-steps = 10``, the other settings the defaults) for ``R`` rounds
+of one task at one client count on one engine, in this process for the in-process engines
+(:func:`graphfl.server.inprocess.run_federated_inprocess`) and through ``graphfl run --engine
+simulation`` (Flower's Ray simulation engine, :func:`graphfl.deploy.run.run_experiment`) for the
+simulation engine. Reported per row:
+
+* ``round_s``: the median over rounds ``1..R`` of the round's wall time (train phase with its
+  piggy-backed evaluation, validation, aggregation, recording);
+* ``setup_s``: wall time from the call until round 1 starts (task, data and client runtimes, the
+  join round's evaluation; for the simulation engine also the SuperLink and Ray start);
+* ``test_loss``: the final mean test loss, and ``rel_diff_vs_inprocess``: its relative difference
+  from the in-process engine's (the batched engine must give the same numbers);
+* ``chunk``: clients per batched computation (the batched engine's memory bound).
+
+Ratios (``speedup_vs_inprocess``, ``speedup_vs_simulation``: the other engine's ``round_s`` over
+the batched engine's) come from rows of the same run. Before the timed rows, a two-client run on
+each engine loads the libraries, so no row pays for imports.
+
+Grid. ``--quick``: synthetic-multicenter (the seed's 512-parameter MLP, 100 samples per client)
+at 100 and 1000 clients and digits at 100 clients, 3 rounds; the simulation engine at 100
+clients of synthetic-multicenter, 2 rounds (its join round alone takes minutes on a loaded
+2-core host). Full form: synthetic-multicenter at 10, 100, 1000 and 10 000 clients (the
+in-process engine up to 1000), digits at 100, the MNIST CNN at 100 clients (``--data-dir`` with
+``mnist/``; 2 rounds), the simulation engine at 100 clients of both tabular tasks and 1000
+clients of synthetic-multicenter. Writes ``engine.{json,md,png}``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+NAME = "engine"
+ENGINES = ("batched", "inprocess", "simulation")
+LOCAL_STEPS = 10
+DIGITS_MIN_PARTITION = 4
+"""``data.min-partition-size`` of the digits rows (the default 10 has no Dirichlet(0.5) draw at 100 clients)."""
+
+
+def grid(quick: bool, data_dir: str | None) -> list[dict[str, Any]]:
+    """The rows to run: ``task``, ``clients``, ``engine``, ``rounds`` (module docstring)."""
+    rows: list[dict[str, Any]] = []
+    if quick:
+        for n in (100, 1000):
+            rows += [{"task": "synthetic-multicenter", "clients": n, "engine": e, "rounds": 3}
+                     for e in ("batched", "inprocess")]
+        rows += [{"task": "digits", "clients": 100, "engine": e, "rounds": 3} for e in ("batched", "inprocess")]
+        rows.append({"task": "synthetic-multicenter", "clients": 100, "engine": "simulation", "rounds": 2})
+        return rows
+    for n in (10, 100, 1000, 10_000):
+        engines = ("batched", "inprocess") if n <= 1000 else ("batched",)
+        rows += [{"task": "synthetic-multicenter", "clients": n, "engine": e, "rounds": 3} for e in engines]
+    rows += [{"task": "digits", "clients": 100, "engine": e, "rounds": 3} for e in ("batched", "inprocess")]
+    if data_dir and (Path(data_dir) / "mnist").is_dir():
+        rows += [{"task": "mnist", "clients": 100, "engine": e, "rounds": 2, "data-dir": data_dir}
+                 for e in ("batched", "inprocess")]
+    rows += [{"task": t, "clients": 100, "engine": "simulation", "rounds": 3}
+             for t in ("synthetic-multicenter", "digits")]
+    rows.append({"task": "synthetic-multicenter", "clients": 1000, "engine": "simulation", "rounds": 2})
+    return rows
+
+
+def _config(row: dict[str, Any], seed: int, out_dir: str = "") -> Any:
+    from graphfl.common.config import parse_run_config
+
+    flat = {"strategy": "fedavg", "task": row["task"], "nodes": row["clients"], "rounds": row["rounds"],
+            "engine": row["engine"], "seed": seed, "train.local-steps": LOCAL_STEPS, "min-replies": 0}
+    if row["task"] == "digits":   # 1797 samples: 100 clients get 18 each on average, some fewer than 10
+        flat["data.min-partition-size"] = DIGITS_MIN_PARTITION
+    if row.get("data-dir"):
+        flat["data-dir"] = row["data-dir"]
+    if out_dir:
+        flat["out-dir"] = out_dir
+    return parse_run_config(flat)
+
+
+def _summary(doc: dict[str, Any], wall: float) -> dict[str, Any]:
+    """``round_s``, ``setup_s``, ``test_loss`` of a run's result document (module docstring)."""
+    method = next(iter(doc["methods"].values()))
+    curve = method["curve"]
+    rounds = [r["seconds"] for r in curve if r["round"] >= 1 and r.get("seconds") is not None]
+    return {"round_s": statistics.median(rounds) if rounds else None,
+            "setup_s": wall - sum(rounds), "test_loss": (method.get("final") or {}).get("test_loss"),
+            "status": doc.get("status"), "rounds_run": len(rounds),
+            "chunk": doc.get("env", {}).get("batch_chunk"), "fallback": doc.get("env", {}).get("batched_fallback")}
+
+
+def run_row(row: dict[str, Any], seed: int, work: Path) -> dict[str, Any]:
+    """Run one row; its measurements (or ``error`` naming why it did not run)."""
+    out = dict(row)
+    out.pop("data-dir", None)
+    t0 = time.perf_counter()
+    try:
+        if row["engine"] == "simulation":
+            from graphfl.deploy.run import run_experiment
+
+            folder = work / f"sim-{row['task']}-{row['clients']}"
+            cfg = _config(row, seed, str(folder))
+            run_experiment(cfg)
+            doc = json.loads((folder / "run.json").read_text())
+        else:
+            from graphfl.server.inprocess import run_federated_inprocess
+
+            doc, _ = run_federated_inprocess(_config(row, seed))
+    except Exception as exc:  # a row that cannot run is reported with the reason (logged), the others run
+        logger.exception("engine bench: %s failed", row)
+        out["error"] = f"{type(exc).__name__}: {exc}"
+        return out
+    out.update(_summary(doc, time.perf_counter() - t0))
+    logger.info("engine bench: %s %d clients %s: %.3f s/round, set-up %.1f s", row["task"], row["clients"],
+                row["engine"], out["round_s"] or float("nan"), out["setup_s"])
+    return out
+
+
+def _warm_up(engines: set[str], seed: int) -> None:
+    """Load the libraries of each in-process engine (a 2-client, 1-round run) before timing."""
+    from graphfl.server.inprocess import run_federated_inprocess
+
+    for engine in sorted(engines - {"simulation"}):
+        run_federated_inprocess(_config({"task": "synthetic-multicenter", "clients": 2, "engine": engine,
+                                         "rounds": 1}, seed))
+
+
+def ratios(rows: list[dict[str, Any]]) -> None:
+    """Add ``speedup_vs_<engine>`` and ``rel_diff_vs_inprocess`` to the batched rows (in place)."""
+    by = {(r["task"], r["clients"], r["engine"]): r for r in rows}
+    for r in rows:
+        if r["engine"] != "batched" or not r.get("round_s"):
+            continue
+        for other in ("inprocess", "simulation"):
+            o = by.get((r["task"], r["clients"], other))
+            if o and o.get("round_s"):
+                r[f"speedup_vs_{other}"] = o["round_s"] / r["round_s"]
+        o = by.get((r["task"], r["clients"], "inprocess"))
+        if o and o.get("test_loss") is not None and r.get("test_loss") is not None:
+            r["rel_diff_vs_inprocess"] = abs(r["test_loss"] - o["test_loss"]) / max(abs(o["test_loss"]), 1e-12)
+
+
+def run(quick: bool = False, seed: int = 0, out: Path | None = None, data_dir: str | None = None) -> dict[str, Any]:
+    """Run the grid; write ``<out>/engine.{json,md,png}``."""
+    from graphfl.common.envinfo import env_info
+
+    plan = grid(quick, data_dir)
+    t_all = time.perf_counter()
+    _warm_up({r["engine"] for r in plan}, seed)
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="graphfl-bench-engine-") as work:
+        for row in plan:
+            rows.append(run_row(row, seed, Path(work)))
+            if out is not None:   # partial results survive an interrupted bench
+                write(out, _doc(quick, seed, rows, env_info(), time.perf_counter() - t_all), plot=False)
+    doc = _doc(quick, seed, rows, env_info(), time.perf_counter() - t_all)
+    if out is not None:
+        write(out, doc)
+    return doc
+
+
+def _doc(quick: bool, seed: int, rows: list[dict[str, Any]], env: dict[str, Any], wall: float) -> dict[str, Any]:
+    rows = [dict(r) for r in rows]
+    ratios(rows)
+    return {"name": NAME, "quick": quick, "seed": seed, "rows": rows, "env": env, "wall_seconds": wall,
+            "settings": [f"FedAvg, train.local-steps = {LOCAL_STEPS}, the other settings the defaults, seed {seed}; "
+                         f"digits: data.min-partition-size = {DIGITS_MIN_PARTITION}",
+                         "round_s: median wall seconds of rounds 1..R; setup_s: wall seconds before round 1 "
+                         "(data, runtimes, join evaluation; simulation: also SuperLink and Ray start)",
+                         "before the timed rows, a 2-client run per in-process engine loads the libraries",
+                         "speed-ups: the other engine's round_s over the batched engine's, rows of this run"]}
+
+
+def write(out: Path, doc: dict[str, Any], plot: bool = True) -> None:
+    """``engine.json``, ``engine.md`` (one table, the ratios beside) and ``engine.png``."""
+    from graphfl.common.results import atomic_write_text, markdown_table, plot_panels, write_json
+
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / f"{NAME}.json", doc)
+    cols = ["task", "clients", "engine", "rounds", "round_s", "setup_s", "speedup_vs_inprocess",
+            "speedup_vs_simulation", "test_loss", "rel_diff_vs_inprocess", "chunk", "status", "error"]
+    md = [f"# {NAME}", "", "Seconds per round and set-up time per engine, measured in one run (bench/engine.py).",
+          "", markdown_table(doc["rows"], cols), "", "## Settings", ""] + [f"- {s}" for s in doc["settings"]]
+    md += ["", f"Wall time of the bench: {doc['wall_seconds']:.0f} s; host: {doc['env'].get('cpus')} CPUs, "
+               f"torch {doc['env'].get('torch')}, device {doc['env'].get('device', 'cpu')}."]
+    atomic_write_text(out / f"{NAME}.md", "\n".join(md) + "\n")
+    if not plot:
+        return
+    panels = []
+    for task in dict.fromkeys(r["task"] for r in doc["rows"]):
+        for key, label in (("round_s", "seconds / round"), ("setup_s", "set-up seconds")):
+            series = {e: sorted((r for r in doc["rows"] if r["task"] == task and r["engine"] == e and r.get(key)),
+                                key=lambda r: r["clients"]) for e in ENGINES}
+            series = {e: s for e, s in series.items() if s}
+            if series:
+                panels.append({"x": "clients", "y": key, "series": series, "logx": True, "logy": True,
+                               "title": task, "xlabel": "clients", "ylabel": label})
+    plot_panels(out / f"{NAME}.png", panels, "engines: batched vs in-process vs Flower simulation")
