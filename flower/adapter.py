@@ -244,8 +244,8 @@ class GraphflStrategy(Strategy):
 
     def start_core(self, arrays: Arrays, node_ids: Sequence[int]) -> None:
         """Build the core for the initial model ``arrays`` and the nodes seen at round 1."""
-        n = self.num_clients or (len(set(self.pid_of_node.values()) | set(range(len(node_ids))))
-                                 if self._fixed_mapping else len(node_ids))
+        mapped = max(self.pid_of_node.values(), default=-1) + 1
+        n = self.num_clients or max(len(node_ids), mapped)
         bad = {nid: pid for nid, pid in self.pid_of_node.items() if not 0 <= pid < n}
         if bad:
             raise ValueError(f"partition_of maps nodes to partition ids outside 0..{n - 1}: {bad}")
@@ -361,6 +361,12 @@ class GraphflStrategy(Strategy):
         setting = ", ".join(f"{k.removeprefix('graphfl.')}={v:g}" for k, v in values.items())
         why = ("its train function did not add the term to the loss" if keys.APPLIED in metrics
                else "the ClientApp has no graphfl_mod")
+        if name == keys.OWN_MODEL:
+            raise CooperationError(
+                f"{type(self).__name__} needs each client to keep its own model, but the reply of node "
+                f"{reply.node_id} does not confirm it (the ClientApp has no graphfl_mod). Add "
+                "`app = ClientApp(mods=[graphfl.flower.client.graphfl_mod])` to the ClientApp "
+                f"({self.off_hint()}).")
         raise CooperationError(
             f"{type(self).__name__} ({setting}) needs the client term {name!r} in the local loss, but the "
             f"reply of node {reply.node_id} does not confirm it ({why}). Add it to the ClientApp: "
@@ -428,6 +434,9 @@ class GraphflStrategy(Strategy):
             if key not in cache:
                 cache[key] = numpy_to_record({k: v for k, v in model.items() if k in self.template})
             cfg = ConfigRecord({**dict(config), keys.SERVER_ROUND: int(server_round)})
+            reg = self.regulariser()
+            if reg is not None and reg[0] == keys.OWN_MODEL:   # the mod evaluates the client's own model
+                cfg[keys.REGULARISER] = keys.OWN_MODEL
             out.append((live[pid], RecordDict({keys.ARRAYS: cache[key], keys.CONFIG: cfg})))
         return out
 

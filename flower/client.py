@@ -32,7 +32,7 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
-from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from torch import nn
 
 from graphfl.client.objective import Penalty, cosine_term, proximal_term
@@ -67,7 +67,7 @@ def regulariser(msg: Message) -> Regulariser:
         For a term this graphfl version does not know (the message names it).
     """
     name = requested(msg)
-    if name is None:
+    if name is None or name == keys.OWN_MODEL:   # the mod does local-only training's part
         return _zero
     config = msg.content.config_records[keys.CONFIG]
     if name == keys.PROXIMAL:
@@ -84,7 +84,7 @@ def regulariser(msg: Message) -> Regulariser:
             term = _lazy_keys(lambda ks: cosine_term(cluster, lam, ks))
     else:
         raise ValueError(f"the strategy asks for the client term {name!r}, which this graphfl version does not "
-                         f"know (known: {[keys.PROXIMAL, keys.COSINE]})")
+                         f"know (known: {[keys.PROXIMAL, keys.COSINE, keys.OWN_MODEL]})")
 
     def reg(model: nn.Module) -> torch.Tensor:
         applied = _APPLIED.get()
@@ -114,14 +114,23 @@ def _lazy_keys(build: Callable[[tuple[str, ...]], Penalty]) -> Regulariser:
 
 
 def graphfl_mod(msg: Message, context: Context, call_next: Callable[[Message, Context], Message]) -> Message:
-    """Flower client mod: answers partition-id queries and confirms the client term in train replies.
+    """Flower client mod: answers partition-id queries, keeps an own model, confirms the client term.
 
     * A message whose config has :data:`~graphfl.flower.keys.QUERY` is answered with the node
       config's ``partition-id`` (the ClientApp is not called).
+    * :data:`~graphfl.flower.keys.OWN_MODEL` (local-only training): a message with an empty
+      ``"arrays"`` gets the client's own model from ``context.state`` before the ClientApp sees
+      it, and a train reply's ``"arrays"`` is stored there as the new own model.
     * Otherwise the ClientApp runs; a reply with a ``"metrics"`` MetricRecord gets
       :data:`~graphfl.flower.keys.APPLIED` = 1 when the requested term (if any) was evaluated
       through :func:`regulariser` during the call (else 0), and ``partition-id`` from the node
       config when the reply has none.
+
+    Raises
+    ------
+    ValueError
+        Local-only training asks for the own model before this client stored one (it missed
+        round 1); the message says so.
     """
     config = msg.content.config_records.get(keys.CONFIG, ConfigRecord())
     pid = context.node_config.get(keys.PARTITION_ID)
@@ -129,6 +138,8 @@ def graphfl_mod(msg: Message, context: Context, call_next: Callable[[Message, Co
         metrics = MetricRecord({} if pid is None else {keys.PARTITION_ID: int(pid)})
         return Message(RecordDict({keys.METRICS: metrics}), reply_to=msg)
     name = requested(msg)
+    if name == keys.OWN_MODEL:
+        _put_own_model(msg, context)
     token = _APPLIED.set(set())
     try:
         reply = call_next(msg, context)
@@ -137,6 +148,10 @@ def graphfl_mod(msg: Message, context: Context, call_next: Callable[[Message, Co
         _APPLIED.reset(token)
     if reply.has_error():
         return reply
+    if name == keys.OWN_MODEL and keys.ARRAYS in reply.content.array_records:
+        own = reply.content.array_records[keys.ARRAYS]
+        context.state[keys.OWN_STATE] = ArrayRecord({k: own[k] for k in own.keys()})
+        applied.add(name)
     metrics_rec = reply.content.metric_records.get(keys.METRICS)
     if metrics_rec is None:
         return reply
@@ -145,3 +160,16 @@ def graphfl_mod(msg: Message, context: Context, call_next: Callable[[Message, Co
     if pid is not None and keys.PARTITION_ID not in metrics_rec:
         metrics_rec[keys.PARTITION_ID] = int(pid)
     return reply
+
+
+def _put_own_model(msg: Message, context: Context) -> None:
+    """Local-only training: an empty ``"arrays"`` becomes the own model kept in ``context.state``."""
+    sent = msg.content.array_records.get(keys.ARRAYS)
+    if sent is not None and len(sent.keys()) > 0:
+        return
+    own = context.state.array_records.get(keys.OWN_STATE)
+    if own is None:
+        raise ValueError(f"local-only training: the server sent no model and this client (partition "
+                         f"{context.node_config.get(keys.PARTITION_ID)}) has no own model in its context.state "
+                         "yet (it has not trained since the run started)")
+    msg.content[keys.ARRAYS] = ArrayRecord({k: own[k] for k in own.keys()})

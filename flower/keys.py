@@ -38,6 +38,13 @@ QUERY = "graphfl.query"
 """Config key of a query message (value ``"partition-id"``): :func:`graphfl.flower.client.graphfl_mod`
 answers it with the node config's ``partition-id`` without calling the ClientApp."""
 
+OWN_MODEL = "own-model"
+"""Client term of local-only training: the client trains and is evaluated on its own model, which
+:func:`graphfl.flower.client.graphfl_mod` keeps in ``context.state`` (:data:`OWN_STATE`) and puts
+into ``"arrays"`` when the server sends none."""
+OWN_STATE = "graphfl.own-model"
+"""ArrayRecord in the ClientApp's ``context.state``: the client's own model (local-only training)."""
+
 PROXIMAL = "proximal"
 """Regulariser ``μ/2 ‖θ − θ_received‖²`` over the model's parameters (FedProx, FedAMP, FeSEM)."""
 COSINE = "pfedgraph-cosine"

@@ -13,7 +13,8 @@ A stock ClientApp (``msg.content["arrays"]`` in; ``"arrays"`` and ``"metrics"`` 
 ``"num-examples"`` out) serves FedAvg, FeSEM (``prox_lambda = 0``), JGESR, CFL, FedAMP
 (``prox_mu = 0``) and pFedGraph (``lam = 0``). With the client term on (FedProx, FedAMP's
 ``prox_mu``, FeSEM's ``prox_lambda``, pFedGraph's ``lam``) the ClientApp needs
-:func:`graphfl.flower.client.graphfl_mod` and :func:`graphfl.flower.client.regulariser`.
+:func:`graphfl.flower.client.graphfl_mod` and :func:`graphfl.flower.client.regulariser`;
+local-only training (:class:`Local`) needs the mod.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from graphfl.strategies.fedamp import FedAMPConfig
 from graphfl.strategies.fedavg import FedAvgParams, FedProxParams
 from graphfl.strategies.fesem import FeSEMParams
 from graphfl.strategies.jgesr import JGESRConfig
+from graphfl.strategies.local import LocalParams
 from graphfl.strategies.pfedgraph import CLUSTER_PREFIX, PFedGraphConfig
 
 
@@ -243,4 +245,33 @@ class PFedGraph(GraphflStrategy):
         return "lam=0: local training from the aggregated model without the similarity term"
 
 
-__all__ = ["CFL", "FeSEM", "FedAMP", "FedAvg", "FedProx", "JGESR", "PFedGraph"]
+class Local(GraphflStrategy):
+    """Local-only training: round 1 sends the initial model, later rounds nothing; no aggregation.
+
+    The baseline personalised methods must beat. Each client trains and is evaluated on its own
+    model, which :func:`graphfl.flower.client.graphfl_mod` keeps in the ClientApp's
+    ``context.state`` and hands to the train / evaluate function as ``"arrays"`` (the server
+    sends an empty ``"arrays"`` after round 1): the ClientApp needs the mod, not ``regulariser``.
+
+    Parameters
+    ----------
+    **kwargs
+        Common arguments of :class:`~graphfl.flower.adapter.GraphflStrategy`.
+    """
+
+    algorithm = "local"
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(LocalParams(), **kwargs)
+
+    def regulariser(self) -> tuple[str, dict[str, float]] | None:
+        return (keys.OWN_MODEL, {})
+
+    def off_hint(self) -> str:
+        return "local-only training has no stock form; use FedAvg for a stock ClientApp"
+
+    def client_arrays(self, partition_id: int) -> Arrays:
+        raise RuntimeError("Local: the clients' models never leave the clients (their context.state)")
+
+
+__all__ = ["CFL", "JGESR", "FeSEM", "FedAMP", "FedAvg", "FedProx", "Local", "PFedGraph"]

@@ -309,3 +309,27 @@ def test_global_model_strategies_send_what_flower_passes_and_return_the_aggregat
     agg, _ = strategy.fold_train(1, replies)
     assert agg is not None
     np.testing.assert_allclose(agg["weight"].numpy(), (ups[0]["weight"] + ups[1]["weight"]) / 2, rtol=1e-6)
+
+
+def test_local_sends_the_initial_model_once_then_asks_the_mod_for_the_clients_own_model():
+    strategy = gf.Local()
+    nodes = [node(p) for p in range(2)]
+    first = strategy.train_contents(1, nodes, initial_arrays(), ConfigRecord())
+    assert all(list(c[keys.ARRAYS].keys()) == ["weight", "bias"] for _, c in first)
+    assert all(c[keys.CONFIG][keys.REGULARISER] == keys.OWN_MODEL for _, c in first)
+    trained, n_ex = client_train(0, initial_arrays())
+    stock = ClientReply(node(0), RecordDict({keys.ARRAYS: numpy_to_record(trained),
+                                             keys.METRICS: MetricRecord({keys.NUM_EXAMPLES: n_ex})}))
+    with pytest.raises(gf.CooperationError, match=r"keep its own model.*graphfl_mod"):
+        strategy.fold_train(1, [stock])
+    replies = []
+    for p in range(2):
+        trained, n_ex = client_train(p, initial_arrays())
+        replies.append(ClientReply(node(p), RecordDict({keys.ARRAYS: numpy_to_record(trained), keys.METRICS:
+                                                        MetricRecord({keys.NUM_EXAMPLES: n_ex, keys.APPLIED: 1})})))
+    strategy.fold_train(1, replies)
+    second = strategy.train_contents(2, nodes, initial_arrays(), ConfigRecord())
+    assert all(len(c[keys.ARRAYS].keys()) == 0 for _, c in second)          # nothing leaves the server
+    evals = strategy.evaluate_contents(2, nodes, ConfigRecord(), initial_arrays())
+    assert all(len(c[keys.ARRAYS].keys()) == 0 and c[keys.CONFIG][keys.REGULARISER] == keys.OWN_MODEL
+               for _, c in evals)

@@ -9,6 +9,7 @@ functions and the same client order (node id -> partition id, read from the Supe
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import shutil
@@ -76,8 +77,11 @@ class TermsExchange(fn.TaskExchange):
     def __init__(self, n: int, data_of: Mapping[int, int], mu: float = 0.0, lam: float = 0.0) -> None:
         super().__init__(n, data_of)
         self.mu, self.lam = mu, lam
+        self.own: dict[int, dict[str, np.ndarray]] = {}
+        """Local-only training: each client's own model (what graphfl_mod keeps in context.state)."""
 
     def send(self, request: Request, payloads: Mapping[int, Payload]) -> dict[int, Reply]:
+        payloads = {pid: p if p.arrays else Payload(self.own[pid]) for pid, p in payloads.items()}
         if request.kind != wire.TRAIN:
             return super().send(request, payloads)
         out = {}
@@ -92,6 +96,7 @@ class TermsExchange(fn.TaskExchange):
                 term = cosine_term(cluster, self.lam, keys_)
             extra = None if term is None else (lambda m, t=term: t(dict(m.named_parameters())))
             arrays, n_ex = fn.client_train(self.data_of[pid], model, extra)
+            self.own[pid] = arrays
             out[pid] = Reply(pid, arrays, {wire.NUM_EXAMPLES: n_ex})
         return out
 
@@ -106,11 +111,12 @@ def check_against_reference(work: Path, name: str, result: Mapping[str, Any], no
     strategy = make_strategy(name, cfg)
     core = fn.reference(strategy, NODES, ROUNDS, data_of, exchange=exchange)
     for pid in range(NODES):
-        got = np.load(work / "out" / f"{name}-client-{pid}.npz")
-        want = core.evaluation_payload(pid).arrays
-        assert sorted(got.files) == ["bias", "weight"]
-        for k in got.files:
-            np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6, err_msg=f"{name} client {pid} {k}")
+        want = core.evaluation_payload(pid).arrays or getattr(exchange, "own", {}).get(pid, {})
+        if name != "local":   # local-only models stay on the clients: only their evaluations come back
+            got = np.load(work / "out" / f"{name}-client-{pid}.npz")
+            assert sorted(got.files) == ["bias", "weight"]
+            for k in got.files:
+                np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6, err_msg=f"{name} client {pid} {k}")
         if evaluated:
             ev = result["client_evaluations"][str(ROUNDS)][str(pid)]
             model = {k: v for k, v in want.items() if k in ("weight", "bias")}
@@ -129,8 +135,11 @@ def federation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFedera
 def test_stock_clientapp_runs_each_fedavg_like_strategy_and_equals_graphfls_runner(federation, tmp_path):
     names = ["fesem", "jgesr", "cfl", "fedamp", "pfedgraph"]
     app = app_copy(tmp_path / "app")
-    source = (app / "graphfl_example" / "client_app.py").read_text()
-    assert "graphfl." not in source and "import graphfl" not in source      # only Flower's API
+    tree = ast.parse((app / "graphfl_example" / "client_app.py").read_text())
+    imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert not [m for m in imported if m.split(".")[0] == "graphfl"], imported      # Flower's API only
+    assert "flwr.clientapp" in imported
     results = submit(federation, tmp_path, app, {"strategies": ",".join(names), "fraction-evaluate": 0.0})
     nodes = data_partitions(federation)
     assert sorted(results) == sorted(names)
@@ -141,13 +150,13 @@ def test_stock_clientapp_runs_each_fedavg_like_strategy_and_equals_graphfls_runn
     assert results["cfl"]["server_metrics"][str(ROUNDS)]["num_clusters"] >= 2
 
 
-def test_cooperative_strategies_run_with_the_mod_and_flowers_dp_wrapper_composes_with_fedavg(federation, tmp_path):
+def test_cooperative_strategies_and_local_run_with_the_mod_and_flowers_dp_wrapper_composes_with_fedavg(federation, tmp_path):
     app = app_copy(tmp_path / "app", terms=True)
     results = submit(federation, tmp_path, app, {
-        "strategies": "fedprox,pfedgraph,fedavg", "prox-mu": 0.1, "pfedgraph-lam": 0.01,
+        "strategies": "fedprox,pfedgraph,fedavg,local", "prox-mu": 0.1, "pfedgraph-lam": 0.01,
         "dp-strategies": "fedavg", "dp-clip": 1000.0, "dp-noise": 0.0})
     nodes = data_partitions(federation)
-    for name, exchange_kw in (("fedprox", {"mu": 0.1}), ("pfedgraph", {"lam": 0.01}), ("fedavg", {})):
+    for name, exchange_kw in (("fedprox", {"mu": 0.1}), ("pfedgraph", {"lam": 0.01}), ("fedavg", {}), ("local", {})):
         data_of = {pid: nodes[int(nid)] for nid, pid in results[name]["partition_of_node"].items()}
         exchange = TermsExchange(NODES, data_of, **exchange_kw)
         check_against_reference(tmp_path, name, results[name], nodes, exchange, evaluated=True)

@@ -34,6 +34,8 @@ def make_strategy(name: str, cfg: Any) -> gf.GraphflStrategy:
         return gf.CFL(warmup_rounds=1, min_cluster_size=2, eps1=10.0, eps2=0.0, **common)
     if name == "fedamp":
         return gf.FedAMP(prox_mu=mu, **common)
+    if name == "local":
+        return gf.Local(**common)
     if name == "pfedgraph":
         return gf.PFedGraph(lam=float(cfg["pfedgraph-lam"]), **common)
     raise ValueError(f"unknown strategy {name!r}")
@@ -63,7 +65,7 @@ def main(grid: Grid, context: Context) -> None:
             "partition_of_node": {str(k): v for k, v in strategy.pid_of_node.items()},
             "final_arrays": list(result.arrays.keys()),
         }
-        if out is not None:
+        if out is not None and name != "local":   # local-only models never leave the clients
             for pid in range(strategy.n):
                 np.savez(out / f"{name}-client-{pid}.npz", **strategy.client_arrays(pid))
     if out is not None:
