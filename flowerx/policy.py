@@ -109,6 +109,11 @@ def decide(path: FastPath, check: Callable[[], str | None] | None = None) -> boo
     return on
 
 
+def decisions() -> dict[str, bool]:
+    """The fast paths decided so far in this process: name -> on."""
+    return dict(_decisions)
+
+
 def forget() -> None:
     """Drop this process's decisions (tests that change the environment between two decisions)."""
     _decisions.clear()

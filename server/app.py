@@ -97,6 +97,7 @@ def main(grid: Grid, context: Context) -> None:
     from graphfl.common.config import parse_run_config
     from graphfl.common.envinfo import env_info
     from graphfl.common.records import arrays_to_record
+    from graphfl.flowerx import bounded_pull, object_io, policy
     from graphfl.flowerx.handshake_retry import install_on_grid
     from graphfl.server.flower_adapter import CoreStrategy
     from graphfl.server.inprocess import server_inputs
@@ -109,10 +110,12 @@ def main(grid: Grid, context: Context) -> None:
     try:
         torch.set_num_threads(1)
         install_on_grid(grid)     # a TLS handshake the SuperLink cuts short is retried, not fatal
+        bounded_pull.install()    # the ServerApp's fast paths, decided before run.json records them
+        object_io.widen_object_transfers()
         spec = registry.get(cfg.strategy)
         inputs = server_inputs(cfg)
-        recorder = RunRecorder(cfg, cfg.strategy, out, env={**env_info(), "engine": cfg.engine},
-                               progress=progress)
+        recorder = RunRecorder(cfg, cfg.strategy, out, progress=progress,
+                               env={**env_info(), "engine": cfg.engine, "flower_fast_paths": policy.decisions()})
         strategy = CoreStrategy(cfg, spec, recorder, inputs)
         strategy.start(grid=grid, initial_arrays=arrays_to_record(inputs.initial_arrays), num_rounds=cfg.rounds)
     except BaseException as exc:

@@ -223,6 +223,7 @@ def test_on_where_verified_and_checked(fresh, caplog) -> None:
     with caplog.at_level(logging.WARNING, logger="graphfl.flowerx"):
         assert policy.decide(PROBE, lambda: None) is True
     assert policy.installed_flower() in policy.VERIFIED_FLOWER and _lines(caplog) == []
+    assert policy.decisions() == {"probe-path": True}
 
 
 def test_an_unverified_version_switches_off_with_one_line_and_never_runs_the_check(fresh, caplog) -> None:
@@ -288,7 +289,8 @@ def test_a_warm_supernode_on_an_unverified_flower_runs_stock_flower(fresh, caplo
 @pytest.mark.e2e
 def test_graphfl_run_completes_on_stock_flower_behaviour_when_the_version_is_unverified(tmp_path) -> None:
     """A real ``graphfl run`` (TLS SuperLink, 2 warm SuperNodes) told that Flower is 1.99.0: each fast
-    path logs that it is off, nothing refuses, and the run completes with every round."""
+    path logs that it is off, nothing refuses, and the run completes with every round; run.json
+    records the ServerApp's fast paths as off."""
     out = tmp_path / "run"
     env = {**os.environ, policy.VERSION_ENV: "1.99.0"}
     env.pop(policy.OFF_ENV, None)
@@ -301,6 +303,9 @@ def test_graphfl_run_completes_on_stock_flower_behaviour_when_the_version_is_unv
     assert doc["status"] == "completed"
     curve = doc["methods"]["fedavg"]["curve"]
     assert [r["round"] for r in curve] == [0, 1, 2]
+    # the ServerApp's own fast paths, decided in its process (Flower keeps its log), recorded in run.json
+    assert doc["env"]["flower_fast_paths"] == {"grid-handshake-retry": False, "bounded-pull": False,
+                                               "object-io-threads": False}
     logs = "\n".join(p.read_text(errors="replace") for p in (out / "logs").glob("*.log"))
     for name in ("superlink-gates", "warm-clientapp", "supernode-fast-polls", "fleet-handshake-retry"):
         assert f"graphfl fast path '{name}'" in logs and "flwr 1.99.0 is not a version" in logs, name
