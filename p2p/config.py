@@ -9,6 +9,7 @@ here, into frozen dataclasses; unknown keys are errors.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -135,11 +136,9 @@ def _owners(key: str) -> list[str]:
 
 def _table_keys() -> set[str]:
     """Parameter keys of any registered algorithm that take a TOML table (field metadata ``table``)."""
-    import dataclasses
-
     out: set[str] = set()
     for spec in registry.all_specs():
-        out |= {normalize_key(f.name) for f in dataclasses.fields(spec.params) if f.metadata.get("table")}
+        out |= {normalize_key(f.name) for f in fields(spec.params) if f.metadata.get("table")}
     return out
 
 
@@ -147,8 +146,6 @@ def _flatten_run(values: Mapping[str, Any], tables: set[str], prefix: str = "") 
     """:func:`flatten`, except that a table under a key in ``tables`` (``model-args``, also as
     ``fedrelax.model-args``) is kept whole, as canonical JSON text with its keys as written.
     """
-    import json
-
     out: dict[str, Any] = {}
     for key, value in values.items():
         full = normalize_key(f"{prefix}{key}")

@@ -37,7 +37,8 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from graphfl.common.config import ConfigError
+from graphfl.common.config import ConfigError, DataConfig
+from graphfl.common.devices import resolve_auto
 
 logger = logging.getLogger(__name__)
 
@@ -245,14 +246,14 @@ def clusters_problem(node: int, spec: ProblemSpec, logistic: bool = False) -> Ta
 
 def device_file(path: str | Path, device: int) -> Path:
     """The CSV of ``device``: ``path`` itself if it is a file, else ``path/device-<device>.csv``."""
-    from graphfl.tasks.tabular import device_path
+    from graphfl.tasks.tabular import device_path  # the tasks layer: loaded only for problem csv (peer start-up)
 
     return device_path(path, device)
 
 
 def feature_columns(path: str | Path, device: int = 0, response: str | None = None) -> tuple[str, ...]:
     """The feature columns of a device file, in file order (every column except the response; header only)."""
-    from graphfl.tasks.base import DataError
+    from graphfl.tasks.base import DataError  # loaded only for problem csv (peer start-up)
     from graphfl.tasks.tabular import read_header, resolve_settings
 
     f = device_file(path, device)
@@ -276,7 +277,7 @@ def load_device(path: str | Path, device: int, *, features: Sequence[str] = (),
     D' in raw units or None, feature names)``; the same arrays as
     :func:`graphfl.tasks.tabular.load_tabular` gives for that device.
     """
-    from graphfl.tasks.tabular import load_device as load_own
+    from graphfl.tasks.tabular import load_device as load_own  # loaded only for problem csv (peer start-up)
 
     return load_own(path, device, features=tuple(features), base={"split_seed": split_seed})
 
@@ -332,12 +333,10 @@ class TorchTaskOracle:
     """
 
     def __init__(self, node: int, spec: ProblemSpec, partition: int | None = None) -> None:
-        import torch
+        import torch  # torch: only a torch task's peer loads it
         from torch.nn.utils import parameters_to_vector
 
-        from graphfl.common.config import DataConfig
-        from graphfl.common.devices import resolve_auto
-        from graphfl.tasks import registry
+        from graphfl.tasks import registry  # the task registry: loaded only for a task problem (peer start-up)
 
         self.torch = torch
         task = registry.create(spec.problem, data=DataConfig(), data_dir="", seed=spec.seed)
@@ -425,8 +424,7 @@ def pooled_input_stats(problem: str, num_nodes: int, seed: int) -> tuple[np.ndar
     Every partition's training rows count once (a larger partition weighs more); float64
     sums, returned as float32 ``(mean, sd + 1e-8)``.
     """
-    from graphfl.common.config import DataConfig
-    from graphfl.tasks import registry
+    from graphfl.tasks import registry  # loaded only for a task problem (peer start-up)
 
     task = registry.create(problem, data=DataConfig(), data_dir="", seed=seed)
     xs = [np.asarray(task.client_data(pid, num_nodes).x_train, np.float64) for pid in range(num_nodes)]
@@ -446,7 +444,7 @@ def make_oracle(node: int, spec: ProblemSpec, partition: int | None = None) -> A
     if spec.problem == "vector":
         return VectorOracle(node if partition is None else partition, spec)
     try:
-        from graphfl.tasks import registry
+        from graphfl.tasks import registry  # loaded only for a task problem (peer start-up)
     except ImportError as exc:  # pragma: no cover - tasks package is part of graphfl
         raise ConfigError(f"problem {spec.problem!r} needs graphfl.tasks: {exc}") from None
     registry.get(spec.problem)  # ConfigError naming the valid tasks

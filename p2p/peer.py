@@ -52,7 +52,7 @@ from graphfl.p2p.config import NetworkFile, load_network_file
 from graphfl.p2p.driver import run_node
 from graphfl.p2p.exchange import FailurePolicy, NeighbourExchange, RoundFailed
 from graphfl.p2p.grpc_transport import GrpcTransport, Identity, ListenError
-from graphfl.p2p.oracles import BUILTIN_PROBLEMS, ProblemSpec, make_oracle
+from graphfl.p2p.oracles import BUILTIN_PROBLEMS, ProblemSpec, feature_columns, make_oracle
 from graphfl.p2p.transport import HandshakeRefused, TransportError
 from graphfl.tasks.base import DataError
 
@@ -238,7 +238,7 @@ def run_peer(network_file: str | Path, peer_id: int, out_dir: str | Path, overri
         result["config"] = {"run": dataclasses.asdict(net.run), "network": topo.name, "topology_version": topo.fingerprint,
                             "address": me.address, "partition": me.partition, "tls": not net.tls.insecure}
         if run.problem not in BUILTIN_PROBLEMS:  # a torch task: one thread per peer unless told otherwise
-            import torch
+            import torch  # only a torch task's peer loads torch
 
             torch.set_num_threads(int(os.environ.get("GRAPHFL_TORCH_THREADS", "1")))
         algo = run.make_algorithm()
@@ -247,8 +247,6 @@ def run_peer(network_file: str | Path, peer_id: int, out_dir: str | Path, overri
             raise ConfigError(f"--device {device!r} is not valid; {device_problem(device)}")
         spec = problem_spec(net, peer_id, device)
         if spec.problem == "csv" and not spec.features:
-            from graphfl.p2p.oracles import feature_columns
-
             here = feature_columns(spec.data_path or spec.data_dir, me.partition)
             raise ConfigError(f"{net.path}: problem 'csv' needs [run] features, the feature columns in the order every "
                               f"device uses (e.g. features = {','.join(here)!r}, this device's columns in file order)")
@@ -390,7 +388,7 @@ def main(network_file: str, peer_id: int, out_dir: str, overrides: dict[str, Any
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         if os.environ.get("GRAPHFL_PROFILE"):  # developer aid: cProfile of the peer's main thread
-            import cProfile
+            import cProfile  # only under GRAPHFL_PROFILE
 
             prof = cProfile.Profile()
             try:

@@ -20,6 +20,7 @@ import numpy as np
 from graphfl.common.config import ConfigError, dump_toml, load_toml, stable_hash
 from graphfl.common.graph import read_edge_list
 from graphfl.p2p.addresses import check_distinct
+from graphfl.p2p.mixing import mixing_matrix
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -106,8 +107,6 @@ class Topology:
 
     def mixing_matrix(self) -> np.ndarray:
         """The validated mixing matrix of this network's rule (:mod:`graphfl.p2p.mixing`)."""
-        from graphfl.p2p.mixing import mixing_matrix
-
         eps: float | str | None
         if self.mixing_epsilon in ("", None):
             eps = None
