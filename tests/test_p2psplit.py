@@ -239,3 +239,15 @@ def test_the_e2e_check_sees_a_peer_process_behind_a_helper() -> None:
         "def test_c():\n    assert 1\n"
     )
     assert unmarked_process_tests(src) == ["test_a"]
+
+
+def test_library_text_names_no_issue_numbers() -> None:
+    """Docstrings and comments of the library describe the code; 'issue N' belongs in commit messages."""
+    import re
+
+    pattern = re.compile(r"\b[Ii]ssues? #?\d+")
+    hits = [f"{p.relative_to(REPO)}:{i}: {line.strip()}"
+            for pkg in ("p2p", "common", "tasks", "strategies", "client")
+            for p in sorted((REPO / pkg).rglob("*.py")) if "proto" not in p.parts
+            for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
+    assert not hits, "history in library text:\n" + "\n".join(hits)
