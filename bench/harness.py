@@ -255,7 +255,6 @@ class _Progress:
 
     bench: Bench
     pending: list[Cell]
-    started: float = field(default_factory=time.perf_counter)
     done: int = 0
     count: int = 0
     workers: int = 1
@@ -303,7 +302,7 @@ class _Runner:
         self.seen: list[Cell] = []
         self.missing: list[Cell] = []
         self.memo: dict[str, dict[str, Any]] = {}
-        """Results computed by the worker pool, by key (when there is no cache folder)."""
+        """Results by key: those the worker pool computed, and every result when there is no cache folder."""
 
     def __call__(self, cell: Cell) -> dict[str, Any]:
         skip = self.bench.skip(cell) if self.bench.skip is not None else None
@@ -323,8 +322,6 @@ class _Runner:
             return self.memo[repr(key)]
         if self.cache.has(key):
             return self.cache(key, lambda: {})
-        if self.cache.folder is None and repr(key) in self.memo:
-            return self.memo[repr(key)]
         t0 = time.perf_counter()
         try:
             result = self.cache(key, lambda: self.bench.run_cell(cell))
