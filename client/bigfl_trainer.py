@@ -4,9 +4,12 @@ Client i receives its own model ``θ_i^t``, the message ``m_i`` (``bigfl/m``), `
 (``bigfl/phi``) and ``â_i`` (config ``bigfl.a-ii``), runs ``train.local-steps`` minibatch SGD
 steps on its LL loss (eq. 10.17)::
 
-    data_i(θ) + (λ/2)‖m_i + â_i θ φ − θ‖² + (κ/2)‖θ‖²
+    data_i(θ) + (λ/2)‖m_i + â_i θ φ − θ‖² + (κ/2)‖θ − c_i‖²
 
-with ``m_i`` and ``φ`` frozen, and uploads ``θ_i^{t+1}``. When the server asks for it
+with ``m_i``, ``φ`` and the ridge centre ``c_i`` frozen (``bigfl.ridge``: ``proximal`` = the
+model ``θ_i^t`` the round starts from, ``origin`` = 0; :func:`ridge_centre`), and uploads
+``θ_i^{t+1}``. The non-data part is one pure tensor function,
+:func:`graphfl.strategies.bigfl_math.ll_reg_loss`. When the server asks for it
 (``bigfl.hessian``), it also uploads the Hessian of its data loss w.r.t. ``θ`` at
 ``θ_i^{t+1}`` (``bigfl/hessian``, ``d×d``), which the ``implicit`` hypergradient needs.
 
@@ -80,6 +83,21 @@ def data_loss_hessian(
     return out
 
 
+def ridge_centre(model: nn.Module, keys: tuple[str, ...], ridge: str) -> torch.Tensor:
+    """The centre ``c_i`` of the LL ridge ``(κ/2)‖θ_i − c_i‖²`` for this round (detached).
+
+    ``proximal``: the model the round starts from, ``θ_i^t`` (the ridge then penalises only the
+    round's move and its fixed point is the LL game without the ridge); ``origin``: zeros (the
+    paper's ``κ‖θ_i‖²``, which on small-scale data pulls the LL solution to the zero model).
+    """
+    theta = flat_params(model, keys).detach().clone()
+    if ridge == "origin":
+        return torch.zeros_like(theta)
+    if ridge != "proximal":
+        raise ValueError(f"bigfl.ridge = {ridge!r} is not valid; choose one of proximal, origin")
+    return theta
+
+
 class BiGFLTrainer(ClientTrainer[BiGFLParams]):
     """τ SGD steps on the BiG-FL LL loss; optional Hessian upload (see module docstring)."""
 
@@ -116,9 +134,10 @@ class BiGFLTrainer(ClientTrainer[BiGFLParams]):
             )
         a_ii = float(payload.config.get(A_II_KEY, 1.0))
         lam, kappa = self.params.lam, self.params.kappa
+        anchor = ridge_centre(model, keys, self.params.ridge)
 
         def penalty(mod: nn.Module) -> torch.Tensor:
-            return bm.ll_reg_loss(flat_params(mod, keys), m_i, phi, a_ii, lam, kappa)
+            return bm.ll_reg_loss(flat_params(mod, keys), m_i, phi, a_ii, lam, kappa, anchor)
 
         rng = client_rng(self.ctx.config.seed, 5, self.ctx.partition_id, server_round)
         loss = sgd_steps(model, self.ctx.data, self.loss_fn, tc.local_steps, tc.batch_size, tc.lr,

@@ -7,7 +7,7 @@ Round t (seed 000, Algorithm 4; math in :mod:`graphfl.strategies.bigfl_math`):
 1. server → client i: its own model ``θ_i^t``, the message ``m_i = Σ_{j≠i} Â_ij θ_j φ``,
    ``φ`` and ``â_i = Â_ii``;
 2. client i: ``train.local-steps`` SGD steps (eq. 10.19) on its LL loss (eq. 10.17)
-   ``data_i(θ) + (λ/2)‖m_i + â_i θ φ − θ‖² + (κ/2)‖θ‖²`` with ``m_i, φ`` frozen; uploads
+   ``data_i(θ) + (λ/2)‖m_i + â_i θ φ − θ‖² + (κ/2)‖θ − c_i‖²`` with ``m_i, φ, c_i`` frozen; uploads
    ``θ_i^{t+1}`` (and, in ``implicit`` mode, its data-loss Hessian at ``θ_i^{t+1}``);
 3. server: ``H = Â(Θ − 1θ̄ᵀ)φ`` (centred parameters); ``q`` fresh negatives per node;
    hypergradient ``ĝ`` (eq. 10.20; its implicit term ``J_Θᵀ v = ∇_Θ f`` solved by GMRES or a
@@ -22,6 +22,19 @@ reports ``ll_min_curvature = min_i λ_min(∇²data_i + λ B_i B_iᵀ) + κ`` (`
 curvature of ``g_i`` in ``θ_i``) in round 1 and every ``curvature_every``
 rounds, and warns when it is not positive (the LL is then not strongly convex and the
 implicit term is not the derivative of a unique ``Θ*(φ)``).
+
+Ridge centre (``ridge``). The paper's ridge is ``(κ/2)‖θ_i‖²`` (``c_i = 0``, ``ridge =
+"origin"``), there "for stabilizing the LL learning process" and for strong convexity (seed 000
+l.205, l.245). Its minimiser moves with the scale of the data term: on the paper's data (X in
+[−60, 60], targets of order 100) the squared-error term dwarfs ``κ‖θ‖²``, but on 1/60-scaled
+inputs and targets the sigmoid MLP fits a linear map only with a large ``‖θ‖``, and every κ
+from 0.01 up makes the zero model the LL minimiser, so the converged lower level is the zero
+predictor whatever φ is. The default ``ridge = "proximal"`` centres the ridge on the model the
+round starts from, ``c_i = θ_i^t``: each round's LL keeps the curvature ``κI`` (the same
+``J_Θ``, so the hypergradient is unchanged), but a fixed point of the rounds
+(``θ_i^{t+1} = θ_i^t``) is an equilibrium of ``data_i + (λ/2)R_i`` without the ridge's pull to
+0 (a proximal-point iteration of the LL game). κ then bounds how far a round moves
+(about ``‖∇data_i‖/κ``) instead of where the models end.
 
 The data loss is the task's loss (mean over the batch, e.g. ``MSELoss``), so ``λ`` and ``κ``
 are relative to it. Local steps, batch size and learning rate (the spec's ``τ, m, β``) come
@@ -77,6 +90,8 @@ HESS_KEY = "bigfl/hessian"
 A_II_KEY = "bigfl.a-ii"
 WANT_HESS_KEY = "bigfl.hessian"
 RESERVED_PREFIX = "bigfl/"
+RIDGE_CENTRES = ("proximal", "origin")
+"""Values of ``bigfl.ridge``: the centre of the LL ridge ``(κ/2)‖θ_i − c_i‖²``."""
 
 
 def _positive_lambda(value: float) -> str:
@@ -95,8 +110,12 @@ class BiGFLParams:
     alpha
         UL step length: ``φ ← φ − alpha · ĝ/‖ĝ‖_F`` (normalised step, C2 b).
     kappa
-        ``κ`` of the LL term ``(κ/2)‖θ_i‖²``; must exceed the data loss's curvature deficit
-        ``−λ_min(∇²data_i)`` for a strongly convex LL (C2 c; see ``ll_min_curvature``).
+        ``κ`` of the LL ridge ``(κ/2)‖θ_i − c_i‖²``; must exceed the data loss's curvature
+        deficit ``−λ_min(∇²data_i)`` for a strongly convex LL (C2 c; see ``ll_min_curvature``).
+    ridge
+        The ridge centre ``c_i``: ``proximal`` (default) = client i's model at the start of the
+        round, ``θ_i^t``; ``origin`` = 0, the paper's literal ``(κ/2)‖θ_i‖²`` (module
+        docstring, "Ridge centre").
     lam
         ``λ``: one weight for the LL graph regulariser ``(λ/2)R_i`` and the UL term
         ``(λ/2)‖φ − I‖²`` (seed 000 eqs. 10.14, 10.17); must be > 0.
@@ -141,6 +160,7 @@ class BiGFLParams:
 
     alpha: float = field(default=2e-2, metadata={"min": 0.0})
     kappa: float = field(default=0.3, metadata={"min": 0.0})
+    ridge: str = field(default="proximal", metadata={"choices": RIDGE_CENTRES})
     lam: float = field(default=0.1, metadata={"check": _positive_lambda})
     q: int = field(default=10, metadata={"min": 0})
     hypergrad_mode: str = field(default="implicit", metadata={"choices": bm.HYPERGRAD_MODES})

@@ -26,8 +26,13 @@ Notation (row vectors, ALGORITHMS.md §5.1):
   (label +1 on edges, −1 on negatives), summed and scaled by ``1/n`` and ``1/(nq)``.
 * Lower-level (LL) loss of client i (eqs. 10.17–10.18; the paper's embedding, not centred)::
 
-      g_i = data_i(θ_i) + (λ/2) ‖r_i‖² + (κ/2) ‖θ_i‖²,
-      r_i = m_i + â_i θ_i φ − θ_i,   m_i = Σ_{j≠i} Â_ij θ_j φ.
+      g_i = data_i(θ_i) + (λ/2) ‖r_i‖² + (κ/2) ‖θ_i − c_i‖²,
+      r_i = m_i + â_i θ_i φ − θ_i,   m_i = Σ_{j≠i} Â_ij θ_j φ,
+
+  with the ridge centre ``c_i`` fixed for the round: 0 in the paper, the round's starting model
+  ``θ_i^t`` for the proximal ridge (``bigfl.ridge``; :mod:`graphfl.strategies.bigfl`). ``c_i``
+  does not depend on ``φ`` and adds only a constant to ``F``, so ``J_Θ``, ``∂F/∂φ`` and the
+  hypergradient below are the same for every centre.
 
   Its regulariser gradient is ``λ (â_i r_i φᵀ − r_i)`` (§5.3); stacked over clients
   ``F^R(φ, Θ) = λ (diag(â) R φᵀ − R)`` with ``R = ÂΘφ − Θ``. ``g_i`` is strongly convex in
@@ -195,14 +200,17 @@ def ll_reg_grad(
     a_ii: float,
     lam: float,
     kappa: float,
+    anchor: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Gradient of ``(λ/2)‖r_i‖² + (κ/2)‖θ_i‖²`` w.r.t. ``θ_i`` (ALGORITHMS.md §5.3).
+    """Gradient of ``(λ/2)‖r_i‖² + (κ/2)‖θ_i − c_i‖²`` w.r.t. ``θ_i`` (ALGORITHMS.md §5.3).
 
-    ``λ (â_i r_i φᵀ − r_i) + κ θ_i``; the client adds it to its data-loss gradient in every
-    one of its τ local steps (eq. 10.19), with ``m_i`` and ``φ`` frozen for the round.
+    ``λ (â_i r_i φᵀ − r_i) + κ (θ_i − c_i)``; the client adds it to its data-loss gradient in
+    every one of its τ local steps (eq. 10.19), with ``m_i``, ``φ`` and the ridge centre
+    ``c_i`` (``anchor``; ``None`` = 0, the paper's ``κ‖θ_i‖²``) frozen for the round.
     """
     r = ll_residual(theta_i, m_i, phi, a_ii)
-    return lam * (a_ii * (r @ phi.T) - r) + kappa * theta_i
+    ridge = theta_i if anchor is None else theta_i - anchor
+    return lam * (a_ii * (r @ phi.T) - r) + kappa * ridge
 
 
 def ll_reg_loss(
@@ -212,10 +220,17 @@ def ll_reg_loss(
     a_ii: float,
     lam: float,
     kappa: float,
+    anchor: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``(λ/2)‖r_i‖² + (κ/2)‖θ_i‖²`` (the non-data part of eq. 10.17)."""
+    """``(λ/2)‖r_i‖² + (κ/2)‖θ_i − c_i‖²``: the non-data part of the LL loss (eq. 10.17).
+
+    ``c_i = anchor`` is the ridge centre, fixed for the round: ``None`` (= 0) is the paper's
+    ``κ‖θ_i‖²``; the client's model at the round start gives the proximal ridge (module
+    docstring, "Ridge centre"). A pure tensor function of its arguments.
+    """
     r = ll_residual(theta_i, m_i, phi, a_ii)
-    return 0.5 * lam * (r**2).sum() + 0.5 * kappa * (theta_i**2).sum()
+    ridge = theta_i if anchor is None else theta_i - anchor
+    return 0.5 * lam * (r**2).sum() + 0.5 * kappa * (ridge**2).sum()
 
 
 def reg_pseudo_grad(
