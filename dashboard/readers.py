@@ -1,0 +1,577 @@
+"""Folder snapshots for the dashboard: one JSON-ready dict per watched folder, read from the files
+graphfl already writes, never written back.
+
+A folder is recognised by its files, in this order:
+
+* ``run.json`` or ``progress.jsonl`` -> ``kind = "run"`` (``graphfl run``, any engine);
+* ``p2p.json``, ``network.toml`` or ``peer-<id>.json`` / ``.status.json`` / ``.rounds.jsonl`` -> ``"p2p"``;
+* any other ``*.json`` with a ``name`` and ``methods`` or ``table`` -> ``"bench"``;
+* nothing of these -> ``"unknown"`` with a message naming the folder and the files looked for.
+
+Rules: reading never raises (a folder that vanished, a file that is not JSON, a half-written line
+are reported in ``messages``); a document that fails to parse keeps the last complete version
+read from it (:class:`SnapshotCache`), so a file caught mid-write never blanks the page.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+import threading
+import time
+import tomllib
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+MAX_FILE_BYTES = 64 * 1024 * 1024
+"""Larger result files are not read (a message says so)."""
+
+RUN_PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("loss", ("test_loss", "train_loss", "local_test_loss")),
+    ("accuracy / task metric", ("test_acc", "local_test_acc", "test_auc", "test_mae")),
+    ("seconds per round", ("seconds", "client_seconds")),
+    ("bytes per round", ("bytes_up", "bytes_down")),
+)
+P2P_PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("loss (mean over peers)", ("test_loss", "train_loss")),
+    ("disagreement", ("local_disagreement", "consensus")),
+    ("seconds per round", ("seconds", "comm_s", "compute_s")),
+    ("bytes per round", ("bytes_up", "bytes_down", "bytes_sent")),
+)
+_PEER_FILE = re.compile(r"^peer-(\d+)\.(json|status\.json|rounds\.jsonl)$")
+
+
+class ReadError(Exception):
+    """A result file that could not be read as a document (the message names the file)."""
+
+
+def _finite(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def _read_text(path: Path) -> str:
+    try:
+        size = path.stat().st_size
+        if size > MAX_FILE_BYTES:
+            raise ReadError(f"{path.name}: {size} bytes, over the dashboard's {MAX_FILE_BYTES} byte limit")
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ReadError(f"{path.name}: not UTF-8 text ({exc.reason})") from exc
+    except OSError as exc:
+        raise ReadError(f"{path.name}: {exc.strerror or exc}") from exc
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """The JSON object in ``path``; :class:`ReadError` naming the file when it is not one."""
+    text = _read_text(path)
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        what = "empty" if not text.strip() else f"not complete JSON ({exc.msg} at line {exc.lineno})"
+        raise ReadError(f"{path.name}: {what}") from exc
+    if not isinstance(doc, dict):
+        raise ReadError(f"{path.name}: a JSON {type(doc).__name__}, not an object")
+    return doc
+
+
+def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], str | None]:
+    """The complete JSON-object lines of ``path`` and a note on a torn last line or bad lines.
+
+    A last line without its newline is a line still being written: it is left out silently
+    unless it is the only content.
+    """
+    text = _read_text(path)
+    lines = text.split("\n")
+    tail = lines.pop() if lines else ""
+    rows: list[dict[str, Any]] = []
+    bad = 0
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            bad += 1
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+        else:
+            bad += 1
+    note = f"{path.name}: {bad} line(s) that are not JSON objects were skipped" if bad else None
+    if tail.strip() and not rows:
+        note = f"{path.name}: its only line is not complete yet"
+    return rows, note
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    """The TOML document in ``path``; :class:`ReadError` naming the file when it is not one."""
+    try:
+        return tomllib.loads(_read_text(path))
+    except tomllib.TOMLDecodeError as exc:
+        raise ReadError(f"{path.name}: not valid TOML ({exc})") from exc
+
+
+class SnapshotCache:
+    """The last complete parse of each document, so that a file caught mid-write is replaced by
+    its previous version (and a message) instead of nothing. Thread-safe.
+    """
+
+    def __init__(self) -> None:
+        self._docs: dict[Path, tuple[float, Any]] = {}
+        self._lock = threading.Lock()
+
+    def json(self, path: Path, messages: list[str]) -> dict[str, Any] | None:
+        """``path``'s JSON object, its last complete version when the current one does not parse
+        (with a message), or ``None`` (with a message) when there never was one."""
+        try:
+            mtime = path.stat().st_mtime
+        except OSError as exc:
+            messages.append(f"{path.name}: {exc.strerror or exc}")
+            return self._last(path)
+        with self._lock:
+            hit = self._docs.get(path)
+        if hit is not None and hit[0] == mtime:
+            return hit[1]  # type: ignore[no-any-return]
+        try:
+            doc = read_json(path)
+        except ReadError as exc:
+            last = self._last(path)
+            messages.append(f"{exc}" + ("; showing its last complete version" if last is not None else ""))
+            return last
+        with self._lock:
+            self._docs[path] = (mtime, doc)
+        return doc
+
+    def _last(self, path: Path) -> dict[str, Any] | None:
+        with self._lock:
+            hit = self._docs.get(path)
+        return None if hit is None else hit[1]  # type: ignore[no-any-return]
+
+
+def _series(rows: Iterable[Mapping[str, Any]], key: str, x: str = "round") -> list[list[float]]:
+    pts = []
+    for row in rows:
+        xv, yv = _finite(row.get(x)), _finite(row.get(key))
+        if xv is not None and yv is not None:
+            pts.append([xv, yv])
+    return pts
+
+
+def _panels(rows: list[Mapping[str, Any]], spec: tuple[tuple[str, tuple[str, ...]], ...]) -> list[dict[str, Any]]:
+    panels = []
+    for title, keys in spec:
+        series = [{"name": k, "points": pts} for k in keys if (pts := _series(rows, k))]
+        if series:
+            panels.append({"title": title, "series": series})
+    return panels
+
+
+def _matrix_edges(matrix: Any) -> list[list[float]] | None:
+    """Undirected weighted edges ``[i, j, w]`` (``i < j``, ``w != 0``) of a square matrix, or ``None``."""
+    if not isinstance(matrix, list) or not matrix or not all(isinstance(r, list) and len(r) == len(matrix)
+                                                               for r in matrix):
+        return None
+    n = len(matrix)
+    edges = []
+    for i in range(n):
+        for j in range(i + 1, n):
+            a, b = _finite(matrix[i][j]), _finite(matrix[j][i])
+            w = ((a or 0.0) + (b or 0.0)) / 2 if a is not None or b is not None else 0.0
+            if w != 0.0:
+                edges.append([i, j, w])
+    return edges
+
+
+def _age(path: Path, now: float) -> float | None:
+    try:
+        return max(0.0, now - path.stat().st_mtime)
+    except OSError:
+        return None
+
+
+def classify(folder: Path) -> str:
+    """``run``, ``p2p``, ``bench``, ``unknown`` or ``missing`` (see the module docstring)."""
+    if not folder.is_dir():
+        return "missing"
+    if (folder / "run.json").exists() or (folder / "progress.jsonl").exists():
+        return "run"
+    if (folder / "p2p.json").exists() or (folder / "network.toml").exists():
+        return "p2p"
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return "unknown"
+    if any(_PEER_FILE.match(n) for n in names):
+        return "p2p"
+    if _bench_files(folder, names):
+        return "bench"
+    return "unknown"
+
+
+def _bench_files(folder: Path, names: Iterable[str]) -> list[Path]:
+    out = []
+    for name in sorted(names):
+        if not name.endswith(".json") or name in ("run.json", "p2p.json", "config.json") or _PEER_FILE.match(name):
+            continue
+        path = folder / name
+        try:
+            if path.stat().st_size > MAX_FILE_BYTES:
+                continue
+            doc = read_json(path)
+        except (OSError, ReadError):
+            continue
+        if "name" in doc and ("methods" in doc or "table" in doc):
+            out.append(path)
+    return out
+
+
+def snapshot(folder: Path, cache: SnapshotCache | None = None) -> dict[str, Any]:
+    """The dashboard's view of one folder; never raises (an unexpected error becomes a message)."""
+    cache = cache if cache is not None else SnapshotCache()
+    base: dict[str, Any] = {"path": str(folder), "title": folder.name or str(folder), "kind": "unknown",
+                            "status": None, "error": None, "messages": [], "panels": [], "table": None,
+                            "graph": None, "bench": None, "last_round": None, "rounds": None,
+                            "read_at": time.time()}
+    try:
+        kind = classify(folder)
+        base["kind"] = kind
+        if kind == "missing":
+            base["messages"].append(f"{folder}: no such folder (yet): waiting for it to appear")
+        elif kind == "unknown":
+            base["messages"].append(
+                f"{folder} is not a graphfl output folder: it has no run.json, progress.jsonl, p2p.json, "
+                "network.toml, peer-<id>.json or benchmark JSON")
+        elif kind == "run":
+            _run_snapshot(folder, cache, base)
+        elif kind == "p2p":
+            _p2p_snapshot(folder, cache, base)
+        else:
+            _bench_snapshot(folder, cache, base)
+    except Exception as exc:  # the page must show any folder, whatever it holds
+        logger.exception("dashboard: reading %s failed", folder)
+        base["messages"].append(f"{folder}: could not be read: {type(exc).__name__}: {exc}")
+    return base
+
+
+# -- graphfl run ---------------------------------------------------------------------------------
+
+def _run_snapshot(folder: Path, cache: SnapshotCache, out: dict[str, Any]) -> None:
+    msgs: list[str] = out["messages"]
+    doc = cache.json(folder / "run.json", msgs) if (folder / "run.json").exists() else None
+    events: list[dict[str, Any]] = []
+    if (folder / "progress.jsonl").exists():
+        try:
+            events, note = read_jsonl(folder / "progress.jsonl")
+            if note:
+                msgs.append(note)
+        except ReadError as exc:
+            msgs.append(str(exc))
+    if doc is None:
+        out["status"] = "starting" if not events else "running"
+        rows = [e for e in events if e.get("event") in ("round", "done")]
+        out["panels"] = _panels(rows, RUN_PANELS)
+        if rows:
+            out["last_round"] = rows[-1].get("round")
+            out["rounds"] = rows[-1].get("rounds")
+        if not (folder / "run.json").exists():
+            msgs.append("run.json not written yet: showing progress.jsonl" if rows else "run.json not written yet")
+    else:
+        _run_document(doc, out)
+    errors = [e.get("error") for e in events if e.get("event") == "error" and e.get("error")]
+    if errors and not out["error"]:
+        out["error"] = str(errors[-1])
+        out["status"] = out["status"] if out["status"] in ("failed", "diverged") else "failed"
+
+
+def _run_document(doc: Mapping[str, Any], out: dict[str, Any]) -> None:
+    cfg = doc.get("config") if isinstance(doc.get("config"), dict) else {}
+    out["status"] = str(doc.get("status", "unknown"))
+    if doc.get("error"):
+        out["error"] = str(doc["error"])
+    methods = doc.get("methods") if isinstance(doc.get("methods"), dict) else {}
+    method, body = next(iter(methods.items()), ("", {}))
+    curve = [r for r in (body.get("curve") or []) if isinstance(r, dict)] if isinstance(body, dict) else []
+    out["title"] = f"{method or cfg.get('strategy', 'run')} on {cfg.get('task', '?')} ({cfg.get('engine', '?')})"
+    out["rounds"] = cfg.get("rounds")
+    trained = [r for r in curve if "seconds" in r and _finite(r.get("round")) and r.get("round", 0) > 0]
+    out["last_round"] = max((int(r["round"]) for r in trained), default=0)
+    out["panels"] = _panels(curve, RUN_PANELS)
+    env = doc.get("env") if isinstance(doc.get("env"), dict) else {}
+    out["facts"] = {k: v for k, v in (("strategy", method), ("task", cfg.get("task")), ("engine", cfg.get("engine")),
+                                      ("nodes", cfg.get("nodes")), ("device", env.get("device")),
+                                      ("config hash", doc.get("config_hash"))) if v not in (None, "")}
+    out["table"] = _client_table(curve, env)
+    out["graph"] = _run_graph(curve, cfg)
+
+
+def _client_table(curve: list[Mapping[str, Any]], env: Mapping[str, Any]) -> dict[str, Any]:
+    clients: dict[str, dict[str, Any]] = {}
+
+    def client(pid: str) -> dict[str, Any]:
+        return clients.setdefault(pid, {"failures": 0, "last_round": None, "error": None,
+                                        "restored": None, "test_loss": None, "test_acc": None})
+
+    for row in curve:
+        r = row.get("round")
+        for key in ("test_loss", "test_acc"):
+            per = row.get(f"{key}_per_client")
+            if isinstance(per, dict):
+                for pid, v in per.items():
+                    c = client(str(pid))
+                    c[key] = _finite(v)
+                    c["last_round"] = r
+        failed = row.get("failed") if isinstance(row.get("failed"), dict) else {}
+        for pid, why in failed.items():
+            c = client(str(pid))
+            c["failures"] += 1
+            c["error"] = f"round {r}: {why}"
+        restored = row.get("state_restored") if isinstance(row.get("state_restored"), dict) else {}
+        for pid, rr in restored.items():
+            client(str(pid))["restored"] = f"round {rr}"
+    evaluated_rounds = {str(p): 0 for p in clients}
+    for row in curve:
+        per = row.get("test_loss_per_client")
+        if isinstance(per, dict) and isinstance(row.get("round"), int) and row["round"] > 0:
+            for pid in per:
+                evaluated_rounds[str(pid)] = evaluated_rounds.get(str(pid), 0) + 1
+    device = env.get("device") or ""
+    rows = []
+    for pid in sorted(clients, key=lambda p: (len(p), p)):
+        c = clients[pid]
+        last_failed = c["error"] is not None and c["last_round"] is not None and c["error"].startswith(
+            f"round {c['last_round']}:")
+        status = "failed" if (c["error"] and (c["last_round"] is None or last_failed)) else "ok"
+        rows.append({"id": pid, "status": status, "last_round": c["last_round"],
+                     "rounds": evaluated_rounds.get(pid, 0), "failures": c["failures"], "device": device,
+                     "test_loss": c["test_loss"], "test_acc": c["test_acc"], "restored": c["restored"],
+                     "error": c["error"]})
+    return {"kind": "client", "columns": ["id", "status", "last_round", "rounds", "failures", "device",
+                                          "test_loss", "test_acc", "restored", "error"], "rows": rows}
+
+
+def _run_graph(curve: list[Mapping[str, Any]], cfg: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The learned graph (``server.graph`` of JGESR / pFedGraph, ``server.phi`` of BiG-FL) of the
+    newest round that logged one, and FeSEM's cluster ``assignment`` as node groups."""
+    graph, groups, g_round = None, None, None
+    for row in curve:
+        server = row.get("server") if isinstance(row.get("server"), dict) else {}
+        for key in ("graph", "phi", "W"):
+            edges = _matrix_edges(server.get(key))
+            if edges is not None:
+                graph, g_round, n = edges, row.get("round"), len(server[key])
+        if isinstance(server.get("assignment"), list):
+            groups = server["assignment"]
+            if graph is None:
+                g_round = row.get("round")
+    if graph is None and groups is None:
+        return None
+    count = len(groups) if groups is not None else n
+    if graph is not None:
+        count = max(count, n)
+    nodes = [{"id": i, "group": groups[i] if groups is not None and i < len(groups) else None}
+             for i in range(count)]
+    what = "learned client graph" if graph is not None else "clusters"
+    return {"title": f"{what} after round {g_round}", "nodes": nodes, "edges": graph or [], "directed": False}
+
+
+# -- graphfl p2p -----------------------------------------------------------------------------------
+
+def _p2p_snapshot(folder: Path, cache: SnapshotCache, out: dict[str, Any]) -> None:
+    msgs: list[str] = out["messages"]
+    now = time.time()
+    network: dict[str, Any] = {}
+    if (folder / "network.toml").exists():
+        try:
+            network = read_toml(folder / "network.toml")
+        except ReadError as exc:
+            msgs.append(str(exc))
+    summary = cache.json(folder / "p2p.json", msgs) if (folder / "p2p.json").exists() else None
+    run = network.get("run") if isinstance(network.get("run"), dict) else {}
+    net = network.get("network") if isinstance(network.get("network"), dict) else {}
+    out["rounds"] = run.get("rounds")
+    out["title"] = f"p2p {run.get('algorithm', '')} on {net.get('name', folder.name)}".replace("  ", " ")
+    peers_cfg = {int(p["id"]): p for p in network.get("peers", []) if isinstance(p, dict) and "id" in p}
+    ids: set[int] = set(peers_cfg)
+    try:
+        for name in os.listdir(folder):
+            m = _PEER_FILE.match(name)
+            if m:
+                ids.add(int(m.group(1)))
+    except OSError as exc:
+        msgs.append(f"{folder}: {exc.strerror or exc}")
+    peer_rows: dict[int, list[dict[str, Any]]] = {}
+    table = []
+    final_peers = summary.get("peers") if summary and isinstance(summary.get("peers"), dict) else {}
+    for pid in sorted(ids):
+        recs: list[dict[str, Any]] = []
+        rounds_file = folder / f"peer-{pid}.rounds.jsonl"
+        if rounds_file.exists():
+            try:
+                recs, note = read_jsonl(rounds_file)
+                if note:
+                    msgs.append(note)
+            except ReadError as exc:
+                msgs.append(str(exc))
+        peer_doc = cache.json(folder / f"peer-{pid}.json", msgs) if (folder / f"peer-{pid}.json").exists() else None
+        if peer_doc and not recs and isinstance(peer_doc.get("records"), list):
+            recs = [r for r in peer_doc["records"] if isinstance(r, dict)]
+        peer_rows[pid] = recs
+        status = cache.json(folder / f"peer-{pid}.status.json", msgs) \
+            if (folder / f"peer-{pid}.status.json").exists() else None
+        fin = final_peers.get(str(pid)) if isinstance(final_peers.get(str(pid)), dict) else {}
+        state = (fin.get("outcome") or (peer_doc or {}).get("outcome") or (status or {}).get("state")
+                 or ("running" if recs else "starting"))
+        error = fin.get("error") or (peer_doc or {}).get("error") or (status or {}).get("error")
+        last = recs[-1] if recs else {}
+        ages = [a for a in (_age(folder / f"peer-{pid}.status.json", now), _age(rounds_file, now)) if a is not None]
+        skips = sum(1 for r in recs if r.get("missing") or r.get("skips"))
+        table.append({
+            "id": str(pid), "status": "failed" if error or state in ("failed", "error", "crashed") else str(state),
+            "last_round": last.get("round", (status or {}).get("round")),
+            "last_seen_s": min(ages) if ages else None,
+            "rounds": len(recs), "failures": skips,
+            "device": (peer_doc or {}).get("device") or peers_cfg.get(pid, {}).get("device", ""),
+            "bytes_sent": sum(int(r.get("bytes_sent", 0) or 0) for r in recs),
+            "bytes_received": sum(int(r.get("bytes_received", 0) or 0) for r in recs),
+            "test_loss": _finite(last.get("test_loss")),
+            "error": str(error) if error else None,
+        })
+    out["table"] = {"kind": "peer", "columns": ["id", "status", "last_round", "last_seen_s", "rounds", "failures",
+                                                "device", "bytes_sent", "bytes_received", "test_loss", "error"],
+                    "rows": table}
+    # curves: the summary's mean curve when the network is done, else the mean over the peers' records
+    curve: list[dict[str, Any]] = []
+    if summary and isinstance(summary.get("methods"), dict) and summary["methods"]:
+        body = next(iter(summary["methods"].values()))
+        curve = [r for r in body.get("curve", []) if isinstance(r, dict)] if isinstance(body, dict) else []
+    if not curve:
+        curve = _mean_by_round(peer_rows)
+    out["panels"] = _panels(curve, P2P_PANELS)
+    out["last_round"] = max((int(r["round"]) for r in curve if _finite(r.get("round")) is not None), default=0)
+    if summary is not None:
+        out["status"] = "completed" if summary.get("ok") else "failed"
+        if not summary.get("ok") and not out["error"]:
+            errs = [f"peer {r['id']}: {r['error']}" for r in table if r["error"]]
+            out["error"] = "; ".join(errs) or str(summary.get("error") or "the network did not finish")
+    else:
+        out["status"] = "failed" if any(r["status"] == "failed" for r in table) else "running"
+        if out["status"] == "failed":
+            out["error"] = "; ".join(f"peer {r['id']}: {r['error']}" for r in table if r["error"])
+    out["facts"] = {k: v for k, v in (("algorithm", run.get("algorithm")), ("network", net.get("name")),
+                                      ("peers", len(ids)), ("mixing", net.get("mixing"))) if v not in (None, "")}
+    out["graph"] = _p2p_graph(network, summary, ids)
+
+
+def _mean_by_round(peer_rows: Mapping[int, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    by_round: dict[int, dict[str, list[float]]] = {}
+    for recs in peer_rows.values():
+        for rec in recs:
+            r = rec.get("round")
+            if not isinstance(r, int):
+                continue
+            acc = by_round.setdefault(r, {})
+            for key in ("test_loss", "train_loss", "local_disagreement", "seconds", "comm_s", "compute_s",
+                        "bytes_sent"):
+                v = _finite(rec.get(key))
+                if v is not None:
+                    acc.setdefault(key, []).append(v)
+    rows = []
+    for r in sorted(by_round):
+        row: dict[str, Any] = {"round": r}
+        for key, vals in by_round[r].items():
+            row[key] = sum(vals) if key == "bytes_sent" else sum(vals) / len(vals)
+        rows.append(row)
+    return rows
+
+
+def _p2p_graph(network: Mapping[str, Any], summary: Mapping[str, Any] | None, ids: set[int]) -> dict[str, Any] | None:
+    edges: list[list[float]] = []
+    for e in network.get("edges", []) if isinstance(network.get("edges"), list) else []:
+        nodes = e.get("nodes") if isinstance(e, dict) else None
+        if isinstance(nodes, list) and len(nodes) == 2:
+            edges.append([int(nodes[0]), int(nodes[1]), float(e.get("weight", 1.0))])
+    if not edges and summary and isinstance(summary.get("config"), dict):
+        for e in summary["config"].get("edges", []) or []:
+            if isinstance(e, list) and len(e) >= 2:
+                edges.append([int(e[0]), int(e[1]), float(e[2]) if len(e) > 2 else 1.0])
+    if not edges and not ids:
+        return None
+    nodes = sorted(ids | {int(e[0]) for e in edges} | {int(e[1]) for e in edges})
+    return {"title": "p2p topology (edge weight)", "nodes": [{"id": i, "group": None} for i in nodes],
+            "edges": edges, "directed": False}
+
+
+# -- benchmark results -----------------------------------------------------------------------------
+
+def _bench_snapshot(folder: Path, cache: SnapshotCache, out: dict[str, Any]) -> None:
+    msgs: list[str] = out["messages"]
+    docs = []
+    try:
+        names = os.listdir(folder)
+    except OSError as exc:
+        msgs.append(f"{folder}: {exc.strerror or exc}")
+        return
+    for path in _bench_files(folder, names):
+        doc = cache.json(path, msgs)
+        if doc is not None:
+            docs.append(_bench_doc(path, doc))
+    out["bench"] = docs
+    out["status"] = "results"
+    out["title"] = ", ".join(d["name"] for d in docs) or folder.name
+
+
+def _fmt(value: Any) -> str:
+    v = _finite(value)
+    if v is None:
+        return "" if value is None else str(value)
+    return f"{v:.4g}"
+
+
+def _bench_doc(path: Path, doc: Mapping[str, Any]) -> dict[str, Any]:
+    """Methods (rows) with their final numbers as ``mean ± sd`` (a key ``k`` beside ``k_sd``), the
+    number of seeds where the method lists them, and the document's verdicts / claims."""
+    methods = doc.get("methods") if isinstance(doc.get("methods"), dict) else {}
+    rows, columns = [], []
+    for name, body in methods.items():
+        if not isinstance(body, dict):
+            continue
+        final = body.get("final") if isinstance(body.get("final"), dict) else body
+        cells: dict[str, str] = {}
+        for key, value in final.items():
+            if key.endswith("_sd") or _finite(value) is None:
+                continue
+            sd = _finite(final.get(f"{key}_sd"))
+            cells[key] = _fmt(value) + (f" ± {_fmt(sd)}" if sd is not None else "")
+            if key not in columns:
+                columns.append(key)
+        seeds = body.get("seeds")
+        if seeds is None:
+            per_seed = next((v for k, v in body.items() if k.endswith("per_seed") and isinstance(v, list)), None)
+            seeds = len(per_seed) if per_seed is not None else None
+        rows.append({"method": str(name), "seeds": seeds if isinstance(seeds, int) else
+                     (len(seeds) if isinstance(seeds, list) else None), "cells": cells})
+    verdicts = []
+    for key in ("verdict", "verdicts", "claims"):
+        value = doc.get(key)
+        if isinstance(value, dict):
+            verdicts.extend(f"{k}: {_short(v)}" for k, v in value.items())
+        elif isinstance(value, list):
+            verdicts.extend(_short(v) for v in value)
+        elif value is not None:
+            verdicts.append(_short(value))
+    return {"file": path.name, "name": str(doc.get("name", path.stem)), "columns": columns[:12], "rows": rows,
+            "verdicts": verdicts[:50]}
+
+
+def _short(value: Any, limit: int = 300) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
