@@ -118,6 +118,20 @@ def split_at_dashes(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     return argv[:cut], argv[cut + 1:]
 
 
+def without_isolation(flower_args: Sequence[str]) -> list[str]:
+    """``flower_args`` less any ``--isolation X`` / ``--isolation=X`` (Flower's default: subprocess)."""
+    out: list[str] = []
+    skip = False
+    for a in flower_args:
+        if skip:
+            skip = False
+        elif a == "--isolation":
+            skip = True
+        elif not a.startswith("--isolation="):
+            out.append(a)
+    return out
+
+
 def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     """Graphfl's options before ``--``; Flower's ``flower-supernode`` arguments after it."""
     ours, flower = split_at_dashes(argv)
@@ -148,6 +162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     child: ExecutorChild | None = None
     if args.clientapp_mode == "warm" and not clientapp_runtime.available():
         logger.info("%s: ClientApps run as stock flwr-clientapp processes", WARM_OFF_LINE)
+        flower = without_isolation(flower)   # no executor would serve --isolation process
     elif args.clientapp_mode == "warm":
         if opts.isolation != "process":
             if any(a == "--isolation" or a.startswith("--isolation=") for a in flower):

@@ -275,7 +275,8 @@ def test_a_warm_supernode_on_an_unverified_flower_runs_stock_flower(fresh, caplo
     wrapper.logger.addHandler(handler)   # the wrapper's logger does not propagate (its own stderr handler)
     try:
         with caplog.at_level(logging.INFO):
-            code = wrapper.main(["--clientapp-mode", "warm", "--polls", "fast", "--", "--insecure", "--superlink", "x:9"])
+            code = wrapper.main(["--clientapp-mode", "warm", "--polls", "fast", "--", "--insecure", "--superlink", "x:9",
+                                 "--isolation", "process"])
     finally:
         wrapper.logger.removeHandler(handler)
     assert code == 1   # the stand-in main loop returned: a failure for a supervisor, as with stock Flower
