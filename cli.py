@@ -155,6 +155,8 @@ def run(
                                        "SuperNode) or cold (stock Flower: a flwr-clientapp process per message)."),
     resume: Path | None = typer.Option(None, "--resume", help="Continue the run in this folder from its checkpoint "
                                        "(its config.json; --rounds may grow it; other changes are refused)."),
+    dashboard: bool = typer.Option(False, "--dashboard", help="Serve the live dashboard of this run on "
+                                   "127.0.0.1 (address printed) while it runs."),
 ) -> None:
     """Run one experiment and write run.json / run.md / run.png (or continue one with --resume DIR)."""
     flags = {"strategy": strategy, "task": task, "nodes": nodes, "rounds": rounds, "engine": engine,
@@ -174,6 +176,16 @@ def run(
                 cfg = build_config(config, set_, flags)
         except ConfigError as exc:
             fail(str(exc))
+        if dashboard:
+            import dataclasses
+
+            from graphfl.deploy.run import default_out_dir
+
+            if not cfg.out_dir:
+                cfg = dataclasses.replace(cfg, out_dir=str(default_out_dir()))
+            server = _start_dashboard([Path(cfg.out_dir)])
+            owned.callback(server.server_close)
+            owned.callback(server.shutdown)
         _run_and_report(cfg, superlink, root_certificates, insecure, node_auth, overwrite, clientapp_mode)
 
 
@@ -233,6 +245,43 @@ def _print_final(out_dir: Path) -> None:
         table.add_row(name, fmt(fin.get("test_loss")), fmt(fin.get("test_acc")), *(fmt(fin.get(k)) for k in extra),
                       fmt(fin.get("seconds_per_round")), str(fin.get("rounds_completed")))
     Console().print(table)
+
+
+def _start_dashboard(folders: list[Path], host: str = "127.0.0.1", port: int = 0) -> Any:
+    """Bind the dashboard on ``host:port``, serve it on a daemon thread and print its address."""
+    from graphfl.dashboard.server import make_server, serve_in_thread
+
+    try:
+        server = make_server(folders, host=host, port=port)
+    except OSError as exc:
+        fail(f"the dashboard cannot listen on {host}:{port}: {exc.strerror or exc}")
+    serve_in_thread(server)
+    console.print(f"[bold]dashboard[/]: {server.url()}"
+                  + ("  (the token in this address is required; keep it private)" if server.dashboard.token else ""))
+    return server
+
+
+@app.command()
+def dashboard(
+    folders: list[Path] = typer.Argument(..., help="Run folders, p2p output folders or benchmark result folders."),
+    host: str = typer.Option("127.0.0.1", help="Address to listen on; any non-loopback host requires the printed "
+                             "one-time token."),
+    port: int = typer.Option(0, help="Port (0: a free one)."),
+) -> None:
+    """Serve a live, read-only web view of run / p2p / benchmark folders (docs/dashboard.md)."""
+    import time
+
+    if not 0 <= port <= 65535:
+        fail(f"--port must be 0..65535, got {port}")
+    server = _start_dashboard(list(folders), host, port)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        console.print("dashboard stopped")
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 @app.command("list")

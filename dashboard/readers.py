@@ -131,7 +131,8 @@ class SnapshotCache:
 
     def json(self, path: Path, messages: list[str]) -> dict[str, Any] | None:
         """``path``'s JSON object, its last complete version when the current one does not parse
-        (with a message), or ``None`` (with a message) when there never was one."""
+        (with a message), or ``None`` (with a message) when there never was one.
+        """
         try:
             mtime = path.stat().st_mtime
         except OSError as exc:
@@ -310,6 +311,8 @@ def _run_document(doc: Mapping[str, Any], out: dict[str, Any]) -> None:
                                       ("nodes", cfg.get("nodes")), ("device", env.get("device")),
                                       ("config hash", doc.get("config_hash"))) if v not in (None, "")}
     out["table"] = _client_table(curve, env)
+    if out["error"] and out["status"] != "completed":
+        _mark_named_clients(out["table"], out["error"])
     out["graph"] = _run_graph(curve, cfg)
 
 
@@ -358,9 +361,25 @@ def _client_table(curve: list[Mapping[str, Any]], env: Mapping[str, Any]) -> dic
                                           "test_loss", "test_acc", "restored", "error"], "rows": rows}
 
 
+_CLIENT_ERROR = re.compile(r"client (\d+): ([^;()]+)")
+
+
+def _mark_named_clients(table: dict[str, Any], error: str) -> None:
+    """Mark the clients a run's error names (``client <id>: <why>``, the round loop's wording for
+    the replies it refused) failed, with that text.
+    """
+    rows = {r["id"]: r for r in table["rows"]}
+    for pid, why in _CLIENT_ERROR.findall(error):
+        row = rows.get(pid)
+        if row is not None:
+            row["status"] = "failed"
+            row["error"] = row["error"] or why.strip()
+
+
 def _run_graph(curve: list[Mapping[str, Any]], cfg: Mapping[str, Any]) -> dict[str, Any] | None:
     """The learned graph (``server.graph`` of JGESR / pFedGraph, ``server.phi`` of BiG-FL) of the
-    newest round that logged one, and FeSEM's cluster ``assignment`` as node groups."""
+    newest round that logged one, and FeSEM's cluster ``assignment`` as node groups.
+    """
     graph, groups, g_round = None, None, None
     for row in curve:
         server = row.get("server") if isinstance(row.get("server"), dict) else {}
@@ -538,7 +557,8 @@ def _fmt(value: Any) -> str:
 
 def _bench_doc(path: Path, doc: Mapping[str, Any]) -> dict[str, Any]:
     """Methods (rows) with their final numbers as ``mean ± sd`` (a key ``k`` beside ``k_sd``), the
-    number of seeds where the method lists them, and the document's verdicts / claims."""
+    number of seeds where the method lists them, and the document's verdicts / claims.
+    """
     methods = doc.get("methods") if isinstance(doc.get("methods"), dict) else {}
     rows, columns = [], []
     for name, body in methods.items():

@@ -80,7 +80,7 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "graphfl-dashboard"
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the base class's name)
+    def log_message(self, format: str, *args: Any) -> None:
         logger.debug("%s %s", self.address_string(), format % args)
 
     def _send(self, code: int, body: bytes, ctype: str, extra: dict[str, str] | None = None) -> None:
@@ -107,7 +107,7 @@ class _Handler(BaseHTTPRequestHandler):
         given = self.headers.get(TOKEN_HEADER) or (query.get("token") or [""])[0]
         return hmac.compare_digest(given.encode(), token.encode())
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+    def do_GET(self) -> None:
         try:
             url = urlsplit(self.path)
             query = parse_qs(url.query)
@@ -145,7 +145,8 @@ class _Handler(BaseHTTPRequestHandler):
 
 class DashboardServer(ThreadingHTTPServer):
     """A :class:`~http.server.ThreadingHTTPServer` with at most :data:`MAX_CONCURRENT` requests
-    in flight (the next is answered ``503`` on the accepting thread, without reading it)."""
+    in flight (the next is answered ``503`` on the accepting thread, without reading it).
+    """
 
     daemon_threads = True
     allow_reuse_address = True

@@ -28,6 +28,7 @@ RANKS: dict[str, int] = {
     "flower": 4,       # Flower-native strategy classes and client mods for a user's own Flower App
     "deploy": 5,       # launching real processes
     "bench": 6,        # paper reproductions and system benchmarks
+    "dashboard": 6,    # the read-only live web view of result folders (reads files; imports only itself)
     "cli": 7,          # the command line (root module cli.py)
     "__init__": 0,
 }
