@@ -6,7 +6,7 @@ algorithm needs the client's cooperation live beside them.
 """
 
 from graphfl.flower.adapter import CooperationError, GraphflStrategy, WrapperRefused
-from graphfl.flower.strategies import CFL, JGESR, FedAMP, FedAvg, FedProx, FeSEM, Local, PFedGraph
+from graphfl.flower.strategies import CFL, JGESR, FedAMP, FedAvg, FedGATE, FedProx, FeSEM, Local, PFedGraph
 
-__all__ = ["CFL", "JGESR", "CooperationError", "FeSEM", "FedAMP", "FedAvg", "FedProx", "GraphflStrategy", "Local",
-           "PFedGraph", "WrapperRefused"]
+__all__ = ["CFL", "JGESR", "CooperationError", "FeSEM", "FedAMP", "FedAvg", "FedGATE", "FedProx", "GraphflStrategy",
+           "Local", "PFedGraph", "WrapperRefused"]

@@ -27,6 +27,8 @@ and Flower's ``Result`` is filled by Flower itself. The rules it follows:
   weighted mean of the evaluation metrics. Every core metric (nested lists included) stays in
   :attr:`GraphflStrategy.server_metrics`, every client's evaluation in
   :attr:`GraphflStrategy.client_evaluations`.
+* **Result.** ``aggregate_train`` returns the core's single model where it has one (FedAvg,
+  FedProx, FedGATE; Flower puts it into ``Result.arrays``), else ``None``.
 * **Wrappers.** Strategies with one global model (``global_model = True``) send the ``arrays``
   Flower passes to ``configure_train`` and return the new global model, so Flower's wrappers
   (e.g. ``DifferentialPrivacyServerSideFixedClipping``) compose as with Flower's ``FedAvg``. The
@@ -196,6 +198,12 @@ class GraphflStrategy(Strategy):
         """
         return None
 
+    def train_settings(self) -> TrainConfig:
+        """What the core may read of the clients' local training (graphfl's defaults here; FedGATE's
+        δ update needs the clients' step and local steps).
+        """
+        return TrainConfig()
+
     def summary(self) -> None:
         """Log the strategy's settings (Flower calls this at the start of ``start``)."""
         reg = self.regulariser()
@@ -255,7 +263,7 @@ class GraphflStrategy(Strategy):
             raise ValueError(f"param_keys {missing} are not arrays of the initial model {list(arrays)[:8]}")
         spec = registry.get(self.algorithm)
         cfg = RunConfig(strategy=self.algorithm, nodes=n, seed=self.seed, fraction_train=self.fraction_train,
-                        train=TrainConfig(), params=self.params)
+                        train=self.train_settings(), params=self.params)
         if n < spec.min_clients:
             raise ValueError(f"{type(self).__name__} needs at least {spec.min_clients} clients, got {n}")
         if spec.preflight is not None:
@@ -414,7 +422,7 @@ class GraphflStrategy(Strategy):
         self.server_metrics[server_round] = server
         agg = weighted_metrics(rows, skip=(keys.NUM_EXAMPLES, keys.PARTITION_ID, keys.APPLIED))
         record = metric_record({**agg, **{k: v for k, v in server.items() if k not in agg}})
-        final = self.core.final_arrays() if self.global_model else None
+        final = self.core.final_arrays()
         return (numpy_to_record(final) if final is not None and updates else None), record
 
     def evaluate_contents(self, server_round: int, node_ids: Sequence[int], config: ConfigRecord,

@@ -30,14 +30,21 @@ MU = "graphfl.mu"
 LAM = "graphfl.lam"
 """Config key: ``λ`` of pFedGraph's similarity term ``−λ ⟨c, θ⟩/‖θ‖``."""
 ANCHOR = "graphfl.anchor"
-"""ArrayRecord: pFedGraph's cluster model ``c`` (same keys as the model)."""
+"""ArrayRecord of arrays the client term reads (model keys): pFedGraph's cluster model ``c``,
+FedGATE's mean update ``ū`` of the last round."""
+ETA = "graphfl.eta"
+"""Config key: the client's SGD step ``η`` in FedGATE's δ update."""
+TAU = "graphfl.tau"
+"""Config key: ``τ`` of FedGATE's δ update ``δ_i += (u_i − ū)/(η τ)``."""
+DELTA = "graphfl.delta"
+"""ArrayRecord that :func:`graphfl.flower.client.graphfl_mod` puts into a FedGATE train message:
+the client's tracking variable ``δ_i`` (read by :func:`graphfl.flower.client.regulariser`)."""
+GATE_STATE = "graphfl.gate"
+"""Prefix of FedGATE's records in the ClientApp's ``context.state``: ``graphfl.gate.delta``
+(``δ_i``), ``graphfl.gate.up`` (``u_i`` of the last upload) and ``graphfl.gate.meta`` (its round)."""
 APPLIED = "graphfl.applied"
 """Reply metric set by :func:`graphfl.flower.client.graphfl_mod`: 1 when the train function
 added the requested regulariser to its loss, 0 when it did not."""
-QUERY = "graphfl.query"
-"""Config key of a query message (value ``"partition-id"``): :func:`graphfl.flower.client.graphfl_mod`
-answers it with the node config's ``partition-id`` without calling the ClientApp."""
-
 OWN_MODEL = "own-model"
 """Client term of local-only training: the client trains and is evaluated on its own model, which
 :func:`graphfl.flower.client.graphfl_mod` keeps in ``context.state`` (:data:`OWN_STATE`) and puts
@@ -45,6 +52,9 @@ into ``"arrays"`` when the server sends none."""
 OWN_STATE = "graphfl.own-model"
 """ArrayRecord in the ClientApp's ``context.state``: the client's own model (local-only training)."""
 
+GATE = "gate-delta"
+"""Regulariser ``−Σ_k ⟨δ_k, θ_k⟩`` (FedGATE's correction: the step becomes ``θ ← θ − η(∇ℓ − δ)``),
+with ``δ`` kept and updated by :func:`graphfl.flower.client.graphfl_mod`."""
 PROXIMAL = "proximal"
 """Regulariser ``μ/2 ‖θ − θ_received‖²`` over the model's parameters (FedProx, FedAMP, FeSEM)."""
 COSINE = "pfedgraph-cosine"

@@ -21,12 +21,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from graphfl.common.config import TrainConfig
 from graphfl.common.types import Arrays
 from graphfl.flower import keys
 from graphfl.flower.adapter import GraphflStrategy
+from graphfl.strategies.apfl_math import effective_tau
 from graphfl.strategies.cfl import CFLConfig
 from graphfl.strategies.fedamp import FedAMPConfig
 from graphfl.strategies.fedavg import FedAvgParams, FedProxParams
+from graphfl.strategies.fedgate import U_PREFIX, FedGATEParams
 from graphfl.strategies.fesem import FeSEMParams
 from graphfl.strategies.jgesr import JGESRConfig
 from graphfl.strategies.local import LocalParams
@@ -245,6 +248,53 @@ class PFedGraph(GraphflStrategy):
         return "lam=0: local training from the aggregated model without the similarity term"
 
 
+class FedGATE(GraphflStrategy):
+    """FedGATE (ALGORITHMS.md §9.2; Haddadpour et al. 2021): local SGD with gradient tracking.
+
+    Server: ``u_i = w − w_i``, ``ū = mean_i u_i``, ``w ← w − γ ū``; every client receives ``w`` as
+    ``"arrays"`` and ``ū`` (with the round it belongs to and whether its own upload is in it) as
+    ``"graphfl.anchor"``. Client: ``δ_i ← δ_i + (u_i − ū)/(η τ)`` when its last upload is in ``ū``,
+    then local steps ``w_i ← w_i − η(∇ℓ − δ_i)``. :func:`graphfl.flower.client.graphfl_mod` keeps
+    ``δ_i`` and ``u_i`` in the ClientApp's ``context.state`` and does the δ update;
+    :func:`graphfl.flower.client.regulariser` adds ``−⟨δ_i, θ⟩`` to the loss (its gradient is
+    ``−δ_i``). ``Result.arrays`` is the final ``w``.
+
+    Parameters
+    ----------
+    gamma
+        Server step ``γ`` (1.0: ``w`` is the plain average of the uploads).
+    tau, tau_mode
+        ``τ`` of the δ update: 0 = ``local_steps`` (FedTorch); otherwise ``tau`` (``absolute``) or
+        ``tau · local_steps`` (``multiple-of-steps``); ``τ ≤ local_steps/2`` is refused (unstable).
+    client_lr, local_steps
+        The ClientApp's SGD step ``η`` and its local steps per round, which the δ update divides by
+        (sent to the clients as ``graphfl.eta`` / ``graphfl.tau``); they must be the ClientApp's own.
+    **kwargs
+        Common arguments of :class:`~graphfl.flower.adapter.GraphflStrategy`.
+    """
+
+    algorithm = "fedgate"
+
+    def __init__(self, gamma: float = 1.0, tau: float = 0.0, tau_mode: str = "absolute", client_lr: float = 0.1,
+                 local_steps: int = 50, **kwargs: Any) -> None:
+        params = self.make_params(FedGATEParams, self.algorithm, gamma=gamma, tau=tau, tau_mode=tau_mode)
+        super().__init__(params, **kwargs)
+        self.train = self.make_params(TrainConfig, "train", lr=client_lr, local_steps=local_steps)
+
+    def train_settings(self) -> TrainConfig:
+        return self.train
+
+    def regulariser(self) -> tuple[str, dict[str, float]] | None:
+        tau = effective_tau(self.params.tau, self.params.tau_mode, self.train.local_steps)
+        return (keys.GATE, {keys.ETA: self.train.lr, keys.TAU: tau})
+
+    def anchor_arrays(self, extra: Arrays) -> Arrays:
+        return {k[len(U_PREFIX):]: v for k, v in extra.items() if k.startswith(U_PREFIX)}
+
+    def off_hint(self) -> str:
+        return "FedGATE has no stock form; FedAvg is FedGATE without tracking"
+
+
 class Local(GraphflStrategy):
     """Local-only training: round 1 sends the initial model, later rounds nothing; no aggregation.
 
@@ -274,4 +324,4 @@ class Local(GraphflStrategy):
         raise RuntimeError("Local: the clients' models never leave the clients (their context.state)")
 
 
-__all__ = ["CFL", "JGESR", "FeSEM", "FedAMP", "FedAvg", "FedProx", "Local", "PFedGraph"]
+__all__ = ["CFL", "JGESR", "FeSEM", "FedAMP", "FedAvg", "FedGATE", "FedProx", "Local", "PFedGraph"]

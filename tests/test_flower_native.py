@@ -333,3 +333,29 @@ def test_local_sends_the_initial_model_once_then_asks_the_mod_for_the_clients_ow
     evals = strategy.evaluate_contents(2, nodes, ConfigRecord(), initial_arrays())
     assert all(len(c[keys.ARRAYS].keys()) == 0 and c[keys.CONFIG][keys.REGULARISER] == keys.OWN_MODEL
                for _, c in evals)
+
+
+def test_fedgate_sends_the_mean_update_and_its_delta_settings_and_refuses_an_unstable_tau():
+    strategy = gf.FedGATE(client_lr=LR, local_steps=STEPS)
+    nodes = [node(p) for p in range(2)]
+    first = strategy.train_contents(1, nodes, initial_arrays(), ConfigRecord())
+    assert all(keys.ANCHOR not in c.array_records for _, c in first)          # no ū before round 1's uploads
+    replies, ups = [], []
+    for p in range(2):
+        trained, n_ex = client_train(p, initial_arrays())
+        ups.append(trained)
+        replies.append(ClientReply(node(p), RecordDict({keys.ARRAYS: numpy_to_record(trained), keys.METRICS:
+                                                        MetricRecord({keys.NUM_EXAMPLES: n_ex, keys.APPLIED: 1})})))
+    agg, _ = strategy.fold_train(1, replies)
+    mean = (ups[0]["weight"] + ups[1]["weight"]) / 2
+    assert agg is not None
+    np.testing.assert_allclose(agg["weight"].numpy(), mean, rtol=1e-6)            # γ = 1: the plain average
+    for _, c in strategy.train_contents(2, nodes, initial_arrays(), ConfigRecord()):
+        cfg = c[keys.CONFIG]
+        assert cfg[keys.REGULARISER] == keys.GATE and cfg[keys.ETA] == pytest.approx(LR)
+        assert cfg[keys.TAU] == pytest.approx(STEPS) and cfg["gate.round"] == 1 and cfg["gate.accepted"] is True
+        u_bar = initial_arrays()["weight"] - mean                                   # ū = w − mean_i w_i
+        np.testing.assert_allclose(c[keys.ANCHOR]["weight"].numpy(), u_bar, rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(c[keys.ARRAYS]["weight"].numpy(), mean, rtol=1e-6)
+    with pytest.raises(ConfigError, match=r"fedgate.tau = 4 .*must exceed R/2 = 5"):
+        gf.FedGATE(tau=4, local_steps=10).train_contents(1, nodes, initial_arrays(), ConfigRecord())

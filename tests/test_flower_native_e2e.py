@@ -34,6 +34,8 @@ pytestmark = pytest.mark.e2e
 NODES, ROUNDS = 3, 2
 RUN_TIMEOUT_S = 900.0
 COMPONENT = 'clientapp = "graphfl_example.client_app:app"'
+CFG = {"prox-mu": 0.0, "pfedgraph-lam": 0.0, "lr": fn.LR, "local-steps": fn.STEPS}
+"""The example's run config as its make_strategy reads it (defaults of examples/flower_app)."""
 
 
 def app_copy(dest: Path, terms: bool = False) -> Path:
@@ -101,13 +103,62 @@ class TermsExchange(fn.TaskExchange):
         return out
 
 
+class ExampleTask:
+    """The example's model and loss as a graphfl task view (for graphfl's own client halves)."""
+
+    name, kind = "flower-example", "regression"
+
+    def build_model(self) -> Any:
+        return fn.task.make_model()
+
+    def loss_fn(self) -> Any:
+        from torch import nn
+
+        return nn.MSELoss()
+
+    def metrics(self, *args: Any) -> dict[str, float]:
+        return {}
+
+
+class TrainerExchange(fn.TaskExchange):
+    """graphfl's own client half of ``algorithm`` (its ClientTrainer, state kept per client) on the
+    example's data; full-batch steps (batch size = the training set), as the example trains."""
+
+    def __init__(self, algorithm: str, params: Any, n: int, data_of: Mapping[int, int]) -> None:
+        from graphfl.common import registry
+        from graphfl.common.config import RunConfig, TrainConfig
+        from graphfl.common.core import ClientContext
+        from graphfl.common.types import ClientData
+
+        super().__init__(n, data_of)
+        cfg = RunConfig(strategy=algorithm, nodes=n, params=params,
+                        train=TrainConfig(local_steps=fn.STEPS, batch_size=fn.task.TRAIN, lr=fn.LR))
+        spec = registry.get_client(algorithm)
+        self.trainers = {}
+        for pid in range(n):
+            x, y, xt, yt = (t.numpy() for t in fn.task.load_data(self.data_of[pid]))
+            ctx = ClientContext(cfg, params, pid, n, ExampleTask(), ClientData(x, y, xt, yt))
+            self.trainers[pid] = spec.client_trainer(ctx)
+        self.states: dict[int, dict[str, np.ndarray]] = {pid: {} for pid in range(n)}
+
+    def send(self, request: Request, payloads: Mapping[int, Payload]) -> dict[int, Reply]:
+        if request.kind != wire.TRAIN:
+            return super().send(request, payloads)
+        out = {}
+        for pid, payload in payloads.items():
+            res = self.trainers[pid].fit_phase("fit", request.server_round, payload, self.states[pid])
+            self.trainers[pid].after_upload("fit", request.server_round, payload, res.arrays, self.states[pid])
+            out[pid] = Reply(pid, res.arrays, {wire.NUM_EXAMPLES: res.num_examples})
+        return out
+
+
 def check_against_reference(work: Path, name: str, result: Mapping[str, Any], nodes: Mapping[int, int],
                             exchange: fn.TaskExchange | None = None, evaluated: bool = False) -> None:
     from graphfl_example.server_app import make_strategy
 
     data_of = {pid: nodes[int(nid)] for nid, pid in result["partition_of_node"].items()}
     assert sorted(data_of) == list(range(NODES)) and sorted(data_of.values()) == list(range(NODES))
-    cfg = {"prox-mu": getattr(exchange, "mu", 0.0), "pfedgraph-lam": getattr(exchange, "lam", 0.0)}
+    cfg = {**CFG, "prox-mu": getattr(exchange, "mu", 0.0), "pfedgraph-lam": getattr(exchange, "lam", 0.0)}
     strategy = make_strategy(name, cfg)
     core = fn.reference(strategy, NODES, ROUNDS, data_of, exchange=exchange)
     for pid in range(NODES):
@@ -150,15 +201,21 @@ def test_stock_clientapp_runs_each_fedavg_like_strategy_and_equals_graphfls_runn
     assert results["cfl"]["server_metrics"][str(ROUNDS)]["num_clusters"] >= 2
 
 
-def test_cooperative_strategies_and_local_run_with_the_mod_and_flowers_dp_wrapper_composes_with_fedavg(federation, tmp_path):
+def test_cooperative_strategies_fedgate_and_local_run_with_the_mod_and_the_dp_wrapper_composes_with_fedavg(federation, tmp_path):
+    from graphfl_example.server_app import make_strategy
+
     app = app_copy(tmp_path / "app", terms=True)
     results = submit(federation, tmp_path, app, {
-        "strategies": "fedprox,pfedgraph,fedavg,local", "prox-mu": 0.1, "pfedgraph-lam": 0.01,
+        "strategies": "fedprox,pfedgraph,fedavg,local,fedgate", "prox-mu": 0.1, "pfedgraph-lam": 0.01,
         "dp-strategies": "fedavg", "dp-clip": 1000.0, "dp-noise": 0.0})
     nodes = data_partitions(federation)
-    for name, exchange_kw in (("fedprox", {"mu": 0.1}), ("pfedgraph", {"lam": 0.01}), ("fedavg", {}), ("local", {})):
+    cases: tuple[tuple[str, dict[str, float]], ...] = (
+        ("fedprox", {"mu": 0.1}), ("pfedgraph", {"lam": 0.01}), ("fedavg", {}), ("local", {}), ("fedgate", {}))
+    for name, exchange_kw in cases:
         data_of = {pid: nodes[int(nid)] for nid, pid in results[name]["partition_of_node"].items()}
-        exchange = TermsExchange(NODES, data_of, **exchange_kw)
+        exchange: fn.TaskExchange = TermsExchange(NODES, data_of, **exchange_kw)
+        if name == "fedgate":   # graphfl's own FedGATE client half (its δ update) is the reference
+            exchange = TrainerExchange("fedgate", make_strategy("fedgate", CFG).params, NODES, data_of)
         check_against_reference(tmp_path, name, results[name], nodes, exchange, evaluated=True)
         rounds = results[name]["evaluate_metrics"]
         assert sorted(rounds) == [str(r) for r in range(1, ROUNDS + 1)] and "test_loss" in rounds[str(ROUNDS)]

@@ -58,7 +58,8 @@ def _imported_packages(tree: ast.AST) -> list[tuple[int, str]]:
 
 
 def _modules() -> list[Path]:
-    skip = {"tests", "build", "dist", "runs", "examples"}  # examples/: user apps, not graphfl; and hidden folders (.venv, .git, local scratch): not packages
+    # not packages: examples/ (user apps) and hidden folders (.venv, .git, local scratch)
+    skip = {"tests", "build", "dist", "runs", "examples"}
     return sorted(p for p in REPO.rglob("*.py")
                   if not (set(p.relative_to(REPO).parts) & skip or any(x.startswith(".") for x in p.relative_to(REPO).parts)))
 

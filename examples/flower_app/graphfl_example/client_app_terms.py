@@ -1,6 +1,6 @@
 """The same ClientApp with graphfl's client term: two added lines (the mod and ``regulariser``).
 
-Needed by FedProx (mu > 0), FedAMP (prox_mu > 0), FeSEM (prox_lambda > 0) and pFedGraph (lam > 0);
+Needed by FedProx (mu > 0), FedAMP (prox_mu > 0), FeSEM (prox_lambda > 0), pFedGraph (lam > 0) and FedGATE;
 local-only training (``Local``) needs the mod only (it keeps the client's own model).
 """
 

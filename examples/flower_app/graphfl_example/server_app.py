@@ -34,6 +34,8 @@ def make_strategy(name: str, cfg: Any) -> gf.GraphflStrategy:
         return gf.CFL(warmup_rounds=1, min_cluster_size=2, eps1=10.0, eps2=0.0, **common)
     if name == "fedamp":
         return gf.FedAMP(prox_mu=mu, **common)
+    if name == "fedgate":
+        return gf.FedGATE(client_lr=float(cfg["lr"]), local_steps=int(cfg["local-steps"]), **common)
     if name == "local":
         return gf.Local(**common)
     if name == "pfedgraph":
