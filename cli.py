@@ -11,6 +11,7 @@ import inspect
 import logging
 import os
 import sys
+import time
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -184,9 +185,15 @@ def run(
             if not cfg.out_dir:
                 cfg = dataclasses.replace(cfg, out_dir=str(default_out_dir()))
             server = _start_dashboard([Path(cfg.out_dir)])
-            owned.callback(server.server_close)
-            owned.callback(server.shutdown)
+            owned.callback(_stop_dashboard, server)
         _run_and_report(cfg, superlink, root_certificates, insecure, node_auth, overwrite, clientapp_mode)
+        if dashboard and sys.stdin.isatty():
+            console.print(f"run finished; the dashboard stays at {server.url()} until Ctrl-C")
+            try:
+                while True:
+                    time.sleep(3600)
+            except KeyboardInterrupt:
+                pass
 
 
 def _run_and_report(cfg: Any, superlink: str | None, root_certificates: Path | None, insecure: bool,
@@ -261,6 +268,14 @@ def _start_dashboard(folders: list[Path], host: str = "127.0.0.1", port: int = 0
     return server
 
 
+def _stop_dashboard(server: Any, grace_s: float = 2.5) -> None:
+    """Stop the dashboard of ``graphfl run --dashboard`` after ``grace_s`` seconds (more than the
+    page's 1 s poll, so an open page shows the run's last state before the server goes)."""
+    time.sleep(grace_s)
+    server.shutdown()
+    server.server_close()
+
+
 @app.command()
 def dashboard(
     folders: list[Path] = typer.Argument(..., help="Run folders, p2p output folders or benchmark result folders."),
@@ -269,8 +284,6 @@ def dashboard(
     port: int = typer.Option(0, help="Port (0: a free one)."),
 ) -> None:
     """Serve a live, read-only web view of run / p2p / benchmark folders (docs/dashboard.md)."""
-    import time
-
     if not 0 <= port <= 65535:
         fail(f"--port must be 0..65535, got {port}")
     server = _start_dashboard(list(folders), host, port)

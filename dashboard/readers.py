@@ -41,8 +41,9 @@ RUN_PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
 P2P_PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("loss (mean over peers)", ("test_loss", "train_loss")),
     ("disagreement", ("local_disagreement", "consensus")),
-    ("seconds per round", ("seconds", "comm_s", "compute_s")),
-    ("bytes per round", ("bytes_up", "bytes_down", "bytes_sent")),
+    ("seconds since the start (slowest peer)", ("seconds",)),
+    ("comm / compute seconds per round (mean)", ("comm_s", "compute_s")),
+    ("bytes per round (all peers)", ("bytes_up", "bytes_down")),
 )
 _PEER_FILE = re.compile(r"^peer-(\d+)\.(json|status\.json|rounds\.jsonl)$")
 
@@ -491,6 +492,10 @@ def _p2p_snapshot(folder: Path, cache: SnapshotCache, out: dict[str, Any]) -> No
 
 
 def _mean_by_round(peer_rows: Mapping[int, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The network's curve from the peers' round records, by the rules of ``p2p.json``'s curve:
+    losses, disagreement, comm / compute seconds are means over the peers that ran the round,
+    ``bytes_up`` / ``bytes_down`` sums of their bytes sent / received, ``seconds`` (a peer's
+    time since its start) the slowest peer's."""
     by_round: dict[int, dict[str, list[float]]] = {}
     for recs in peer_rows.values():
         for rec in recs:
@@ -499,7 +504,7 @@ def _mean_by_round(peer_rows: Mapping[int, list[dict[str, Any]]]) -> list[dict[s
                 continue
             acc = by_round.setdefault(r, {})
             for key in ("test_loss", "train_loss", "local_disagreement", "seconds", "comm_s", "compute_s",
-                        "bytes_sent"):
+                        "bytes_sent", "bytes_received"):
                 v = _finite(rec.get(key))
                 if v is not None:
                     acc.setdefault(key, []).append(v)
@@ -507,7 +512,12 @@ def _mean_by_round(peer_rows: Mapping[int, list[dict[str, Any]]]) -> list[dict[s
     for r in sorted(by_round):
         row: dict[str, Any] = {"round": r}
         for key, vals in by_round[r].items():
-            row[key] = sum(vals) if key == "bytes_sent" else sum(vals) / len(vals)
+            if key in ("bytes_sent", "bytes_received"):
+                row["bytes_up" if key == "bytes_sent" else "bytes_down"] = sum(vals)
+            elif key == "seconds":
+                row[key] = max(vals)
+            else:
+                row[key] = sum(vals) / len(vals)
         rows.append(row)
     return rows
 

@@ -192,6 +192,11 @@ def test_p2p_snapshot_of_a_real_network(tmp_path):
     mean_loss = next(s for s in live["panels"][0]["series"] if s["name"] == "test_loss")["points"][-1][1]
     last = [json.loads((out / f"peer-{i}.rounds.jsonl").read_text().splitlines()[-1])["test_loss"] for i in range(3)]
     assert mean_loss == pytest.approx(sum(last) / 3, rel=1e-6)
+    for panel in live["panels"]:  # the live curve follows p2p.json's rules: same numbers once it is written
+        for series in panel["series"]:
+            want = [[float(r["round"]), r[series["name"]]] for r in summary["methods"]["dfl-gt"]["curve"]]
+            assert [p[0] for p in series["points"]] == [w[0] for w in want], series["name"]
+            assert [p[1] for p in series["points"]] == pytest.approx([w[1] for w in want], rel=1e-6, abs=1e-12)
 
 
 # -- the server ------------------------------------------------------------------------------------
