@@ -270,7 +270,8 @@ def _start_dashboard(folders: list[Path], host: str = "127.0.0.1", port: int = 0
 
 def _stop_dashboard(server: Any, grace_s: float = 2.5) -> None:
     """Stop the dashboard of ``graphfl run --dashboard`` after ``grace_s`` seconds (more than the
-    page's 1 s poll, so an open page shows the run's last state before the server goes)."""
+    page's 1 s poll, so an open page shows the run's last state before the server goes).
+    """
     time.sleep(grace_s)
     server.shutdown()
     server.server_close()

@@ -23,7 +23,7 @@ import re
 import threading
 import time
 import tomllib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +57,11 @@ def _finite(value: Any) -> float | None:
         return None
     value = float(value)
     return value if math.isfinite(value) else None
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    """``value`` when it is a JSON object, else an empty one (a file's shape is never trusted)."""
+    return value if isinstance(value, dict) else {}
 
 
 def _read_text(path: Path) -> str:
@@ -142,7 +147,7 @@ class SnapshotCache:
         with self._lock:
             hit = self._docs.get(path)
         if hit is not None and hit[0] == mtime:
-            return hit[1]  # type: ignore[no-any-return]
+            return hit[1]
         try:
             doc = read_json(path)
         except ReadError as exc:
@@ -156,7 +161,7 @@ class SnapshotCache:
     def _last(self, path: Path) -> dict[str, Any] | None:
         with self._lock:
             hit = self._docs.get(path)
-        return None if hit is None else hit[1]  # type: ignore[no-any-return]
+        return None if hit is None else hit[1]
 
 
 def _series(rows: Iterable[Mapping[str, Any]], key: str, x: str = "round") -> list[list[float]]:
@@ -168,7 +173,7 @@ def _series(rows: Iterable[Mapping[str, Any]], key: str, x: str = "round") -> li
     return pts
 
 
-def _panels(rows: list[Mapping[str, Any]], spec: tuple[tuple[str, tuple[str, ...]], ...]) -> list[dict[str, Any]]:
+def _panels(rows: Sequence[Mapping[str, Any]], spec: tuple[tuple[str, tuple[str, ...]], ...]) -> list[dict[str, Any]]:
     panels = []
     for title, keys in spec:
         series = [{"name": k, "points": pts} for k in keys if (pts := _series(rows, k))]
@@ -295,11 +300,11 @@ def _run_snapshot(folder: Path, cache: SnapshotCache, out: dict[str, Any]) -> No
 
 
 def _run_document(doc: Mapping[str, Any], out: dict[str, Any]) -> None:
-    cfg = doc.get("config") if isinstance(doc.get("config"), dict) else {}
+    cfg = _dict(doc.get("config"))
     out["status"] = str(doc.get("status", "unknown"))
     if doc.get("error"):
         out["error"] = str(doc["error"])
-    methods = doc.get("methods") if isinstance(doc.get("methods"), dict) else {}
+    methods = _dict(doc.get("methods"))
     method, body = next(iter(methods.items()), ("", {}))
     curve = [r for r in (body.get("curve") or []) if isinstance(r, dict)] if isinstance(body, dict) else []
     out["title"] = f"{method or cfg.get('strategy', 'run')} on {cfg.get('task', '?')} ({cfg.get('engine', '?')})"
@@ -307,7 +312,7 @@ def _run_document(doc: Mapping[str, Any], out: dict[str, Any]) -> None:
     trained = [r for r in curve if "seconds" in r and _finite(r.get("round")) and r.get("round", 0) > 0]
     out["last_round"] = max((int(r["round"]) for r in trained), default=0)
     out["panels"] = _panels(curve, RUN_PANELS)
-    env = doc.get("env") if isinstance(doc.get("env"), dict) else {}
+    env = _dict(doc.get("env"))
     out["facts"] = {k: v for k, v in (("strategy", method), ("task", cfg.get("task")), ("engine", cfg.get("engine")),
                                       ("nodes", cfg.get("nodes")), ("device", env.get("device")),
                                       ("config hash", doc.get("config_hash"))) if v not in (None, "")}
@@ -317,7 +322,7 @@ def _run_document(doc: Mapping[str, Any], out: dict[str, Any]) -> None:
     out["graph"] = _run_graph(curve, cfg)
 
 
-def _client_table(curve: list[Mapping[str, Any]], env: Mapping[str, Any]) -> dict[str, Any]:
+def _client_table(curve: Sequence[Mapping[str, Any]], env: Mapping[str, Any]) -> dict[str, Any]:
     clients: dict[str, dict[str, Any]] = {}
 
     def client(pid: str) -> dict[str, Any]:
@@ -333,12 +338,12 @@ def _client_table(curve: list[Mapping[str, Any]], env: Mapping[str, Any]) -> dic
                     c = client(str(pid))
                     c[key] = _finite(v)
                     c["last_round"] = r
-        failed = row.get("failed") if isinstance(row.get("failed"), dict) else {}
+        failed = _dict(row.get("failed"))
         for pid, why in failed.items():
             c = client(str(pid))
             c["failures"] += 1
             c["error"] = f"round {r}: {why}"
-        restored = row.get("state_restored") if isinstance(row.get("state_restored"), dict) else {}
+        restored = _dict(row.get("state_restored"))
         for pid, rr in restored.items():
             client(str(pid))["restored"] = f"round {rr}"
     evaluated_rounds = {str(p): 0 for p in clients}
@@ -377,13 +382,13 @@ def _mark_named_clients(table: dict[str, Any], error: str) -> None:
             row["error"] = row["error"] or why.strip()
 
 
-def _run_graph(curve: list[Mapping[str, Any]], cfg: Mapping[str, Any]) -> dict[str, Any] | None:
+def _run_graph(curve: Sequence[Mapping[str, Any]], cfg: Mapping[str, Any]) -> dict[str, Any] | None:
     """The learned graph (``server.graph`` of JGESR / pFedGraph, ``server.phi`` of BiG-FL) of the
     newest round that logged one, and FeSEM's cluster ``assignment`` as node groups.
     """
     graph, groups, g_round = None, None, None
     for row in curve:
-        server = row.get("server") if isinstance(row.get("server"), dict) else {}
+        server = _dict(row.get("server"))
         for key in ("graph", "phi", "W"):
             edges = _matrix_edges(server.get(key))
             if edges is not None:
@@ -415,8 +420,8 @@ def _p2p_snapshot(folder: Path, cache: SnapshotCache, out: dict[str, Any]) -> No
         except ReadError as exc:
             msgs.append(str(exc))
     summary = cache.json(folder / "p2p.json", msgs) if (folder / "p2p.json").exists() else None
-    run = network.get("run") if isinstance(network.get("run"), dict) else {}
-    net = network.get("network") if isinstance(network.get("network"), dict) else {}
+    run = _dict(network.get("run"))
+    net = _dict(network.get("network"))
     out["rounds"] = run.get("rounds")
     out["title"] = f"p2p {run.get('algorithm', '')} on {net.get('name', folder.name)}".replace("  ", " ")
     peers_cfg = {int(p["id"]): p for p in network.get("peers", []) if isinstance(p, dict) and "id" in p}
@@ -430,7 +435,7 @@ def _p2p_snapshot(folder: Path, cache: SnapshotCache, out: dict[str, Any]) -> No
         msgs.append(f"{folder}: {exc.strerror or exc}")
     peer_rows: dict[int, list[dict[str, Any]]] = {}
     table = []
-    final_peers = summary.get("peers") if summary and isinstance(summary.get("peers"), dict) else {}
+    final_peers = _dict(summary.get("peers")) if summary else {}
     for pid in sorted(ids):
         recs: list[dict[str, Any]] = []
         rounds_file = folder / f"peer-{pid}.rounds.jsonl"
@@ -447,7 +452,7 @@ def _p2p_snapshot(folder: Path, cache: SnapshotCache, out: dict[str, Any]) -> No
         peer_rows[pid] = recs
         status = cache.json(folder / f"peer-{pid}.status.json", msgs) \
             if (folder / f"peer-{pid}.status.json").exists() else None
-        fin = final_peers.get(str(pid)) if isinstance(final_peers.get(str(pid)), dict) else {}
+        fin = _dict(final_peers.get(str(pid)))
         state = (fin.get("outcome") or (peer_doc or {}).get("outcome") or (status or {}).get("state")
                  or ("running" if recs else "starting"))
         error = fin.get("error") or (peer_doc or {}).get("error") or (status or {}).get("error")
@@ -495,7 +500,8 @@ def _mean_by_round(peer_rows: Mapping[int, list[dict[str, Any]]]) -> list[dict[s
     """The network's curve from the peers' round records, by the rules of ``p2p.json``'s curve:
     losses, disagreement, comm / compute seconds are means over the peers that ran the round,
     ``bytes_up`` / ``bytes_down`` sums of their bytes sent / received, ``seconds`` (a peer's
-    time since its start) the slowest peer's."""
+    time since its start) the slowest peer's.
+    """
     by_round: dict[int, dict[str, list[float]]] = {}
     for recs in peer_rows.values():
         for rec in recs:
@@ -569,12 +575,12 @@ def _bench_doc(path: Path, doc: Mapping[str, Any]) -> dict[str, Any]:
     """Methods (rows) with their final numbers as ``mean ± sd`` (a key ``k`` beside ``k_sd``), the
     number of seeds where the method lists them, and the document's verdicts / claims.
     """
-    methods = doc.get("methods") if isinstance(doc.get("methods"), dict) else {}
+    methods = _dict(doc.get("methods"))
     rows, columns = [], []
     for name, body in methods.items():
         if not isinstance(body, dict):
             continue
-        final = body.get("final") if isinstance(body.get("final"), dict) else body
+        final = _dict(body.get("final")) or body
         cells: dict[str, str] = {}
         for key, value in final.items():
             if key.endswith("_sd") or _finite(value) is None:
@@ -589,7 +595,7 @@ def _bench_doc(path: Path, doc: Mapping[str, Any]) -> dict[str, Any]:
             seeds = len(per_seed) if per_seed is not None else None
         rows.append({"method": str(name), "seeds": seeds if isinstance(seeds, int) else
                      (len(seeds) if isinstance(seeds, list) else None), "cells": cells})
-    verdicts = []
+    verdicts: list[str] = []
     for key in ("verdict", "verdicts", "claims"):
         value = doc.get(key)
         if isinstance(value, dict):

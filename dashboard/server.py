@@ -175,8 +175,9 @@ class DashboardServer(ThreadingHTTPServer):
 
     def url(self) -> str:
         """The address to open (with the token when there is one)."""
-        host, port = self.server_address[:2]
-        shown = f"[{host}]" if ":" in str(host) else str(host)
+        raw, port = self.server_address[0], self.server_address[1]
+        host = raw.decode() if isinstance(raw, bytes) else str(raw)
+        shown = f"[{host}]" if ":" in host else host
         suffix = f"/?token={self.dashboard.token}" if self.dashboard.token else "/"
         return f"http://{shown}:{port}{suffix}"
 
