@@ -541,8 +541,35 @@ def _p2p_graph(network: Mapping[str, Any], summary: Mapping[str, Any] | None, id
     if not edges and not ids:
         return None
     nodes = sorted(ids | {int(e[0]) for e in edges} | {int(e[1]) for e in edges})
-    return {"title": "p2p topology (edge weight)", "nodes": [{"id": i, "group": None} for i in nodes],
-            "edges": edges, "directed": False}
+    graph: dict[str, Any] = {"title": "p2p topology (edge weight)", "nodes": [{"id": i, "group": None} for i in nodes],
+                             "edges": edges, "directed": False}
+    selection = _dict(summary.get("edge_selection")) if summary else {}
+    if selection:
+        _edge_states(graph, selection)
+    return graph
+
+
+def _edge_states(graph: dict[str, Any], selection: Mapping[str, Any]) -> None:
+    """``edge_state`` (``kept``, ``dropped`` or ``unknown`` per edge) and ``edge_note`` (the edge's
+    test statistics) from ``p2p.json``'s ``edge_selection`` (decentralized ADMM's edge tests).
+    """
+    state: dict[tuple[int, int], str] = {}
+    for name in ("kept", "dropped", "unknown"):
+        for e in selection.get(name) or []:
+            if isinstance(e, list) and len(e) == 2:
+                state[(min(int(e[0]), int(e[1])), max(int(e[0]), int(e[1])))] = name
+    notes: dict[tuple[int, int], str] = {}
+    for t in selection.get("tests") or []:
+        e = t.get("edge") if isinstance(t, dict) else None
+        if isinstance(e, list) and len(e) == 2:
+            stats = ", ".join(f"{k} {_fmt(v)}" for k, v in t.items() if k not in ("edge", "kept", "decided_by")
+                              and _finite(v) is not None)
+            notes[(min(int(e[0]), int(e[1])), max(int(e[0]), int(e[1])))] = stats
+    keys = [(min(int(e[0]), int(e[1])), max(int(e[0]), int(e[1]))) for e in graph["edges"]]
+    graph["edge_state"] = [state.get(k, "unknown") for k in keys]
+    graph["edge_note"] = [notes.get(k, "") for k in keys]
+    kept = sum(1 for s in graph["edge_state"] if s == "kept")
+    graph["title"] = f"p2p topology, edge tests: {kept} kept, {len(keys) - kept} dropped or unknown (dashed)"
 
 
 # -- benchmark results -----------------------------------------------------------------------------

@@ -199,6 +199,74 @@ def test_p2p_snapshot_of_a_real_network(tmp_path):
             assert [p[1] for p in series["points"]] == pytest.approx([w[1] for w in want], rel=1e-6, abs=1e-12)
 
 
+def test_admm_edge_selection_marks_kept_and_dropped_edges(tmp_path):
+    network = """peers = [{ id = 0, address = "127.0.0.1:1" }, { id = 1, address = "127.0.0.1:2" },
+    { id = 2, address = "127.0.0.1:3" }]
+[network]
+name = "complete-3"
+[[edges]]
+nodes = [0, 1]
+weight = 1.0
+[[edges]]
+nodes = [0, 2]
+weight = 1.0
+[[edges]]
+nodes = [1, 2]
+weight = 1.0
+[run]
+algorithm = "admm"
+rounds = 3
+"""
+    (tmp_path / "network.toml").write_text(network)
+    from graphfl.deploy.p2p_launch import edge_selection_summary
+
+    peers = {"0": {"report": {"selection": [
+        {"edge": [0, 1], "decided_by": 0, "kept": True, "w2": 9.5, "df": 2, "p_value": 0.0087},
+        {"edge": [0, 2], "decided_by": 0, "kept": False, "w2": 0.3, "df": 2, "p_value": 0.86}]}}}
+    selection = edge_selection_summary(3, [(0, 1), (0, 2), (1, 2)], peers)
+    (tmp_path / "p2p.json").write_text(json.dumps({"name": "p2p", "ok": True, "edge_selection": selection}))
+    graph = snapshot(tmp_path)["graph"]
+    assert [e[:2] for e in graph["edges"]] == [[0, 1], [0, 2], [1, 2]]
+    assert graph["edge_state"] == ["kept", "dropped", "unknown"]
+    assert "p_value 0.86" in graph["edge_note"][1] and "w2 0.3" in graph["edge_note"][1]
+
+
+@pytest.mark.e2e
+def test_run_with_dashboard_serves_the_run_while_it_runs(tmp_path):
+    import os
+    import re
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    log = tmp_path / "run.log"
+    with log.open("w") as fh:
+        proc = subprocess.Popen([str(Path(sys.executable).with_name("graphfl")), "run", "--engine", "inprocess",
+                                 "--rounds", "3", "--nodes", "3", "--out", str(out), "--dashboard"],
+                                stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env={**os.environ, "COLUMNS": "250"})
+        try:
+            deadline, base, seen = time.monotonic() + 600, None, []
+            while time.monotonic() < deadline and proc.poll() is None:
+                m = base or re.search(r"dashboard\W+(http://127\.0\.0\.1:\d+)/", log.read_text())
+                if m:
+                    base = m
+                    try:
+                        folder = _state(base.group(1))["folders"][0]
+                    except (urllib.error.URLError, ConnectionError):
+                        break  # the run ended and took its dashboard with it
+                    if folder["last_round"] is not None and folder["last_round"] not in seen:
+                        seen.append(folder["last_round"])
+                time.sleep(0.2)
+            assert proc.wait(timeout=120) == 0, log.read_text()[-3000:]
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert base is not None, log.read_text()[-3000:]
+    assert seen and seen[-1] == 3, f"rounds seen through the dashboard: {seen}"
+
+
 # -- the server ------------------------------------------------------------------------------------
 
 def test_page_assets_and_state_endpoint(served, run_folder, tmp_path):

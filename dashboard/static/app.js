@@ -83,19 +83,24 @@ function graphView(g) {
   const wmax = Math.max(1e-12, ...g.edges.map((e) => Math.abs(e[2])));
   const box = svg("svg", {width: W, height: H, viewBox: `0 0 ${W} ${H}`, class: "graph",
                           "data-nodes": n, "data-edges": g.edges.length});
-  for (const [i, j, w] of g.edges) {
+  g.edges.forEach(([i, j, w], k) => {
     const a = pos.get(i), b = pos.get(j);
-    if (!a || !b) continue;
-    const line = svg("line", {x1: a[0], y1: a[1], x2: b[0], y2: b[1], class: "edge",
-                              stroke: w < 0 ? "#d62728" : "#5b6b80", "stroke-opacity": 0.35 + 0.65 * Math.abs(w) / wmax,
-                              "stroke-width": 0.6 + 3.4 * Math.abs(w) / wmax});
-    line.append(svg("title", {}, [`${i} – ${j}: weight ${fmt(w)}`]));
+    if (!a || !b) return;
+    const state = g.edge_state ? g.edge_state[k] : null;
+    const off = state === "dropped" || state === "unknown";
+    const line = svg("line", {x1: a[0], y1: a[1], x2: b[0], y2: b[1], class: "edge" + (state ? " " + state : ""),
+                              stroke: off ? "#d62728" : w < 0 ? "#d62728" : "#5b6b80",
+                              "stroke-dasharray": off ? "4 3" : null,
+                              "stroke-opacity": off ? 0.7 : 0.35 + 0.65 * Math.abs(w) / wmax,
+                              "stroke-width": off ? 1 : 0.6 + 3.4 * Math.abs(w) / wmax});
+    const note = g.edge_note && g.edge_note[k] ? `; ${state}: ${g.edge_note[k]}` : state ? `; ${state}` : "";
+    line.append(svg("title", {}, [`${i} – ${j}: weight ${fmt(w)}${note}`]));
     box.append(line);
     if (g.edges.length <= 40) {
       box.append(svg("text", {x: (a[0] + b[0]) / 2, y: (a[1] + b[1]) / 2 - 2, "text-anchor": "middle",
                               class: "edge-label"}, [fmt(w)]));
     }
-  }
+  });
   for (const node of g.nodes) {
     const [x, y] = pos.get(node.id);
     const fill = node.group === null || node.group === undefined || node.group < 0
