@@ -177,6 +177,7 @@ class GraphflStrategy(Strategy):
         self.template: Arrays = {}
         self.pid_of_node: dict[int, int] = {int(k): int(v) for k, v in (partition_of or {}).items()}
         self._fixed_mapping = partition_of is not None
+        self._unused: set[int] = set()
         self._rng = random.Random(self.seed)
         self._eval_rng = random.Random(self.seed + 1)
         self.server_metrics: dict[int, dict[str, MetricValue]] = {}
@@ -245,8 +246,10 @@ class GraphflStrategy(Strategy):
             if nid in self.pid_of_node:
                 continue
             if not free:
-                logger.warning("%s: node %d has no free partition id (n = %d); it is not used",
-                               type(self).__name__, nid, self.n)
+                if nid not in self._unused:
+                    logger.warning("%s: node %d has no free partition id (n = %d); it is not used",
+                                   type(self).__name__, nid, self.n)
+                    self._unused.add(nid)
                 continue
             self.pid_of_node[nid] = free.pop(0)
 

@@ -359,3 +359,13 @@ def test_fedgate_sends_the_mean_update_and_its_delta_settings_and_refuses_an_uns
         np.testing.assert_allclose(c[keys.ARRAYS]["weight"].numpy(), mean, rtol=1e-6)
     with pytest.raises(ConfigError, match=r"fedgate.tau = 4 .*must exceed R/2 = 5"):
         gf.FedGATE(tau=4, local_steps=10).train_contents(1, nodes, initial_arrays(), ConfigRecord())
+
+
+def test_a_node_beyond_num_clients_is_not_used_and_reported_once(caplog):
+    strategy = gf.FeSEM(k=2, num_clients=2)
+    nodes = [node(p) for p in range(3)]
+    for r in (1, 2):
+        contents = strategy.train_contents(r, nodes, initial_arrays(), ConfigRecord())
+        assert {nid for nid, _ in contents} == {node(0), node(1)}
+        strategy.fold_train(r, [])
+    assert caplog.text.count(f"node {node(2)} has no free partition id") == 1
