@@ -37,6 +37,8 @@ RUN_PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("accuracy / task metric", ("test_acc", "local_test_acc", "test_auc", "test_mae")),
     ("seconds per round", ("seconds", "client_seconds")),
     ("bytes per round", ("bytes_up", "bytes_down")),
+    ("graph learning (server)", ("server.phi_minus_identity", "server.shrink_ratio", "server.graph_cv",
+                                 "server.ari")),
 )
 P2P_PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("loss (mean over peers)", ("test_loss", "train_loss")),
@@ -311,7 +313,8 @@ def _run_document(doc: Mapping[str, Any], out: dict[str, Any]) -> None:
     out["rounds"] = cfg.get("rounds")
     trained = [r for r in curve if "seconds" in r and _finite(r.get("round")) and r.get("round", 0) > 0]
     out["last_round"] = max((int(r["round"]) for r in trained), default=0)
-    out["panels"] = _panels(curve, RUN_PANELS)
+    flat = [{**r, **{f"server.{k}": v for k, v in _dict(r.get("server")).items()}} for r in curve]
+    out["panels"] = _panels(flat, RUN_PANELS)
     env = _dict(doc.get("env"))
     out["facts"] = {k: v for k, v in (("strategy", method), ("task", cfg.get("task")), ("engine", cfg.get("engine")),
                                       ("nodes", cfg.get("nodes")), ("device", env.get("device")),

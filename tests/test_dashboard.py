@@ -162,9 +162,13 @@ def test_bench_folder_lists_methods_with_mean_sd_and_verdicts():
 def test_jgesr_graph_and_fesem_clusters_from_server_metrics(tmp_path, run_folder):
     doc = json.loads((run_folder / "run.json").read_text())
     curve = doc["methods"]["fedavg"]["curve"]
-    curve[-1]["server"] = {"graph": [[0, 0.5, 0], [0.5, 0, 0.25], [0, 0.25, 0]], "assignment": [1, 0, 1]}
+    curve[-1]["server"] = {"graph": [[0, 0.5, 0], [0.5, 0, 0.25], [0, 0.25, 0]], "assignment": [1, 0, 1],
+                           "phi_minus_identity": 0.125}
     (tmp_path / "run.json").write_text(json.dumps(doc))
-    graph = snapshot(tmp_path)["graph"]
+    snap = snapshot(tmp_path)
+    learning = next(p for p in snap["panels"] if p["title"] == "graph learning (server)")
+    assert learning["series"] == [{"name": "server.phi_minus_identity", "points": [[2.0, 0.125]]}]
+    graph = snap["graph"]
     assert len(graph["nodes"]) == 3
     assert sorted(map(tuple, graph["edges"])) == [(0, 1, 0.5), (1, 2, 0.25)]
     assert [n["group"] for n in graph["nodes"]] == [1, 0, 1]
