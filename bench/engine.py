@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import statistics
 import tempfile
 import time
@@ -150,6 +151,7 @@ def run(quick: bool = False, seed: int = 0, out: Path | None = None, data_dir: s
     from graphfl.common.envinfo import env_info
 
     plan = grid(quick, data_dir)
+    load_before = os.getloadavg()[0]
     t_all = time.perf_counter()
     _warm_up({r["engine"] for r in plan}, seed)
     rows: list[dict[str, Any]] = []
@@ -159,6 +161,7 @@ def run(quick: bool = False, seed: int = 0, out: Path | None = None, data_dir: s
             if out is not None:   # partial results survive an interrupted bench
                 write(out, _doc(quick, seed, rows, env_info(), time.perf_counter() - t_all), plot=False)
     doc = _doc(quick, seed, rows, env_info(), time.perf_counter() - t_all)
+    doc["load_average"] = {"start": load_before, "end": os.getloadavg()[0]}   # the host is shared: how busy it was
     if out is not None:
         write(out, doc)
     return doc
@@ -186,8 +189,11 @@ def write(out: Path, doc: dict[str, Any], plot: bool = True) -> None:
             "speedup_vs_simulation", "test_loss", "rel_diff_vs_inprocess", "chunk", "status", "error"]
     md = [f"# {NAME}", "", "Seconds per round and set-up time per engine, measured in one run (bench/engine.py).",
           "", markdown_table(doc["rows"], cols), "", "## Settings", ""] + [f"- {s}" for s in doc["settings"]]
+    load = doc.get("load_average")
     md += ["", f"Wall time of the bench: {doc['wall_seconds']:.0f} s; host: {doc['env'].get('cpus')} CPUs, "
-               f"torch {doc['env'].get('torch')}, device {doc['env'].get('device', 'cpu')}."]
+               f"torch {doc['env'].get('torch')}, device {doc['env'].get('device', 'cpu')}"
+               + (f"; 1-minute load average {load['start']:.1f} at the start, {load['end']:.1f} at the end"
+                  if load else "") + "."]
     atomic_write_text(out / f"{NAME}.md", "\n".join(md) + "\n")
     if not plot:
         return

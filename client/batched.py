@@ -114,9 +114,15 @@ def draw_indices(objective: LocalObjective, num_train: int, batch_size: int) -> 
     exactly as :func:`graphfl.client.training.sgd_steps` draws them (raises ``ValueError`` for a
     client without training samples, as it does).
     """
-    if objective.steps <= 0:
+    steps, rng = objective.steps, objective.rng
+    if steps <= 0:
         return np.zeros((0, batch_size), dtype=np.int64)
-    return np.stack(list(_batches(num_train, batch_size, objective.steps, objective.rng))).astype(np.int64)
+    if num_train < batch_size:
+        return np.stack(list(_batches(num_train, batch_size, steps, rng))).astype(np.int64)
+    per_pass = num_train // batch_size          # _batches reshuffles when fewer than a batch is left
+    passes = -(-steps // per_pass)
+    orders = np.stack([rng.permutation(num_train) for _ in range(passes)])   # the same draws, in order
+    return orders[:, : per_pass * batch_size].reshape(-1, batch_size)[:steps].astype(np.int64)
 
 
 def activation_numel(model: nn.Module, sample: torch.Tensor) -> int:

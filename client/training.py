@@ -22,16 +22,23 @@ def get_arrays(model: nn.Module) -> dict[str, np.ndarray]:
     return {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}
 
 
+def check_arrays(shapes: dict[str, tuple[int, ...]], arrays: dict[str, np.ndarray]) -> None:
+    """Raise ValueError naming the problem when ``arrays`` do not fit a model whose ``state_dict``
+    has these ``shapes`` (missing or extra keys, a wrong shape).
+    """
+    missing = [k for k in shapes if k not in arrays]
+    extra = [k for k in arrays if k not in shapes]
+    if missing or extra:
+        raise ValueError(f"arrays do not match the model: missing {missing}, unexpected {extra}")
+    for k, shape in shapes.items():
+        if tuple(arrays[k].shape) != shape:
+            raise ValueError(f"array {k!r} has shape {arrays[k].shape}, the model expects {shape}")
+
+
 def set_arrays(model: nn.Module, arrays: dict[str, np.ndarray]) -> None:
     """Load named arrays into ``model``; missing/extra keys or wrong shapes raise ValueError."""
     own = model.state_dict()
-    missing = [k for k in own if k not in arrays]
-    extra = [k for k in arrays if k not in own]
-    if missing or extra:
-        raise ValueError(f"arrays do not match the model: missing {missing}, unexpected {extra}")
-    for k, v in own.items():
-        if tuple(arrays[k].shape) != tuple(v.shape):
-            raise ValueError(f"array {k!r} has shape {arrays[k].shape}, the model expects {tuple(v.shape)}")
+    check_arrays({k: tuple(v.shape) for k, v in own.items()}, arrays)
     model.load_state_dict({k: torch.as_tensor(np.asarray(arrays[k])) for k in own})
 
 

@@ -41,6 +41,7 @@ from graphfl.client.batched import (
 )
 from graphfl.client.handler import ClientRuntime, SharedInputs, prefixed, reply_metrics, train_reply
 from graphfl.client.objective import LocalObjective
+from graphfl.client.training import check_arrays
 from graphfl.common import wire
 from graphfl.common.config import RunConfig
 from graphfl.common.core import EVALUATE_PHASE, ClientTrainer
@@ -93,6 +94,7 @@ class BatchedExchange(InProcessExchange):
         self._stacked: StackedData | None = None
         self._model: Any = None
         self._loss_fn: Any = None
+        self._shapes: dict[str, tuple[int, ...]] = {}
         self._reason: str | None = None
         self._logged: set[str] = set()
         self.batched_clients = 0
@@ -111,7 +113,12 @@ class BatchedExchange(InProcessExchange):
             return True
         if self._reason is not None:
             return False
-        runtimes = {pid: self.runtime(pid) for pid in range(self.cfg.nodes)}
+        try:
+            runtimes = {pid: self.runtime(pid) for pid in range(self.cfg.nodes)}
+        except Exception as exc:  # noqa: BLE001 - each client then reports its own failure, per client
+            self._reason = f"a client could not be set up ({type(exc).__name__}: {exc})"
+            logger.warning("batched engine: %s; every client trains on its own", self._reason)
+            return False
         first = runtimes[0]
         model = first.ctx.task.build_model()
         why = unbatchable_reason(model, first.ctx.data)
@@ -121,6 +128,7 @@ class BatchedExchange(InProcessExchange):
             return False
         device = str(first.ctx.device)
         self._model = model.to(device)
+        self._shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
         self._loss_fn = first.ctx.task.loss_fn()
         self._stacked = StackedData.build({pid: rt.ctx.data for pid, rt in runtimes.items()}, device)
         sample = self._stacked.x_train[0, 0].to(device)
@@ -207,6 +215,8 @@ class BatchedExchange(InProcessExchange):
         for job in jobs:
             try:
                 named = job.runtime.trainer.evaluation_arrays(job.payload, job.state)  # type: ignore[attr-defined]
+                for arrays in named.values():
+                    check_arrays(self._shapes, arrays)
             except Exception as exc:  # noqa: BLE001 - a failing client is a failed reply (logged)
                 replies[job.pid] = self.error_reply(request, job.pid, exc)
                 continue
@@ -239,6 +249,7 @@ class BatchedExchange(InProcessExchange):
             trainer: Any = job.runtime.trainer
             try:
                 job.objective = trainer.objective(request.server_round, job.payload, job.state)
+                check_arrays(self._shapes, job.objective.start)
                 job.indices = draw_indices(job.objective, job.runtime.ctx.data.num_train, tc.batch_size)
             except Exception as exc:  # noqa: BLE001 - a failing client is a failed reply (logged)
                 replies[job.pid] = self.error_reply(request, job.pid, exc)

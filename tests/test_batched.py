@@ -187,3 +187,40 @@ def test_the_client_graph_is_built_once_for_all_clients(monkeypatch):
         exchange.runtime(pid)
     assert len(calls) == 1
     assert exchange.runtime(5).ctx.neighbourhood.ids   # the shared graph still gives each client its neighbours
+
+
+def test_minibatch_indices_are_the_per_client_draws_and_leave_the_generator_where_sgd_steps_does():
+    from graphfl.client.batched import draw_indices
+    from graphfl.client.objective import LocalObjective
+    from graphfl.client.training import _batches
+
+    for n in (1, 7, 31, 32, 33, 64, 100, 333):
+        for steps in (1, 3, 10, 25):
+            r1, r2 = np.random.default_rng([n, steps]), np.random.default_rng([n, steps])
+            drawn = draw_indices(LocalObjective({}, steps, r1), n, 32)
+            assert np.array_equal(drawn, np.stack(list(_batches(n, 32, steps, r2)))), (n, steps)
+            assert r1.random() == r2.random()   # a later draw (BiG-FL's Hessian sample) sees the same state
+
+
+def test_a_payload_that_does_not_fit_the_model_fails_that_client_only_with_the_same_reason():
+    from graphfl.common import wire
+    from graphfl.common.core import FIT_PHASE
+    from graphfl.common.types import Payload
+    from graphfl.server.batched import BatchedExchange
+    from graphfl.server.exchange import Request
+    from graphfl.server.inprocess import InProcessExchange, server_inputs
+
+    cfg = parse_run_config({"strategy": "fedavg", "task": "synthetic-multicenter", "nodes": 4, "rounds": 1,
+                            "train.local-steps": 2, "engine": "batched"})
+    initial = server_inputs(cfg).initial_arrays
+    broken = {k: v for k, v in list(initial.items())[1:]}
+    payloads = {0: Payload(initial), 1: Payload(broken), 2: Payload(initial), 3: Payload(initial)}
+    request = Request(wire.TRAIN, 1, FIT_PHASE, True)
+    batched = BatchedExchange(cfg).send(request, payloads)
+    inproc = InProcessExchange(cfg).send(request, payloads)
+    assert batched[1].error is not None and batched[1].error == inproc[1].error
+    assert "missing" in batched[1].error
+    for pid in (0, 2, 3):
+        assert batched[pid].error is None
+        for key, value in inproc[pid].arrays.items():
+            np.testing.assert_allclose(batched[pid].arrays[key], value, rtol=RTOL, atol=ATOL)
