@@ -12,7 +12,8 @@ import logging
 import os
 import sys
 import time
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -268,6 +269,16 @@ def _start_dashboard(folders: list[Path], host: str = "127.0.0.1", port: int = 0
     return server
 
 
+@contextmanager
+def _dashboard_beside(folder: Path) -> Iterator[None]:
+    """The dashboard of ``folder`` for the life of a ``with`` block (``--dashboard``)."""
+    server = _start_dashboard([folder])
+    try:
+        yield
+    finally:
+        _stop_dashboard(server)
+
+
 def _stop_dashboard(server: Any, grace_s: float = 2.5) -> None:
     """Stop the dashboard of ``graphfl run --dashboard`` after ``grace_s`` seconds (more than the
     page's 1 s poll, so an open page shows the run's last state before the server goes).
@@ -502,6 +513,7 @@ def _register_plugins() -> None:
         logger.debug("p2p commands unavailable: %s", exc)
         return
     plugin.register(app)
+    plugin.DASHBOARD = _dashboard_beside  # graphfl p2p --dashboard (deploy/ cannot import the dashboard)
 
 
 _register_plugins()

@@ -5,6 +5,8 @@ Also runnable without the main CLI: ``python -m graphfl.p2p peer ...`` / ``pytho
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +69,11 @@ def _rounds_of(topology: Path, overrides: dict[str, Any]) -> int | None:
         return None
 
 
+DASHBOARD: Callable[[Path], AbstractContextManager[Any]] | None = None
+"""Serves the live dashboard of an output folder for the life of a ``with`` block; set by the
+``graphfl`` command line (the dashboard sits above this layer), ``None`` under ``python -m graphfl.p2p``."""
+
+
 def p2p_command(
     algorithm: str = typer.Option("dfl-gt", "--algorithm", help="a registered p2p algorithm: " + _ALGORITHMS),
     topology: str | None = typer.Option(None, "--topology", help=TOPOLOGY_HELP + " (default ring, or DIR/edges.txt)"),
@@ -93,6 +100,8 @@ def p2p_command(
     engine: str = typer.Option("process", "--engine",
                                help="process (one peer process per node, gRPC) | inprocess (all nodes in this process, "
                                     "lock-step, no sockets; 1000+ nodes on linear models)"),
+    dashboard: bool = typer.Option(False, "--dashboard", help="serve the live dashboard of --out on 127.0.0.1 "
+                                   "(address printed) while the network runs"),
 ) -> None:
     """Launch N local peer processes on 127.0.0.1 (or run the network in-process), results in <out>/p2p.{json,md,png}."""
     # imported when the command runs (gRPC, the peers' problems): graphfl imports this module at start-up
@@ -112,18 +121,22 @@ def p2p_command(
         overrides.update(_overrides(set_))
         if engine not in ENGINES:
             raise ConfigError(f"--engine {engine!r} is not valid; choose one of {list(ENGINES)}")
-        if engine == "inprocess":
-            if insecure or timeout:
-                raise ConfigError("--insecure and --timeout apply to the process engine only (inprocess opens no socket)")
-            folder = out if out is not None else default_out()
-            with claim_network_folder(folder, overwrite):
-                summary = launch_inprocess(str(graph) if graph is not None else topology, peers, overrides, out=folder,
-                                           mixing=mixing, data_dir=data_dir, device=device)
-            typer.echo(summary["text"])
-            raise typer.Exit(0 if summary["ok"] else 1)
-        summary = launch(str(graph) if graph is not None else topology, peers, overrides, out=out, insecure=insecure,
-                         mixing=mixing, timeout=timeout or None, progress=not quiet, data_dir=data_dir, device=device,
-                         overwrite=overwrite)
+        if dashboard and DASHBOARD is None:
+            raise ConfigError("--dashboard needs the graphfl command (graphfl p2p --dashboard)")
+        folder = out if out is not None else default_out()
+        with DASHBOARD(folder) if dashboard and DASHBOARD is not None else nullcontext():
+            if engine == "inprocess":
+                if insecure or timeout:
+                    raise ConfigError("--insecure and --timeout apply to the process engine only "
+                                      "(inprocess opens no socket)")
+                with claim_network_folder(folder, overwrite):
+                    summary = launch_inprocess(str(graph) if graph is not None else topology, peers, overrides,
+                                               out=folder, mixing=mixing, data_dir=data_dir, device=device)
+                typer.echo(summary["text"])
+                raise typer.Exit(0 if summary["ok"] else 1)
+            summary = launch(str(graph) if graph is not None else topology, peers, overrides, out=folder,
+                             insecure=insecure, mixing=mixing, timeout=timeout or None, progress=not quiet,
+                             data_dir=data_dir, device=device, overwrite=overwrite)
     except (ConfigError, LaunchError, DataError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None

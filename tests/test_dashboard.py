@@ -235,26 +235,24 @@ rounds = 3
     assert "p_value 0.86" in graph["edge_note"][1] and "w2 0.3" in graph["edge_note"][1]
 
 
-@pytest.mark.e2e
-def test_run_with_dashboard_serves_the_run_while_it_runs(tmp_path):
+def _rounds_seen_through_dashboard(log: Path, *args: str) -> list[int]:
+    """Run ``graphfl *args`` (with ``--dashboard``), follow its printed dashboard's ``/api/state``
+    every 0.2 s until the process ends, and return the distinct last rounds it showed."""
     import os
     import re
     import subprocess
     import sys
 
-    out = tmp_path / "run"
-    log = tmp_path / "run.log"
     with log.open("w") as fh:
-        proc = subprocess.Popen([str(Path(sys.executable).with_name("graphfl")), "run", "--engine", "inprocess",
-                                 "--rounds", "3", "--nodes", "3", "--out", str(out), "--dashboard"],
-                                stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env={**os.environ, "COLUMNS": "250"})
+        proc = subprocess.Popen([str(Path(sys.executable).with_name("graphfl")), *args], stdout=fh,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env={**os.environ, "COLUMNS": "250"})
+        seen: list[int] = []
+        base = None
         try:
-            deadline, base, seen = time.monotonic() + 600, None, []
+            deadline = time.monotonic() + 600
             while time.monotonic() < deadline and proc.poll() is None:
-                m = base or re.search(r"dashboard\W+(http://127\.0\.0\.1:\d+)/", log.read_text())
-                if m:
-                    base = m
+                base = base or re.search(r"dashboard\W+(http://127\.0\.0\.1:\d+)/", log.read_text())
+                if base:
                     try:
                         folder = _state(base.group(1))["folders"][0]
                     except (urllib.error.URLError, ConnectionError):
@@ -267,8 +265,24 @@ def test_run_with_dashboard_serves_the_run_while_it_runs(tmp_path):
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    assert base is not None, log.read_text()[-3000:]
+    assert base is not None, f"no dashboard address printed: {log.read_text()[-3000:]}"
+    return seen
+
+
+@pytest.mark.e2e
+def test_run_with_dashboard_serves_the_run_while_it_runs(tmp_path):
+    seen = _rounds_seen_through_dashboard(tmp_path / "run.log", "run", "--engine", "inprocess", "--rounds", "3",
+                                          "--nodes", "3", "--out", str(tmp_path / "run"), "--dashboard")
     assert seen and seen[-1] == 3, f"rounds seen through the dashboard: {seen}"
+
+
+@pytest.mark.e2e
+def test_p2p_with_dashboard_serves_the_network_while_it_runs(tmp_path):
+    seen = _rounds_seen_through_dashboard(tmp_path / "p2p.log", "p2p", "--peers", "3", "--rounds", "6", "--quiet",
+                                          "--insecure", "--set", "min-round-seconds=0.3", "--out",
+                                          str(tmp_path / "p2p"), "--dashboard")
+    assert seen and seen[-1] == 6, f"rounds seen through the dashboard: {seen}"
+    assert len(seen) >= 2, f"only the end was seen: {seen}"
 
 
 # -- the server ------------------------------------------------------------------------------------
