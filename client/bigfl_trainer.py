@@ -20,14 +20,17 @@ live in this client's state (``others = local``).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 import torch
 from torch import nn
 
+from graphfl.client.objective import LocalObjective, Penalty
 from graphfl.client.trainers import state_model, store_model
 from graphfl.client.training import evaluate_client, get_arrays, param_keys, set_arrays, sgd_steps
 from graphfl.common.arrays import select_keys
-from graphfl.common.core import ClientContext, ClientTrainer
+from graphfl.common.core import EVALUATE_PHASE, FIT_PHASE, ClientContext, ClientTrainer
 from graphfl.common.registry import ClientSpec, register_client
 from graphfl.common.types import Arrays, ClientState, FitResult, Payload
 from graphfl.strategies import bigfl_math as bm
@@ -98,6 +101,18 @@ def ridge_centre(model: nn.Module, keys: tuple[str, ...], ridge: str) -> torch.T
     return theta
 
 
+def ll_term(params: Mapping[str, torch.Tensor], tensors: dict[str, torch.Tensor], keys: tuple[str, ...],
+            lam: float, kappa: float) -> torch.Tensor:
+    """The LL loss's non-data part as a penalty term (:class:`~graphfl.client.objective.Penalty`):
+    :func:`graphfl.strategies.bigfl_math.ll_reg_loss` of ``θ`` = the concatenated ``keys``, with
+    ``tensors`` ``m`` (``m_i``), ``phi``, ``a`` (``â_i``) and ``anchor`` (the ridge centre).
+    """
+    flat = torch.cat([params[k].reshape(-1) for k in keys])
+    value: torch.Tensor = bm.ll_reg_loss(flat, tensors["m"], tensors["phi"], tensors["a"], lam, kappa,  # type: ignore[arg-type]
+                                         tensors["anchor"])
+    return value
+
+
 class BiGFLTrainer(ClientTrainer[BiGFLParams]):
     """τ SGD steps on the BiG-FL LL loss; optional Hessian upload (see module docstring)."""
 
@@ -117,45 +132,78 @@ class BiGFLTrainer(ClientTrainer[BiGFLParams]):
         set_arrays(model, arrays)
         return model, keys
 
-    def fit(self, server_round: int, payload: Payload, state: ClientState) -> FitResult:
+    def objective(self, server_round: int, payload: Payload, state: ClientState) -> LocalObjective:
+        """The round's LL problem: ``train.local-steps`` steps on the data loss plus
+        :func:`ll_term` (:func:`graphfl.strategies.bigfl_math.ll_reg_loss` with this round's
+        ``m_i``, ``φ``, ``â_i`` and ridge centre), from the received model.
+        """
         for key in (M_KEY, PHI_KEY):
             if key not in payload.arrays:
                 raise ValueError(f"bigfl client {self.ctx.partition_id}: payload lacks {key!r}")
         model, keys = self._model(payload, state)
-        tc = self.ctx.config.train
-        dev = self.ctx.device
-        m_i = torch.as_tensor(np.asarray(payload.arrays[M_KEY], dtype=np.float32)).to(dev)
-        phi = torch.as_tensor(np.asarray(payload.arrays[PHI_KEY], dtype=np.float32)).to(dev)
+        m_i = torch.as_tensor(np.asarray(payload.arrays[M_KEY], dtype=np.float32))
+        phi = torch.as_tensor(np.asarray(payload.arrays[PHI_KEY], dtype=np.float32))
         d = int(sum(p.numel() for k, p in model.named_parameters() if k in keys))
         if m_i.shape != (d,) or phi.shape != (d, d):
             raise ValueError(
                 f"bigfl client {self.ctx.partition_id}: message/phi shapes {tuple(m_i.shape)}/"
                 f"{tuple(phi.shape)} do not match the {d} BiG-FL parameters"
             )
-        a_ii = float(payload.config.get(A_II_KEY, 1.0))
-        lam, kappa = self.params.lam, self.params.kappa
+        a_ii = torch.tensor(float(payload.config.get(A_II_KEY, 1.0)), dtype=torch.float32)
         anchor = ridge_centre(model, keys, self.params.ridge)
-
-        def penalty(mod: nn.Module) -> torch.Tensor:
-            return bm.ll_reg_loss(flat_params(mod, keys), m_i, phi, a_ii, lam, kappa, anchor)
-
+        term = Penalty(ll_term, {"m": m_i, "phi": phi, "a": a_ii, "anchor": anchor},
+                       (keys, self.params.lam, self.params.kappa))
         rng = client_rng(self.ctx.config.seed, 5, self.ctx.partition_id, server_round)
-        loss = sgd_steps(model, self.ctx.data, self.loss_fn, tc.local_steps, tc.batch_size, tc.lr,
-                         rng, penalty=penalty, momentum=tc.momentum,
-                         weight_decay=tc.weight_decay, device=dev)
+        return LocalObjective(get_arrays(model), self.ctx.config.train.local_steps, rng, (term,), {"keys": keys})
+
+    def finish(self, server_round: int, payload: Payload, state: ClientState, objective: LocalObjective,
+               arrays: Arrays, loss: float) -> FitResult:
+        """The upload (the BiG-FL parameters; all with ``others = fedavg``), ``ll_reg`` at the
+        trained model and, when asked, the data loss's Hessian there.
+        """
+        keys: tuple[str, ...] = objective.extra["keys"]
         with torch.no_grad():
-            reg = float(penalty(model))
-        arrays = get_arrays(model)
+            reg = float(objective.penalties[0]({k: torch.as_tensor(arrays[k]) for k in keys}))
+        full = arrays
         if self.params.others == "local":
             store_model(state, arrays)
             arrays = {k: v for k, v in arrays.items() if k in keys}
         if bool(payload.config.get(WANT_HESS_KEY, False)):
+            model = self.ctx.task.build_model()
+            set_arrays(model, full)
             x, y = self.ctx.data.x_train, self.ctx.data.y_train
             if self.params.hessian_samples and len(x) > self.params.hessian_samples:
-                idx = rng.choice(len(x), size=self.params.hessian_samples, replace=False)
+                idx = objective.rng.choice(len(x), size=self.params.hessian_samples, replace=False)
                 x, y = x[idx], y[idx]
-            arrays[HESS_KEY] = data_loss_hessian(model, keys, x, y, self.loss_fn, device=dev)
+            arrays = dict(arrays)
+            arrays[HESS_KEY] = data_loss_hessian(model, keys, x, y, self.loss_fn, device=self.ctx.device)
         return FitResult(arrays, self.ctx.data.num_train, {"train_loss": loss, "ll_reg": reg})
+
+    def fit(self, server_round: int, payload: Payload, state: ClientState) -> FitResult:
+        objective = self.objective(server_round, payload, state)
+        model = self.ctx.task.build_model()
+        set_arrays(model, objective.start)
+        tc = self.ctx.config.train
+        loss = sgd_steps(model, self.ctx.data, self.loss_fn, objective.steps, tc.batch_size, tc.lr,
+                         objective.rng, penalty=objective.penalty_on_model(), momentum=tc.momentum,
+                         weight_decay=tc.weight_decay, device=self.ctx.device)
+        return self.finish(server_round, payload, state, objective, get_arrays(model), loss)
+
+    def fit_by_objective(self, phase: str) -> bool:
+        """Whether ``phase`` runs as objective → SGD steps → finish (the batched engine's test)."""
+        cls = type(self)
+        return phase == FIT_PHASE and cls.fit is BiGFLTrainer.fit and cls.fit_phase is ClientTrainer.fit_phase
+
+    def evaluate_by_arrays(self, phase: str) -> bool:
+        """Whether ``phase`` evaluates :meth:`evaluation_arrays` on the test split."""
+        cls = type(self)
+        return (phase == EVALUATE_PHASE and cls.evaluate is BiGFLTrainer.evaluate
+                and cls.evaluate_phase is ClientTrainer.evaluate_phase)
+
+    def evaluation_arrays(self, payload: Payload, state: ClientState) -> dict[str, Arrays]:
+        """The model :meth:`evaluate` reports (``test_*``): the payload's over this client's own."""
+        model, _ = self._model(payload, state)
+        return {"": get_arrays(model)}
 
     def evaluate(self, payload: Payload, state: ClientState) -> dict[str, float]:
         model, _ = self._model(payload, state)

@@ -224,3 +224,8 @@ def test_a_payload_that_does_not_fit_the_model_fails_that_client_only_with_the_s
         assert batched[pid].error is None
         for key, value in inproc[pid].arrays.items():
             np.testing.assert_allclose(batched[pid].arrays[key], value, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("mode", ["first_order", "implicit"])
+def test_bigfl_equals_the_per_client_engine(mode):
+    _same_curves("bigfl", task="synthetic-multicenter", **{"bigfl.hypergrad-mode": mode})
