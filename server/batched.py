@@ -4,7 +4,7 @@
 :class:`~graphfl.server.inprocess.InProcessExchange` (same round loop, server cores, client state,
 failure injection, compression and noisy uplink) but, for clients whose trainer runs a round as
 ``objective → SGD steps → finish`` (:class:`~graphfl.client.trainers.SGDTrainer` and the trainers
-built on it; FedGATE), it
+built on it, FedGATE, BiG-FL), it
 
 1. asks each client's trainer for its :class:`~graphfl.client.objective.LocalObjective` and draws
    its minibatch indices from its own generator;
@@ -16,7 +16,7 @@ built on it; FedGATE), it
 Evaluation (join, piggy-backed and separate) runs batched the same way for trainers that evaluate
 named arrays (``evaluation_arrays``) on tasks without extra metrics. A request, trainer or task
 that cannot be batched (PyG graph tasks, models with buffers, trainers with their own loop such
-as APFL's personal model or BiG-FL) is served client by client, and the reason is logged once.
+as APFL's personal model) is served client by client, and the reason is logged once.
 The numbers equal the per-client engine up to floating-point summation order.
 """
 

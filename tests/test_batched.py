@@ -129,11 +129,11 @@ def test_fedgate_equals_the_per_client_engine():
 
 
 def test_chunks_of_the_client_axis_give_the_same_numbers():
+    from graphfl.common import registry
     from graphfl.server.batched import BatchedExchange
     from graphfl.server.inprocess import server_inputs
     from graphfl.server.recorder import RunRecorder
     from graphfl.server.rounds import run_federated
-    from graphfl.common import registry
 
     cfg = parse_run_config({"strategy": "fedprox", "task": "synthetic-multicenter", "nodes": 7, "rounds": 2,
                             "train.local-steps": 3, "engine": "batched", "fedprox.mu": 0.1})
