@@ -385,3 +385,16 @@ def test_bad_folders_never_stop_the_server(served, run_folder, tmp_path):
 def test_cli_dashboard_refuses_a_bad_port():
     res = graphfl_cli("dashboard", ".", "--port", "70000", timeout=120)
     assert res.returncode == 2 and "--port must be 0..65535" in res.stderr
+
+
+def test_every_static_file_ships_in_the_wheel():
+    import fnmatch
+    import tomllib
+
+    globs = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"][
+        "graphfl.dashboard"]
+    files = sorted(p.relative_to(REPO / "dashboard").as_posix() for p in (REPO / "dashboard" / "static").iterdir())
+    assert files and all(any(fnmatch.fnmatch(f, g) for g in globs) for f in files), (files, globs)
+    from graphfl.dashboard.server import STATIC_FILES
+
+    assert sorted(f"static/{n}" for n in STATIC_FILES) == files
