@@ -113,6 +113,7 @@ class Form:
     testgraph: tuple[str, ...]  # generators run on the test graph
     bigfl_lambdas: tuple[float, ...] = (0.01, 0.1, 1.0)  # all > 0 (check_bigfl_grid)
     bigfl_alphas: tuple[float, ...] = (5e-3, 2e-2, 5e-2)  # normalised UL step lengths
+    bigfl_kappas: tuple[float, ...] = (0.3, 0.03)  # LL ridge weights (proximal ridge), each with its own step
 
 
 QUICK = Form(rounds=15, seeds=3, lr_grid=(0.3, 1.0, 3.0), real_rounds=10, real_lr_grid=(0.1, 0.3, 1.0),
@@ -143,11 +144,13 @@ def unspecified(form: Form) -> list[str]:
         "tuning generators: " + ", ".join(form.tune_generators)
         + ("" if len(form.tune_generators) == len(GENERATORS) else
            " (quick form: the other generator reuses these settings)"),
-        "BiG-FL tuned coordinate-wise: step at lambda = 0.1, alpha = 2e-2, then the lambda x alpha grid "
-        f"{list(form.bigfl_lambdas)} x {list(form.bigfl_alphas)} at that step (lambda = 0 is BiG-FL disabled, "
-        "not in the grid)",
+        "BiG-FL tuned coordinate-wise: the step for each kappa in "
+        f"{list(form.bigfl_kappas)} at lambda = 0.1, alpha = 2e-2 (the best step/kappa pair), then the lambda x "
+        f"alpha grid {list(form.bigfl_lambdas)} x {list(form.bigfl_alphas)} at that step and kappa (lambda = 0 is "
+        "BiG-FL disabled, not in the grid)",
         "BiG-FL (ALGORITHMS.md §0.1 C2): UL embedding on centred parameters A(Theta - mean)phi, normalised UL "
-        "step of length alpha, one lambda for both levels, kappa = 0.3, q = 10 (paper), implicit hypergradient "
+        "step of length alpha, one lambda for both levels, proximal LL ridge (kappa/2)||theta_i - theta_i^t||^2 "
+        "(kappa tuned), q = 10 (paper), implicit hypergradient "
         "with the clients' data Hessians solved by GMRES to relative residual 1e-6 (at most 300 iterations)",
         "FeSEM K = 3 (paper), squared L2 on all parameters, E-step every round, unweighted M-step, "
         "prox-lambda 0, k-means++ on the warmed-up models; step and warm-up tuned on the center's loss",
@@ -336,8 +339,9 @@ def check_bigfl_grid(lambdas: tuple[float, ...]) -> None:
 
 
 def tune_bigfl_grid(task: str, rounds: int, seed: int, lr: float, form: Form,
-                    default_run: dict[str, Any]) -> dict[str, Any]:
-    """BiG-FL's λ × α grid on validation at step ``lr`` (``default_run`` = the run at the defaults).
+                    default_run: dict[str, Any], kappa: float | None = None) -> dict[str, Any]:
+    """BiG-FL's λ × α grid on validation at step ``lr`` and ``κ = kappa`` (``None``: the strategy's
+    default; ``default_run`` = the run at the default λ and α).
 
     Returns the grid of validation MSEs and of final ``‖φ − I‖_F`` and the chosen ``lam``/``alpha``.
     """
@@ -353,8 +357,9 @@ def tune_bigfl_grid(task: str, rounds: int, seed: int, lr: float, form: Form,
             if lam == lam0 and alpha == alpha0:
                 r: dict[str, Any] | None = default_run
             else:
+                extra = {} if kappa is None else {"bigfl.kappa": kappa}
                 r = _try(f"tuning bigfl lam={lam} alpha={alpha}", "bigfl", task, NODES, rounds,
-                         seed, {"lr": lr, "bigfl.lam": lam, "bigfl.alpha": alpha}, TRAIN)
+                         seed, {"lr": lr, "bigfl.lam": lam, "bigfl.alpha": alpha, **extra}, TRAIN)
             s = float("inf") if r is None else val_score(r, False)
             row[f"alpha={alpha:g}"] = s if np.isfinite(s) else None
             prow[f"alpha={alpha:g}"] = None if r is None else _server_metric(r["curve"][-1], "phi_minus_identity")
@@ -453,15 +458,26 @@ def tune_generator(gen: str, form: Form, seed: int) -> dict[str, Any]:
     for m in METHODS:
         base = dict(BIGFL_DEFAULT) if m == "bigfl" else {}
         logger.info("B2 tuning %s on %s (%d rounds)", m, task, rounds)
-        t = tune_lr(m, task, NODES, rounds, seed, form.lr_grid, TRAIN, base)
+        if m == "bigfl":  # the step for each κ (κ bounds how far a round moves), the best pair
+            per_kappa = {k: tune_lr(m, task, NODES, rounds, seed, form.lr_grid, TRAIN, {**base, "bigfl.kappa": k})
+                         for k in form.bigfl_kappas}
+            kappa = min(per_kappa, key=lambda k: val_score(per_kappa[k]["run"], False))
+            base["bigfl.kappa"] = kappa
+            t = per_kappa[kappa]
+        else:
+            t = tune_lr(m, task, NODES, rounds, seed, form.lr_grid, TRAIN, base)
         out[m] = {"lr_grid_val_mse": t["grid"], "lr": t["lr"], "lr_at_grid_edge": t["at_grid_edge"],
                   "lr_grid_extended": t["extended"]}
         settings[m] = {"lr": t["lr"], **base}
         lr = t["lr"]
         if m == "bigfl":
-            grid = tune_bigfl_grid(task, rounds, seed, lr, form, t["run"])
+            grid = tune_bigfl_grid(task, rounds, seed, lr, form, t["run"], kappa=base["bigfl.kappa"])
             out[m].update(grid)
-            settings[m] = {"lr": t["lr"], "bigfl.lam": grid["lam"], "bigfl.alpha": grid["alpha"]}
+            out[m]["kappa"] = base["bigfl.kappa"]
+            out[m]["kappa_step_grid_val_mse"] = {f"kappa={k:g}": {"lr_grid_val_mse": v["grid"], "lr": v["lr"]}
+                                                 for k, v in per_kappa.items()}
+            settings[m] = {"lr": t["lr"], "bigfl.lam": grid["lam"], "bigfl.alpha": grid["alpha"],
+                           "bigfl.kappa": base["bigfl.kappa"]}
         if m == "fesem":
             sweep: dict[str, dict[str, float | None]] = {}
             best_w = (val_score(t["run"], False), int(TRAIN["train.local-steps"]))
@@ -874,6 +890,11 @@ def render_markdown(doc: dict[str, Any]) -> str:
                          + f" | {t[m]['lr']:g}{_edge_note(t[m])} |")
         b = t["bigfl"]
         alphas = b["grid"]["alpha"]
+        if "kappa_step_grid_val_mse" in b:
+            lines += ["", f"BiG-FL κ (proximal ridge) with its own step (val MSE per step; chosen κ = {b['kappa']:g}): "
+                      + "; ".join(f"{k}: " + ", ".join(f"{s}: {'–' if v is None else f'{v:.4f}'}"
+                                                        for s, v in row["lr_grid_val_mse"].items())
+                                  + f" (step {row['lr']:g})" for k, row in b["kappa_step_grid_val_mse"].items())]
         lines += ["", f"BiG-FL λ × α (val MSE, and final ‖φ − I‖_F, at step {b['lr']:g}; chosen λ = {b['lam']:g}, "
                       f"α = {b['alpha']:g}; {b['note']}):", "",
                   "| λ | " + " | ".join(f"α = {a:g}" for a in alphas) + " |",

@@ -64,3 +64,31 @@ def test_rerun_refuses_lambda_zero_before_the_lambda_runs(tmp_path, monkeypatch)
     monkeypatch.setattr(mb, "_run_all", lambda jobs, workers: [_curve(0.2, j[2]) for j in jobs])
     with pytest.raises(ValueError, match="BiG-FL disabled"):
         mb.rerun(EARLIER, tmp_path, mb.RerunForm(generators=("smooth",), lambdas=(0.0, 0.1)), tmp_path / "c")
+
+
+def test_b2_tunes_bigfl_step_per_kappa_and_keeps_the_chosen_kappa(monkeypatch):
+    """bench.multicenter's BiG-FL tuning: a step search for every κ of the form, the best
+    (κ, step) pair on validation, then λ × α at that κ; the chosen κ is in the settings."""
+    from graphfl.bench import multicenter as mc
+
+    calls = []
+
+    def fake_run_any(method, task, nodes, rounds, seed, settings, train, params=None, hook=None, hook_key=""):
+        calls.append((method, task, dict(settings)))
+        kappa = settings.get("bigfl.kappa")
+        val = 0.3 if method != "bigfl" else (0.25 if kappa == 0.03 else 0.34) + 0.01 * abs(settings["lr"] - 1.0)
+        row = {"round": rounds, "test_loss": val, "server": {"phi_minus_identity": 0.1, "ari": 1.0}}
+        return {"curve": [{"round": 0, "test_loss": 0.4}, row], "aggregate_seconds": [], "wall_seconds": 0.0,
+                "local_test_loss": val}
+
+    monkeypatch.setattr(mc, "run_any", fake_run_any)
+    form = mc.Form(**{**mc.QUICK.__dict__, "bigfl_lambdas": (0.1, 1.0), "bigfl_alphas": (0.02,)})
+    out = mc.tune_generator("smooth", form, 0)
+    assert all(task.endswith("+val") for _, task, _ in calls)
+    bigfl = [s for m, _, s in calls if m == "bigfl"]
+    assert {s["bigfl.kappa"] for s in bigfl} == {0.3, 0.03}
+    assert out["bigfl"]["kappa"] == 0.03 and out["settings"]["bigfl"]["bigfl.kappa"] == 0.03
+    assert out["settings"]["bigfl"]["lr"] == 1.0
+    # the λ × α grid ran at the chosen κ
+    assert all(s["bigfl.kappa"] == 0.03 for s in bigfl if s.get("bigfl.lam") == 1.0)
+    assert set(out["bigfl"]["kappa_step_grid_val_mse"]) == {"kappa=0.3", "kappa=0.03"}
