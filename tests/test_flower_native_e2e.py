@@ -33,7 +33,7 @@ pytestmark = pytest.mark.e2e
 
 NODES, ROUNDS = 3, 2
 RUN_TIMEOUT_S = 1800.0
-"""Bound of one `flwr run` (the cooperative one, 5 strategies x 2 rounds, took 585 s with 2 cores at load 11-16)."""
+"""Bound of one `flwr run`: every message starts a `flwr-clientapp` process, slow on a loaded machine."""
 COMPONENT = 'clientapp = "graphfl_example.client_app:app"'
 CFG = {"prox-mu": 0.0, "pfedgraph-lam": 0.0, "lr": fn.LR, "local-steps": fn.STEPS}
 """The example's run config as its make_strategy reads it (defaults of examples/flower_app)."""
