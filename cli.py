@@ -35,11 +35,13 @@ BENCHMARKS = {
     "fedrelax": "graphfl.bench.fedrelax",
     "jgesr": "graphfl.bench.jgesr",
     "jgesr-cost": "graphfl.bench.jgesr_cost",
+    "heterogeneity": "graphfl.bench.heterogeneity",
     "multicenter": "graphfl.bench.multicenter",
     "dfl": "graphfl.bench.dfl",
     "engine": "graphfl.bench.engine",
     "p2p-throughput": "graphfl.bench.p2p_throughput",
     "deploy": "graphfl.bench.deploy",
+    "deploy-perhop": "graphfl.bench.deploy_perhop",
     "network": "graphfl.bench.network",
     "faults": "graphfl.bench.faults",
 }
