@@ -18,8 +18,10 @@ Fair set-up:
   step per method chosen on the validation split (:mod:`graphfl.tasks.holdout`: 20 % of each
   client's training data; the first seed only; criterion = the mean validation MSE over clients
   after the last round). DFL uses the same constant step per iteration.
-* **BiG-FL** (ALGORITHMS.md §0.1 C2): step first (at the defaults λ = 0.1, α = 2e-2), then the
-  form's λ × α grid on validation (α is the length of the normalised UL step). Every λ in the grid
+* **BiG-FL** (ALGORITHMS.md §0.1 C2; proximal LL ridge): the step for each κ of the form's
+  ``bigfl_kappas`` (at λ = 0.1, α = 2e-2; κ bounds how far a round moves, so each κ gets its
+  own step) and the best (κ, step) pair, then the form's λ × α grid at that pair on validation
+  (α is the length of the normalised UL step). Every λ in the grid
   is > 0: with λ = 0, φ leaves the lower level and the run is local training with κ, "BiG-FL
   disabled", never a BiG-FL result (:func:`check_bigfl_grid`). The result keeps ``‖φ − I‖_F`` and
   ``‖ĝ‖`` of every round and seed (``bigfl_phi``), and flags (warning + ``degenerate``) a run whose
