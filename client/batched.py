@@ -145,22 +145,41 @@ def activation_numel(model: nn.Module, sample: torch.Tensor) -> int:
     return max(total, 1)
 
 
+def memory_budget(device: str) -> int:
+    """Working memory one chunk of clients may use: :data:`CPU_BUDGET_BYTES` on the CPU,
+    :data:`GPU_BUDGET_FRACTION` of the free memory on a GPU.
+    """
+    if device.startswith("cuda"):
+        free, _ = torch.cuda.mem_get_info(torch.device(device))
+        return int(free * GPU_BUDGET_FRACTION)
+    return CPU_BUDGET_BYTES
+
+
+def client_bytes(model: nn.Module, sample: torch.Tensor, batch_size: int) -> int:
+    """Working memory of one client in a batched step: parameters, gradients, momentum, anchors
+    (5 copies) and a minibatch's activations for forward and backward (3 copies), float32.
+    """
+    numel = sum(p.numel() for p in model.parameters())
+    return 4 * (5 * numel + 3 * batch_size * activation_numel(model, sample))
+
+
+def penalty_bytes(objective: LocalObjective) -> int:
+    """Bytes of one client's penalty tensors (BiG-FL's ``φ`` is ``d×d`` per client)."""
+    def size(value: Any) -> int:
+        if isinstance(value, dict):
+            return sum(size(v) for v in value.values())
+        return int(value.numel() * value.element_size())
+
+    return sum(size(t.tensors) for t in objective.penalties)
+
+
 def client_chunk(model: nn.Module, sample: torch.Tensor, batch_size: int, device: str,
                  budget_bytes: int | None = None) -> int:
-    """How many clients train in one chunk: the working memory of one client (parameters,
-    gradients, momentum, anchors: 5 copies; activations of a minibatch for forward and backward:
-    3 copies) into ``budget_bytes`` (default: :data:`CPU_BUDGET_BYTES`, or
-    :data:`GPU_BUDGET_FRACTION` of the GPU's free memory).
+    """How many clients train in one chunk: :func:`client_bytes` into ``budget_bytes`` (default
+    :func:`memory_budget`).
     """
-    if budget_bytes is None:
-        if device.startswith("cuda"):
-            free, _ = torch.cuda.mem_get_info(torch.device(device))
-            budget_bytes = int(free * GPU_BUDGET_FRACTION)
-        else:
-            budget_bytes = CPU_BUDGET_BYTES
-    numel = sum(p.numel() for p in model.parameters())
-    per_client = 4 * (5 * numel + 3 * batch_size * activation_numel(model, sample))
-    return max(1, int(budget_bytes // per_client))
+    budget = memory_budget(device) if budget_bytes is None else budget_bytes
+    return max(1, int(budget // client_bytes(model, sample, batch_size)))
 
 
 def _stack(items: Sequence[Any]) -> Any:

@@ -35,8 +35,10 @@ from graphfl.client.batched import (
     StackedData,
     batched_evaluate,
     batched_sgd,
-    client_chunk,
+    client_bytes,
     draw_indices,
+    memory_budget,
+    penalty_bytes,
     unbatchable_reason,
 )
 from graphfl.client.handler import ClientRuntime, SharedInputs, prefixed, reply_metrics, train_reply
@@ -82,7 +84,8 @@ class _Job:
 class BatchedExchange(InProcessExchange):
     """:class:`~graphfl.server.inprocess.InProcessExchange` that trains and evaluates the clients
     of a phase stacked on a client axis (module docstring). ``chunk``: clients per batched
-    computation (default :func:`graphfl.client.batched.client_chunk`, from the memory budget).
+    computation (default: as many as fit :func:`graphfl.client.batched.memory_budget`, each
+    client's :func:`~graphfl.client.batched.client_bytes` plus its penalty tensors).
     """
 
     def __init__(self, cfg: RunConfig, fail: Mapping[FailKey, str] | None = None,
@@ -95,8 +98,12 @@ class BatchedExchange(InProcessExchange):
         self._model: Any = None
         self._loss_fn: Any = None
         self._shapes: dict[str, tuple[int, ...]] = {}
+        self._client_bytes = 1
+        self._budget = 1
         self._reason: str | None = None
         self._logged: set[str] = set()
+        self.train_chunks: set[int] = set()
+        """The chunk sizes training ran with (penalty tensors can make them smaller than ``chunk``)."""
         self.batched_clients = 0
         """Client requests served batched so far (the rest ran client by client)."""
 
@@ -132,7 +139,9 @@ class BatchedExchange(InProcessExchange):
         self._loss_fn = first.ctx.task.loss_fn()
         self._stacked = StackedData.build({pid: rt.ctx.data for pid, rt in runtimes.items()}, device)
         sample = self._stacked.x_train[0, 0].to(device)
-        self.chunk = self.chunk_setting or client_chunk(self._model, sample, self.cfg.train.batch_size, device)
+        self._client_bytes = client_bytes(self._model, sample, self.cfg.train.batch_size)
+        self._budget = memory_budget(device)
+        self.chunk = self.chunk_setting or max(1, self._budget // self._client_bytes)
         logger.info("batched engine: %d clients on %s, %d per chunk, stacked data %.1f MB", self.cfg.nodes,
                     device, self.chunk, self._stacked.nbytes / 1e6)
         return True
@@ -258,11 +267,17 @@ class BatchedExchange(InProcessExchange):
         done: list[_Job] = []
         for group in groups.values():
             t0 = time.perf_counter()
+            chunk = self.chunk
+            if not self.chunk_setting:   # per-client penalty tensors (BiG-FL's φ) count against the budget too
+                assert group[0].objective is not None
+                chunk = max(1, min(chunk or 1, self._budget // (self._client_bytes
+                                                                 + penalty_bytes(group[0].objective))))
+            self.train_chunks.add(chunk)
             try:
                 arrays, losses = batched_sgd(
                     self._model, self._loss_fn, self._stacked, [j.pid for j in group],
                     [j.objective for j in group], [j.indices for j in group],  # type: ignore[misc]
-                    tc.lr, tc.momentum, tc.weight_decay, chunk=self.chunk,
+                    tc.lr, tc.momentum, tc.weight_decay, chunk=chunk,
                 )
             except Exception as exc:  # noqa: BLE001 - the batch fails as a whole: each client's reply says why
                 for job in group:

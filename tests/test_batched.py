@@ -247,3 +247,31 @@ def test_a_resumed_batched_run_equals_the_uninterrupted_one(tmp_path, strategy):
     want = [{k: row.get(k) for k in keys} for row in ref["methods"][strategy]["curve"][2:]]
     assert len(got) == 2
     _compare(got, want, f"{strategy}-resumed")
+
+
+def test_bigfl_phi_per_client_counts_against_the_memory_budget(monkeypatch):
+    """φ is d×d per client (1 MB at d = 512): with a 3 MB budget the model alone would allow
+    every client in one chunk, φ only two; the numbers stay those of the unchunked run.
+    """
+    from graphfl.client import batched
+    from graphfl.common import registry
+    from graphfl.server.batched import BatchedExchange
+    from graphfl.server.inprocess import server_inputs
+    from graphfl.server.recorder import RunRecorder
+    from graphfl.server.rounds import run_federated
+
+    cfg = parse_run_config({"strategy": "bigfl", "task": "synthetic-multicenter", "nodes": 6, "rounds": 2,
+                            "train.local-steps": 3, "engine": "batched"})
+    curves = []
+    for budget in (batched.CPU_BUDGET_BYTES, 3 << 20):
+        monkeypatch.setattr(batched, "CPU_BUDGET_BYTES", budget)
+        exchange = BatchedExchange(cfg)
+        recorder = RunRecorder(cfg, cfg.strategy, None, env={})
+        run_federated(cfg, registry.get(cfg.strategy), exchange, server_inputs(cfg), recorder)
+        curves.append(recorder.document()["methods"]["bigfl"]["curve"])
+        if budget == 3 << 20:
+            assert exchange.chunk is not None and exchange.chunk >= 6
+            assert exchange.train_chunks == {2}
+        else:
+            assert min(exchange.train_chunks) >= 6   # every client in one chunk
+    _compare(curves[0], curves[1], "bigfl-chunked")
