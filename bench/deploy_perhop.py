@@ -14,7 +14,7 @@ difference is what TLS itself costs for these bytes.
 instants at which the *last* message reached each stage (a barrier view: the round ends when the
 slowest message has passed every hop):
 
-1. ``serverapp_push``: ``P0`` → end of the ServerApp's last ``ServerAppIo/Push*`` call
+1. ``serverapp_push``: ``P0`` → end of the ServerApp's last push request
    (configure the payloads, build the Flower messages, serialise, hash, push the objects);
 2. ``superlink_to_supernode``: → end of the last SuperNode's last ``Fleet/PullObject`` (the
    SuperNode's poll for the message, then one request per object);
@@ -35,7 +35,9 @@ independent clock read) and both are reported.
 **Per-activity split**: exclusive seconds per round and process role of each hooked Flower
 function (array serialisation ``np.save`` / deserialisation, chunking, deflate / inflate of the
 message objects, SHA-256 object ids, the SuperLink's in-memory object store, object content
-validation) and of the gRPC calls (caller side, by method: count, seconds, bytes) and handlers.
+validation) and of the requests between the processes (caller side, by method: count, seconds,
+bytes; this Flower's Fleet, ServerApp and ClientApp APIs are protobuf over HTTP/1.1, one POST
+per request).
 
 **Memory**: each Flower process's peak resident set (``VmHWM``) and its resident set just before
 the first round, sampled from ``/proc`` every 0.25 s; the growth is reported per model byte and
@@ -76,7 +78,7 @@ RING_ROUNDS = 8
 TRACE_CODE = Path(__file__).resolve().parent / "perhop_trace"
 HOPS = ("serverapp_push", "superlink_to_supernode", "supernode_to_worker", "worker_compute",
         "worker_to_supernode", "supernode_to_superlink", "superlink_to_serverapp", "serverapp_aggregate")
-ACTIVITIES = ("serialise_array", "deserialise_array", "chunk_array", "deflate", "inflate", "hash_sha256",
+ACTIVITIES = ("graphfl_pack_arrays", "graphfl_unpack_arrays", "graphfl_array_record", "serialise_array", "deserialise_array", "chunk_array", "deflate", "inflate", "hash_sha256",
               "object_store_put", "object_store_get", "validate_object")
 ROLES = ("serverapp", "superlink", "supernode", "worker")
 
@@ -129,8 +131,23 @@ def load_trace(trace_dir: Path) -> tuple[dict[int, dict[str, Any]], list[dict[st
     return procs, events
 
 
-def _rpc(events: list[dict[str, Any]], pids: set[int], needle: str) -> list[dict[str, Any]]:
-    return [e for e in events if e["kind"] == "rpc_c" and e["pid"] in pids and needle in e["name"]]
+def _norm(name: str) -> str:
+    return name.lower().replace("-", "").replace("_", "")
+
+
+PUSH = ("pushmessages", "pushobject")
+PULL = ("pullmessages", "pullobject")
+WORKER_PULL = ("pulltaskinput", *PULL)
+WORKER_PUSH = (*PUSH, "pushtaskoutput")
+
+
+def _rpc(events: list[dict[str, Any]], pids: set[int], needles: tuple[str, ...]) -> list[dict[str, Any]]:
+    """The caller-side requests of ``pids`` whose name (``<path>|<method>``, case, ``-`` and ``_``
+    ignored) holds one of ``needles``: the process's role says which API it calls (heartbeats,
+    logs and task polls are not message traffic and match none).
+    """
+    return [e for e in events if e["kind"] == "rpc_c" and e["pid"] in pids
+            and any(n in _norm(e["name"]) for n in needles)]
 
 
 def hop_split(procs: dict[int, dict[str, Any]], events: list[dict[str, Any]], p0: float, p1: float) -> dict[str, Any]:
@@ -149,17 +166,17 @@ def hop_split(procs: dict[int, dict[str, Any]], events: list[dict[str, Any]], p0
         return max((c["t1"] for c in calls), default=None)
 
     w_first_push: dict[int, float] = {}
-    for c in _rpc(win, workers, "ClientAppIo/Push"):
+    for c in _rpc(win, workers, WORKER_PUSH):
         w_first_push[c["pid"]] = min(w_first_push.get(c["pid"], c["t0"]), c["t0"])
-    w_pull = [c for c in _rpc(win, workers, "ClientAppIo/Pull") if c["t1"] <= w_first_push.get(c["pid"], p1)]
+    w_pull = [c for c in _rpc(win, workers, WORKER_PULL) if c["t1"] <= w_first_push.get(c["pid"], p1)]
     marks = [
-        last_end(_rpc(win, sapp, "ServerAppIo/Push")),
-        last_end(_rpc(win, nodes, "Fleet/PullObject")),
+        last_end(_rpc(win, sapp, PUSH)),
+        last_end(_rpc(win, nodes, ("pullobject",))),
         last_end(w_pull),
         max(w_first_push.values(), default=None),
-        last_end(_rpc(win, workers, "ClientAppIo/Push")),
-        last_end(_rpc(win, nodes, "Fleet/Push")),
-        last_end(_rpc(win, sapp, "ServerAppIo/Pull")),
+        last_end(_rpc(win, workers, WORKER_PUSH)),
+        last_end(_rpc(win, nodes, PUSH)),
+        last_end(_rpc(win, sapp, PULL)),
         p1,
     ]
     hops: dict[str, float] = {}
@@ -188,7 +205,7 @@ def activity_split(procs: dict[int, dict[str, Any]], events: list[dict[str, Any]
             acts[role][e["name"]] += e["excl"]
         elif e["kind"] in ("rpc_c", "rpc_s"):
             side = "call" if e["kind"] == "rpc_c" else "serve"
-            r = rpcs[role][f"{side} {e['name'].rsplit('/', 1)[-1]}"]
+            r = rpcs[role][f"{side} {e['name'].rsplit('|', 1)[-1].rsplit('/', 1)[-1]}"]
             r["count"] += 1
             r["seconds"] += e["t1"] - e["t0"]
             r["excl_seconds"] += e["excl"]
@@ -377,7 +394,14 @@ def run(quick: bool, seed: int, out: Path, sizes: tuple[int, ...] | None = None,
             tls = parallel_floor(d, n, rounds=5, cert_dir=cert_dir)
             case["repeats"].append({"flower": fl, "ring": {k2: v for k2, v in ring.items() if k2 != "round_s"},
                                     "floor_plain_s": plain["median_round_s"], "floor_tls_s": tls["median_round_s"]})
+            _write(out, [*cases, case], quick, seed, sizes, n, repeats, rounds)  # a stopped run keeps what it measured
         cases.append(case)
+    return _write(out, cases, quick, seed, sizes, n, repeats, rounds)
+
+
+def _write(out: Path, cases: list[dict[str, Any]], quick: bool, seed: int, sizes: tuple[int, ...], n: int,
+           repeats: int, rounds: int) -> dict[str, Any]:
+    """Write ``<out>/deploy_perhop.{json,md}`` for the cases measured so far; returns the document."""
     doc = {"name": NAME,
            "config": {"quick": quick, "seed": seed, "sizes": list(sizes), "nodes": n, "repeats": repeats,
                       "rounds": rounds, "ring_rounds": RING_ROUNDS, "tls": True, "clientapp_mode": "warm",

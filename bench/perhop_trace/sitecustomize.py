@@ -4,9 +4,10 @@ This folder goes first on ``PYTHONPATH`` only while :mod:`graphfl.bench.deploy_p
 deployment, and the hooks switch on only when ``GRAPHFL_PERHOP_TRACE`` names a folder. Each
 process then appends one JSON line per event to ``<folder>/trace-<pid>.jsonl``:
 
-* ``rpc_c`` / ``rpc_s``: a unary-unary gRPC call as the caller sees it (``grpc._channel``) and as
-  the server's handler runs it (``grpc.unary_unary_rpc_method_handler``), with request and reply
-  sizes (protobuf ``ByteSize``);
+* ``rpc_c``: one protobuf-over-HTTP request of Flower's ``ProtobufClient._unary_unary`` (the
+  Fleet, ServerApp and ClientApp APIs of this Flower are HTTP/1.1 POSTs of protobuf bodies), named
+  ``<path>|<rpc method>``, with request and reply sizes (protobuf ``ByteSize``); also a unary-unary
+  gRPC call (``grpc._channel``), and ``rpc_s`` a gRPC handler, where a process still uses gRPC;
 * ``act``: one call of a Flower function that does one activity (serialisation of an array,
   chunking, deflate/inflate of a message object, SHA-256 object ids, the SuperLink's object
   store, content validation), with its inclusive and exclusive seconds (nested activities of the
@@ -148,6 +149,28 @@ if os.environ.get("GRAPHFL_PERHOP_TRACE"):  # pragma: no branch - only under the
 
         grpc.unary_unary_rpc_method_handler = handler
 
+    def _timed_http(fn: Any) -> Any:
+        """A protobuf-over-HTTP call of Flower's ``ProtobufClient`` (one HTTP POST), as ``rpc_c``."""
+        def call(self: Any, **kwargs: Any) -> Any:
+            stack = getattr(_LOCAL, "stack", None)
+            if stack is None:
+                stack = _LOCAL.stack = []
+            stack.append(0.0)
+            t0 = time.time()
+            out = None
+            try:
+                out = fn(self, **kwargs)
+                return out
+            finally:
+                t1 = time.time()
+                child = stack.pop()
+                if stack:
+                    stack[-1] += t1 - t0
+                _emit({"kind": "rpc_c", "name": f"{kwargs.get('path')}|{kwargs.get('rpc_method')}", "t0": t0,
+                       "t1": t1, "excl": (t1 - t0) - child, "req": _size(kwargs.get("request")),
+                       "resp": _size(out)})
+        return call
+
     def _size(msg: Any) -> int | None:
         try:
             return int(msg.ByteSize())
@@ -168,7 +191,11 @@ if os.environ.get("GRAPHFL_PERHOP_TRACE"):  # pragma: no branch - only under the
                                                               ("InMemoryObjectStore", "get", "object_store_get")],
         "flwr.supercore.inflatable.inflatable_utils": [("", "validate_object_content", "validate_object")],
         "graphfl.server.rounds": [("", "run_phase", "phase")],
+        "graphfl.common.records": [("", "pack_arrays", "graphfl_pack_arrays"),
+                                   ("", "unpack_arrays", "graphfl_unpack_arrays"),
+                                   ("", "_packed_array_record", "graphfl_array_record")],
         "grpc": [], "grpc._channel": [],
+        "flwr.supercore.protobuf.client": [("ProtobufClient", "_unary_unary", "rpc")],
     }
 
     def _patch_module(mod: Any) -> None:
@@ -194,6 +221,8 @@ if os.environ.get("GRAPHFL_PERHOP_TRACE"):  # pragma: no branch - only under the
                 setattr(cls, attr, classmethod(_timed("act", label, raw.__func__)))
             elif isinstance(raw, staticmethod):
                 setattr(cls, attr, staticmethod(_timed("act", label, raw.__func__)))
+            elif label == "rpc":
+                setattr(cls, attr, _timed_http(raw))
             elif callable(raw):
                 setattr(cls, attr, _timed("act", label, raw))
 
