@@ -32,7 +32,8 @@ Each boundary is clamped to be no earlier than the previous one, so the hops sum
 that sum is checked against the round time graphfl's recorder wrote into ``run.json`` (an
 independent clock read) and both are reported.
 
-**Per-activity split**: exclusive seconds per round and process role of each hooked Flower
+**Per-activity split**: exclusive seconds per round and process role of graphfl's own packing
+(:func:`graphfl.common.records.pack_arrays` / ``unpack_arrays``) and of each hooked Flower
 function (array serialisation ``np.save`` / deserialisation, chunking, deflate / inflate of the
 message objects, SHA-256 object ids, the SuperLink's in-memory object store, object content
 validation) and of the requests between the processes (caller side, by method: count, seconds,
@@ -78,7 +79,8 @@ RING_ROUNDS = 8
 TRACE_CODE = Path(__file__).resolve().parent / "perhop_trace"
 HOPS = ("serverapp_push", "superlink_to_supernode", "supernode_to_worker", "worker_compute",
         "worker_to_supernode", "supernode_to_superlink", "superlink_to_serverapp", "serverapp_aggregate")
-ACTIVITIES = ("graphfl_pack_arrays", "graphfl_unpack_arrays", "graphfl_array_record", "serialise_array", "deserialise_array", "chunk_array", "deflate", "inflate", "hash_sha256",
+ACTIVITIES = ("graphfl_pack_arrays", "graphfl_unpack_arrays", "graphfl_array_record",
+              "serialise_array", "deserialise_array", "chunk_array", "deflate", "inflate", "hash_sha256",
               "object_store_put", "object_store_get", "validate_object")
 ROLES = ("serverapp", "superlink", "supernode", "worker")
 
@@ -349,9 +351,12 @@ def render(doc: dict[str, Any]) -> str:
             + markdown_table(columns=["role:activity", "s median (min..max)"],
                              rows=[[k, _fmt(v)] for k, v in sorted(s["activities"].items(),
                                                                    key=lambda kv: -(kv[1]["median"] or 0))])
-            + "\n\n### gRPC calls per round (caller side 'call', handler side 'serve'; medians)\n\n"
-            + markdown_table(columns=["role:method", "requests", "seconds (summed over threads)", "MB"],
-                             rows=[[k, v["count"], v["seconds"], (v["bytes"] or 0) / 2**20]
+            + "\n\n### Requests per round between the processes (caller side; protobuf over HTTP; medians)\n\n"
+            + markdown_table(columns=["role:method", "requests", "seconds (summed over threads)", "s per request",
+                                      "MB"],
+                             rows=[[k, v["count"], v["seconds"],
+                                    v["seconds"] / v["count"] if v["count"] and v["seconds"] is not None else None,
+                                    (v["bytes"] or 0) / 2**20]
                                    for k, v in sorted(s["rpc"].items(), key=lambda kv: -(kv[1]["seconds"] or 0))])
             + "\n\n### Memory (peak RSS and its growth over the RSS before round 1)\n\n"
             + markdown_table(columns=["role", "peak MB", "before MB", "growth MB", "growth / model bytes",
@@ -407,7 +412,7 @@ def _write(out: Path, cases: list[dict[str, Any]], quick: bool, seed: int, sizes
                       "rounds": rounds, "ring_rounds": RING_ROUNDS, "tls": True, "clientapp_mode": "warm",
                       "cpus": os.cpu_count(), "loadavg": os.getloadavg()},
            "hops": list(HOPS), "cases": cases, "summary": [summarise(c) for c in cases],
-           "notes": ("Hooks: bench/perhop_trace/sitecustomize.py times Flower's functions and gRPC calls in every "
+           "notes": ("Hooks: bench/perhop_trace/sitecustomize.py times Flower's functions and requests in every "
                      "process of the deployment (a few microseconds per event, one JSON line each). Activities "
                      "are exclusive seconds of the thread that ran them, summed over threads and processes of a "
                      "role: they can exceed the wall-clock hop when threads run in parallel, and they include "
