@@ -387,7 +387,7 @@ def run(quick: bool, seed: int, out: Path, sizes: tuple[int, ...] | None = None,
     rounds = rounds or ROUNDS
     cert_dir = out / "floor-certs"
     generate_tls(cert_dir)
-    cases = []
+    cases: list[dict[str, Any]] = []
     for d in sizes:
         case: dict[str, Any] = {"params": d, "nodes": n, "repeats": []}
         for k in range(repeats):

@@ -91,7 +91,7 @@ if os.environ.get("GRAPHFL_PERHOP_TRACE"):  # pragma: no branch - only under the
         return _timed_sha(*args, **kwargs)
 
     _timed_sha = _timed("act", "hash_sha256", _sha, lambda a: {"bytes": len(a[0]) if a else 0})
-    hashlib.sha256 = _sha256  # type: ignore[assignment]
+    hashlib.sha256 = _sha256
 
     # --- gRPC: caller side and handler side, patched when grpc's modules are imported ----------
     def _patch_grpc_channel(_channel: Any) -> None:
