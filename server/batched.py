@@ -267,11 +267,11 @@ class BatchedExchange(InProcessExchange):
         done: list[_Job] = []
         for group in groups.values():
             t0 = time.perf_counter()
-            chunk = self.chunk
+            chunk = self.chunk or len(group)
             if not self.chunk_setting:   # per-client penalty tensors (BiG-FL's φ) count against the budget too
                 assert group[0].objective is not None
-                chunk = max(1, min(chunk or 1, self._budget // (self._client_bytes
-                                                                 + penalty_bytes(group[0].objective))))
+                per_client = self._client_bytes + penalty_bytes(group[0].objective)
+                chunk = max(1, min(chunk, self._budget // per_client))
             self.train_chunks.add(chunk)
             try:
                 arrays, losses = batched_sgd(
