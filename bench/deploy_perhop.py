@@ -198,6 +198,7 @@ def activity_split(procs: dict[int, dict[str, Any]], events: list[dict[str, Any]
                    p1: float) -> dict[str, Any]:
     """Per role: exclusive seconds per activity, and per gRPC method (caller side) calls, seconds and bytes."""
     acts: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    cpu: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     rpcs: dict[str, dict[str, dict[str, float]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(float)))
     for e in events:
         if not (e.get("t0", 0) >= p0 and e.get("t1", 0) <= p1) or e["pid"] not in procs:
@@ -205,14 +206,19 @@ def activity_split(procs: dict[int, dict[str, Any]], events: list[dict[str, Any]
         role = procs[e["pid"]]["role"]
         if e["kind"] == "act":
             acts[role][e["name"]] += e["excl"]
+            if "cpu" in e:
+                cpu[role][e["name"]] += e["cpu"]
         elif e["kind"] in ("rpc_c", "rpc_s"):
             side = "call" if e["kind"] == "rpc_c" else "serve"
             r = rpcs[role][f"{side} {e['name'].rsplit('|', 1)[-1].rsplit('/', 1)[-1]}"]
             r["count"] += 1
             r["seconds"] += e["t1"] - e["t0"]
             r["excl_seconds"] += e["excl"]
+            if "cpu" in e:
+                r["cpu_seconds"] += e["cpu"]
             r["bytes"] += (e.get("req") or 0) + (e.get("resp") or 0)
     return {"activities": {k: dict(v) for k, v in acts.items()},
+            "activities_cpu": {k: dict(v) for k, v in cpu.items()},
             "rpc": {k: {m: dict(x) for m, x in v.items()} for k, v in rpcs.items()}}
 
 
@@ -308,11 +314,19 @@ def summarise(case: dict[str, Any]) -> dict[str, Any]:
             if sp["median"]:
                 acts[f"{role}:{a}"] = sp
     s["activities"] = acts
+    cpu: dict[str, Any] = {}
+    for role in ROLES:
+        for a in ACTIVITIES:
+            sp = _spread([rep_median(r, lambda x, role=role, a=a: x.get("activities_cpu", {}).get(role, {}).get(a)
+                                     if x.get("activities_cpu") else None) for r in reps])
+            if sp["median"]:
+                cpu[f"{role}:{a}"] = sp
+    s["activities_cpu"] = cpu
     rpc_keys = sorted({(role, m) for r in reps for rd in r["flower"].get("rounds", [])
                        for role, ms in rd["rpc"].items() for m in ms})
     s["rpc"] = {f"{role}:{m}": {k: _spread([rep_median(r, lambda x, role=role, m=m, k=k:
                                                         x["rpc"].get(role, {}).get(m, {}).get(k, 0.0))
-                                             for r in reps])["median"] for k in ("count", "seconds", "bytes")}
+                                             for r in reps])["median"] for k in ("count", "seconds", "cpu_seconds", "bytes")}
                 for role, m in rpc_keys if role in ROLES}
     s["memory"] = {role: {k: _spread([r["flower"].get("memory", {}).get(role, {}).get(k) for r in reps])
                           for k in ("peak_mb", "before_mb", "growth_mb", "growth_over_model",
@@ -347,15 +361,22 @@ def render(doc: dict[str, Any]) -> str:
             f"{_fmt(s['flower_over_p2p'], 1)}x**. Raw-socket parallel floor {_fmt(s['floor_plain_s'])} s plain, "
             f"{_fmt(s['floor_tls_s'])} s TLS.\n\n### Per hop (wall clock, seconds)\n\n"
             + markdown_table(columns=["hop", "s median (min..max)", "share of round"], rows=hops)
-            + f"\n\nSum of hop medians {hop_sum:.3f} s.\n\n### Per activity (exclusive CPU-thread seconds per round)\n\n"
+            + f"\n\nSum of hop medians {hop_sum:.3f} s.\n\n"
+            "### Per activity (exclusive wall seconds of the calls per round, waiting for a core included)\n\n"
             + markdown_table(columns=["role:activity", "s median (min..max)"],
                              rows=[[k, _fmt(v)] for k, v in sorted(s["activities"].items(),
                                                                    key=lambda kv: -(kv[1]["median"] or 0))])
+            + "\n\n### Per activity, CPU seconds of the thread (``time.thread_time``, exclusive; the "
+            "repeats that recorded it)\n\n"
+            + markdown_table(columns=["role:activity", "CPU s median (min..max)", "repeats"],
+                             rows=[[k, _fmt(v), v["n"]] for k, v in sorted(s.get("activities_cpu", {}).items(),
+                                                                          key=lambda kv: -(kv[1]["median"] or 0))])
             + "\n\n### Requests per round between the processes (caller side; protobuf over HTTP; medians)\n\n"
             + markdown_table(columns=["role:method", "requests", "seconds (summed over threads)", "s per request",
-                                      "MB"],
+                                      "caller CPU s", "MB"],
                              rows=[[k, v["count"], v["seconds"],
                                     v["seconds"] / v["count"] if v["count"] and v["seconds"] is not None else None,
+                                    v.get("cpu_seconds"),
                                     (v["bytes"] or 0) / 2**20]
                                    for k, v in sorted(s["rpc"].items(), key=lambda kv: -(kv[1]["seconds"] or 0))])
             + "\n\n### Memory (peak RSS and its growth over the RSS before round 1)\n\n"

@@ -8,10 +8,11 @@ process then appends one JSON line per event to ``<folder>/trace-<pid>.jsonl``:
   Fleet, ServerApp and ClientApp APIs of this Flower are HTTP/1.1 POSTs of protobuf bodies), named
   ``<path>|<rpc method>``, with request and reply sizes (protobuf ``ByteSize``); also a unary-unary
   gRPC call (``grpc._channel``), and ``rpc_s`` a gRPC handler, where a process still uses gRPC;
-* ``act``: one call of a Flower function that does one activity (serialisation of an array,
-  chunking, deflate/inflate of a message object, SHA-256 object ids, the SuperLink's object
-  store, content validation), with its inclusive and exclusive seconds (nested activities of the
-  same thread are subtracted);
+* ``act``: one call of a function that does one activity (graphfl's array packing, Flower's
+  serialisation of an array, chunking, deflate/inflate of a message object, SHA-256 object ids,
+  the SuperLink's object store, content validation), with its exclusive wall seconds (``excl``)
+  and exclusive CPU seconds of its thread (``cpu``, ``time.thread_time``; nested timed calls of
+  the same thread are subtracted from both);
 * ``phase``: one :func:`graphfl.server.rounds.run_phase` of the ServerApp (the round's window).
 
 Times are ``time.time()`` (one clock for all processes of the machine). Nothing is changed in
@@ -60,21 +61,31 @@ if os.environ.get("GRAPHFL_PERHOP_TRACE"):  # pragma: no branch - only under the
             ev["pid"] = os.getpid()
             _FH[0].write(json.dumps(ev) + "\n")
 
+    def _enter() -> tuple[float, float]:
+        for attr in ("stack", "cstack"):
+            if getattr(_LOCAL, attr, None) is None:
+                setattr(_LOCAL, attr, [])
+        _LOCAL.stack.append(0.0)
+        _LOCAL.cstack.append(0.0)
+        return time.time(), time.thread_time()
+
+    def _leave(t0: float, c0: float) -> tuple[float, float, float]:
+        """End time, exclusive wall seconds and exclusive CPU seconds of this thread's innermost timed call."""
+        t1, c1 = time.time(), time.thread_time()
+        child, cchild = _LOCAL.stack.pop(), _LOCAL.cstack.pop()
+        if _LOCAL.stack:
+            _LOCAL.stack[-1] += t1 - t0
+            _LOCAL.cstack[-1] += c1 - c0
+        return t1, (t1 - t0) - child, (c1 - c0) - cchild
+
     def _timed(kind: str, name: str, fn: Any, t_extra: Any = None) -> Any:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            stack = getattr(_LOCAL, "stack", None)
-            if stack is None:
-                stack = _LOCAL.stack = []
-            stack.append(0.0)
-            t0 = time.time()
+            t0, c0 = _enter()
             try:
                 return fn(*args, **kwargs)
             finally:
-                t1 = time.time()
-                child = stack.pop()
-                if stack:
-                    stack[-1] += t1 - t0
-                ev = {"kind": kind, "name": name, "t0": t0, "t1": t1, "excl": (t1 - t0) - child}
+                t1, excl, cpu = _leave(t0, c0)
+                ev = {"kind": kind, "name": name, "t0": t0, "t1": t1, "excl": excl, "cpu": cpu}
                 if t_extra is not None:
                     try:
                         ev.update(t_extra(args))
@@ -152,22 +163,15 @@ if os.environ.get("GRAPHFL_PERHOP_TRACE"):  # pragma: no branch - only under the
     def _timed_http(fn: Any) -> Any:
         """A protobuf-over-HTTP call of Flower's ``ProtobufClient`` (one HTTP POST), as ``rpc_c``."""
         def call(self: Any, **kwargs: Any) -> Any:
-            stack = getattr(_LOCAL, "stack", None)
-            if stack is None:
-                stack = _LOCAL.stack = []
-            stack.append(0.0)
-            t0 = time.time()
+            t0, c0 = _enter()
             out = None
             try:
                 out = fn(self, **kwargs)
                 return out
             finally:
-                t1 = time.time()
-                child = stack.pop()
-                if stack:
-                    stack[-1] += t1 - t0
+                t1, excl, cpu = _leave(t0, c0)
                 _emit({"kind": "rpc_c", "name": f"{kwargs.get('path')}|{kwargs.get('rpc_method')}", "t0": t0,
-                       "t1": t1, "excl": (t1 - t0) - child, "req": _size(kwargs.get("request")),
+                       "t1": t1, "excl": excl, "cpu": cpu, "req": _size(kwargs.get("request")),
                        "resp": _size(out)})
         return call
 
