@@ -46,7 +46,8 @@ per in-flight message.
 
 The machine this runs on may be shared: every case is repeated (fresh deployment, fresh ring),
 the median and the spread (min..max) over repeats are reported. ``run(quick, seed, out)`` writes
-``<out>/deploy_perhop.{json,md}``.
+``<out>/deploy_perhop.{json,md}`` (after each repeat) and keeps the traces under ``<out>/cases``;
+:func:`reanalyse` recomputes the splits from them.
 """
 
 from __future__ import annotations
@@ -244,6 +245,37 @@ def memory_split(procs: dict[int, dict[str, Any]], samples: dict[int, list[tuple
     return out
 
 
+def round_splits(trace_dir: Path, recorder: list[float]) -> list[dict[str, Any]]:
+    """Per ``run_phase`` window of a trace folder: the hop and activity splits, the recorder's round seconds."""
+    procs, events = load_trace(trace_dir)
+    out = []
+    for ph in sorted((e for e in events if e["kind"] == "phase"), key=lambda e: e["t0"]):
+        r = int(ph.get("round", 0))
+        split = hop_split(procs, events, ph["t0"], ph["t1"])
+        split.update(activity_split(procs, events, ph["t0"], ph["t1"]))
+        split["round"] = r
+        split["recorder_round_s"] = recorder[r - 1] if 0 < r <= len(recorder) else None
+        out.append(split)
+    return out
+
+
+def reanalyse(out: Path) -> dict[str, Any]:
+    """Recompute every repeat's round splits from the traces kept under ``out/cases`` (memory and the
+    ring as measured) and rewrite ``<out>/deploy_perhop.{json,md}``: a changed analysis needs no new run.
+    """
+    out = Path(out)
+    doc = json.loads((out / f"{NAME}.json").read_text())
+    for case in doc["cases"]:
+        for k, rep in enumerate(case["repeats"]):
+            trace = out / "cases" / f"{case['params']}-{case['nodes']}" / f"rep{k}" / "flower" / "trace"
+            if trace.is_dir():
+                rep["flower"]["rounds"] = round_splits(trace, rep["flower"].get("round_s") or [])
+    doc["summary"] = [summarise(c) for c in doc["cases"]]
+    write_json(out / f"{NAME}.json", doc)
+    (out / f"{NAME}.md").write_text(render(doc))
+    return doc
+
+
 def profile_flower(out: Path, d: int, n: int, rounds: int, timeout: float) -> dict[str, Any]:
     """One traced Flower deployment (TLS, warm workers): its result, and per measured round the hop,
     activity and memory splits.
@@ -264,16 +296,7 @@ def profile_flower(out: Path, d: int, n: int, rounds: int, timeout: float) -> di
                 os.environ[k] = v
     procs, events = load_trace(trace_dir)
     phases = sorted((e for e in events if e["kind"] == "phase"), key=lambda e: e["t0"])
-    recorder = fl.get("round_s") or []
-    per_round = []
-    for ph in phases:
-        r = int(ph.get("round", 0))
-        split = hop_split(procs, events, ph["t0"], ph["t1"])
-        split.update(activity_split(procs, events, ph["t0"], ph["t1"]))
-        split["round"] = r
-        split["recorder_round_s"] = recorder[r - 1] if 0 < r <= len(recorder) else None
-        per_round.append(split)
-    fl["rounds"] = per_round
+    fl["rounds"] = round_splits(trace_dir, fl.get("round_s") or [])
     fl["memory"] = memory_split(procs, mon.samples, phases[0]["t0"] if phases else 0.0, 4 * d, n)
     fl["roles"] = sorted({p["role"] for p in procs.values()})
     fl["hook_errors"] = [e for e in events if e["kind"] == "hook_error"]
