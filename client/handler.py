@@ -45,15 +45,18 @@ class SharedInputs:
     """Where the graph came from (:func:`~graphfl.common.graph.resolve_client_graph`'s second value)."""
 
 
-def shared_inputs(cfg: RunConfig, device: str | None = None, data_dir: str | None = None) -> SharedInputs:
-    """The task (``data_dir``: see :func:`build_runtime`), the client graph (``graph-file`` if set,
-    which must then exist on this client's machine too, else the task's graph) and the device.
+def shared_inputs(cfg: RunConfig, device: str | None = None, data_dir: str | None = None,
+                  task: Any = None) -> SharedInputs:
+    """The task (``data_dir``: see :func:`build_runtime`; or ``task``, already built), the client
+    graph (``graph-file`` if set, which must then exist on this client's machine too, else the
+    task's graph) and the device.
     """
     from graphfl.client.training import pick_device
     from graphfl.common.graph import resolve_client_graph
     from graphfl.tasks import registry as tasks
 
-    task = tasks.create(cfg.task, data=cfg.data, data_dir=data_dir or cfg.data_dir, seed=cfg.seed)
+    if task is None:
+        task = tasks.create(cfg.task, data=cfg.data, data_dir=data_dir or cfg.data_dir, seed=cfg.seed)
     graph, source = resolve_client_graph(cfg.nodes, task.client_graph(cfg.nodes), cfg.graph_file, cfg.task)
     requested = device or cfg.device
     size = sum(p.numel() for p in task.build_model().parameters()) if requested == "auto" else None
@@ -78,8 +81,15 @@ def build_runtime(cfg: RunConfig, partition_id: int, num_partitions: int, device
     if not 0 <= partition_id < num_partitions:
         raise ValueError(f"partition-id {partition_id} is outside 0..{num_partitions - 1}")
     if shared is None:
-        shared = shared_inputs(cfg, device, data_dir)
-    data = shared.task.client_data(partition_id, num_partitions)
+        # the client's own data first: a task that reads its inputs' shape from the data (csv
+        # without 'features') then sizes the model from this client's file, not its neighbours'
+        from graphfl.tasks import registry as tasks
+
+        task = tasks.create(cfg.task, data=cfg.data, data_dir=data_dir or cfg.data_dir, seed=cfg.seed)
+        data = task.client_data(partition_id, num_partitions)
+        shared = shared_inputs(cfg, device, data_dir, task=task)
+    else:
+        data = shared.task.client_data(partition_id, num_partitions)
     ctx: ClientContext[Any] = ClientContext(
         config=cfg, params=cfg.params, partition_id=partition_id, num_partitions=num_partitions,
         task=shared.task, data=data, device=shared.device,
