@@ -348,7 +348,9 @@ def summarise(case: dict[str, Any]) -> dict[str, Any]:
     rpc_keys = sorted({(role, m) for r in reps for rd in r["flower"].get("rounds", [])
                        for role, ms in rd["rpc"].items() for m in ms})
     s["rpc"] = {f"{role}:{m}": {k: _spread([rep_median(r, lambda x, role=role, m=m, k=k:
-                                                        x["rpc"].get(role, {}).get(m, {}).get(k, 0.0))
+                                                        x["rpc"].get(role, {}).get(m, {}).get(
+                                                            k, 0.0 if k != "cpu_seconds" or x.get("activities_cpu")
+                                                            else None))
                                              for r in reps])["median"] for k in ("count", "seconds", "cpu_seconds", "bytes")}
                 for role, m in rpc_keys if role in ROLES}
     s["memory"] = {role: {k: _spread([r["flower"].get("memory", {}).get(role, {}).get(k) for r in reps])
