@@ -29,7 +29,8 @@ JGESR's ``graph_cv`` (coefficient of variation of the learned graph's off-diagon
 uniform) and ``shrink_ratio`` (``‖ψ − ȳ‖/‖y − ȳ‖``; 0 = FedAvg); FeSEM's cluster sizes (and ARI
 against the planted groups); pFedGraph's graph CV; on ``digits-permuted`` the share of each
 learned graph's off-diagonal weight that lies inside the planted groups (``within``; a uniform
-graph gives ``(n/3 − 1)/(n − 1)``).
+graph gives ``(n/3 − 1)/(n − 1)``); the seeds on which pFedGraph's graph is the identity (all
+weight on the client itself: pFedGraph is then Local training).
 
 Declared on the harness (:mod:`graphfl.bench.harness`): every run goes through the run cache in
 ``<out>/cache`` (an interrupted sweep resumes), the time estimate is logged; results in
@@ -355,6 +356,8 @@ def _diagnostics(bench: Bench, runs: dict[Any, list[dict[str, Any] | None]]) -> 
             if vals:
                 entry[k] = mean_sd([float(v) for v in vals])
         entry["cluster_sizes"] = [d.get("cluster_sizes") for d in diags if d]
+        if method == "pFedGraph":
+            entry["identity_graph_seeds"] = sum(1 for d in diags if d and "graph_cv" in d and d["graph_cv"] is None)
         out.append(entry)
     return out
 
@@ -401,6 +404,7 @@ def _write(out: Path, doc: dict[str, Any], form: Form) -> None:
                       "graph_cv": _num(d.get("graph_cv"), ".3f"), "shrink_ratio": _num(d.get("shrink_ratio"), ".3f"),
                       "within-group share": _num(d.get("within"), ".3f"),
                       "non-empty clusters": _num(d.get("nonempty"), ".1f"), "ARI": _num(d.get("ari"), ".3f"),
+                      "seeds with graph = I": str(d["identity_graph_seeds"]) if "identity_graph_seeds" in d else "–",
                       "cluster sizes (per seed)": "; ".join(str(s) for s in d.get("cluster_sizes") or [] if s),
                       "FeSEM local acc (%)": _num(d.get("local_acc"), ".2f", 100)})
     if drows:
@@ -411,7 +415,8 @@ def _write(out: Path, doc: dict[str, Any], form: Form) -> None:
                      "(0 = every client gets the mean: FedAvg; 1 = no smoothing); within-group share: the share of "
                      "the graph's off-diagonal weight inside the planted groups of digits-permuted (a uniform graph "
                      f"gives {(n_perm / GROUPS - 1) / (n_perm - 1):.3f}); FeSEM: non-empty clusters, ARI against the "
-                     "planted groups, its clients' last local models' accuracy.", "",
+                     "planted groups, its clients' last local models' accuracy; seeds with graph = I: pFedGraph runs whose "
+                     "collaboration graph put all weight on the client itself (it is then Local training).", "",
                      markdown_table(drows, list(drows[0])), ""]
     sections += ["## Settings", ""] + [f"- {s}" for s in doc["settings"]]
     intro = [f"Mean client test accuracy (%) after {form.rounds} rounds, mean ± sd over {form.seeds} seeds; every "
