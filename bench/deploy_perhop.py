@@ -78,6 +78,13 @@ ROUNDS = 3
 """Flower rounds per deployment; rounds 2.. are measured (round 1 carries the workers' first load)."""
 RING_ROUNDS = 8
 TRACE_CODE = Path(__file__).resolve().parent / "perhop_trace"
+NOTES = ("Hooks: bench/perhop_trace/sitecustomize.py times graphfl's packing, Flower's functions and the requests "
+         "between the processes (Flower's ProtobufClient: protobuf over HTTP) in every process of the deployment "
+         "(a few microseconds per event, one JSON line each). Activity and request seconds are exclusive, of the "
+         "thread that ran them, summed over threads and processes of a role: wall seconds can exceed the hop when "
+         "threads run in parallel and include waiting for a core on a loaded machine; CPU seconds "
+         "(time.thread_time) do not. The server side of each request (uvicorn in the SuperLink and SuperNodes) "
+         "is not hooked.")
 HOPS = ("serverapp_push", "superlink_to_supernode", "supernode_to_worker", "worker_compute",
         "worker_to_supernode", "supernode_to_superlink", "superlink_to_serverapp", "serverapp_aggregate")
 ACTIVITIES = ("graphfl_pack_arrays", "graphfl_unpack_arrays", "graphfl_array_record",
@@ -458,11 +465,7 @@ def _write(out: Path, cases: list[dict[str, Any]], quick: bool, seed: int, sizes
                       "rounds": rounds, "ring_rounds": RING_ROUNDS, "tls": True, "clientapp_mode": "warm",
                       "cpus": os.cpu_count(), "loadavg": os.getloadavg()},
            "hops": list(HOPS), "cases": cases, "summary": [summarise(c) for c in cases],
-           "notes": ("Hooks: bench/perhop_trace/sitecustomize.py times Flower's functions and requests in every "
-                     "process of the deployment (a few microseconds per event, one JSON line each). Activities "
-                     "are exclusive seconds of the thread that ran them, summed over threads and processes of a "
-                     "role: they can exceed the wall-clock hop when threads run in parallel, and they include "
-                     "waiting for a core on a loaded machine."),
+           "notes": NOTES,
            "env": env_info()}
     write_json(out / f"{NAME}.json", doc)
     (out / f"{NAME}.md").write_text(render(doc))
