@@ -287,6 +287,9 @@ def profile_flower(out: Path, d: int, n: int, rounds: int, timeout: float) -> di
     """One traced Flower deployment (TLS, warm workers): its result, and per measured round the hop,
     activity and memory splits.
     """
+    if not (TRACE_CODE / "sitecustomize.py").is_file():
+        raise FileNotFoundError(f"{TRACE_CODE / 'sitecustomize.py'}: the timing hooks are missing (they ship with a "
+                                "checkout of graphfl, not as package data); without them no hop can be split")
     trace_dir = out / "trace"
     trace_dir.mkdir(parents=True, exist_ok=True)
     saved = {k: os.environ.get(k) for k in ("GRAPHFL_PERHOP_TRACE", "PYTHONPATH")}
