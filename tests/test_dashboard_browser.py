@@ -161,13 +161,35 @@ def test_live_inprocess_run_curves_and_table_reach_the_last_round(browser, procs
                 "--out", str(out))
     seen: list[int] = []
 
-    def at_last() -> bool:
+    def page_round() -> int | None:
         r = _js(browser, ROUND_JS)
         if r not in (None, "") and (not seen or seen[-1] != int(r)):
             seen.append(int(r))
-        return bool(seen) and seen[-1] == rounds
+        return seen[-1] if seen else None
 
-    _wait(at_last, 600, f"round {rounds} on the page (rounds seen: {seen}; run log: {run.log})")
+    # A round of this small run can take less than the page's poll interval, so the run is held
+    # (SIGSTOP) after its first finished round until the page has shown it: the page must show a
+    # round before the last while the run is going, on a fast machine too.
+    progress = out / "run.json"  # rewritten (atomically) after every round
+
+    def finished_rounds() -> int:
+        try:
+            doc = json.loads(progress.read_text())
+        except (OSError, ValueError):
+            return 0
+        rows = [r for m in (doc.get("methods") or {}).values() for r in (m.get("curve") or [])]
+        return max((int(r.get("round", 0)) for r in rows), default=0)
+
+    _wait(lambda: finished_rounds() >= 1 or run.proc.poll() is not None, 600,
+          f"the run's first round in {progress} (run log: {run.log})", step=0.005)
+    assert run.proc.poll() is None, f"the run ended before the test could hold it:\n{run.text()[-3000:]}"
+    run.proc.send_signal(signal.SIGSTOP)
+    try:
+        held = _wait(lambda: (page_round() or 0) >= 1 or None, 60, "the held run's round on the page")
+        assert held < rounds, f"the run was held at round {held}, already the last"
+    finally:
+        run.proc.send_signal(signal.SIGCONT)
+    _wait(lambda: page_round() == rounds, 600, f"round {rounds} on the page (rounds seen: {seen}; run log: {run.log})")
     assert run.proc.wait(timeout=120) == 0, run.text()[-3000:]
     assert _js(browser, "return document.body.dataset.loadId") == load_id, "the page was reloaded"
     assert len(seen) >= 2 and seen == sorted(seen), f"the page never showed a round before the last: {seen}"
