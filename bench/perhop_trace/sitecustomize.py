@@ -115,23 +115,16 @@ if os.environ.get("GRAPHFL_PERHOP_TRACE"):  # pragma: no branch - only under the
 
             def make(orig: Any = orig, attr: str = attr) -> Any:
                 def call(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
-                    stack = getattr(_LOCAL, "stack", None)
-                    if stack is None:
-                        stack = _LOCAL.stack = []
-                    stack.append(0.0)
-                    t0 = time.time()
+                    t0, c0 = _enter()
                     out = None
                     try:
                         out = orig(self, request, *args, **kwargs)
                         return out
                     finally:
-                        t1 = time.time()
-                        child = stack.pop()
-                        if stack:
-                            stack[-1] += t1 - t0
+                        t1, excl, cpu = _leave(t0, c0)
                         resp = out[0] if (attr == "with_call" and isinstance(out, tuple)) else out
                         _emit({"kind": "rpc_c", "name": method_of(self), "t0": t0, "t1": t1,
-                               "excl": (t1 - t0) - child, "req": _size(request), "resp": _size(resp)})
+                               "excl": excl, "cpu": cpu, "req": _size(request), "resp": _size(resp)})
                 return call
             setattr(_channel._UnaryUnaryMultiCallable, attr, make())
 
@@ -142,19 +135,14 @@ if os.environ.get("GRAPHFL_PERHOP_TRACE"):  # pragma: no branch - only under the
             name = getattr(behavior, "__name__", "?")
 
             def served(request: Any, context: Any) -> Any:
-                stack = getattr(_LOCAL, "stack", None)
-                if stack is None:
-                    stack = _LOCAL.stack = []
-                stack.append(0.0)
-                t0 = time.time()
+                t0, c0 = _enter()
                 out = None
                 try:
                     out = behavior(request, context)
                     return out
                 finally:
-                    t1 = time.time()
-                    child = stack.pop()
-                    _emit({"kind": "rpc_s", "name": name, "t0": t0, "t1": t1, "excl": (t1 - t0) - child,
+                    t1, excl, cpu = _leave(t0, c0)
+                    _emit({"kind": "rpc_s", "name": name, "t0": t0, "t1": t1, "excl": excl, "cpu": cpu,
                            "req": _size(request), "resp": _size(out)})
             return orig_handler(served, request_deserializer, response_serializer)
 
