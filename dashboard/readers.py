@@ -23,9 +23,11 @@ import re
 import threading
 import time
 import tomllib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 logger = logging.getLogger(__name__)
 
@@ -128,6 +130,10 @@ def read_toml(path: Path) -> dict[str, Any]:
         raise ReadError(f"{path.name}: not valid TOML ({exc})") from exc
 
 
+DERIVED_KEEP = 64
+"""Views kept by :meth:`SnapshotCache.derived` (the oldest is dropped first)."""
+
+
 class SnapshotCache:
     """The last complete parse of each document, so that a file caught mid-write is replaced by
     its previous version (and a message) instead of nothing. Thread-safe.
@@ -135,6 +141,7 @@ class SnapshotCache:
 
     def __init__(self) -> None:
         self._docs: dict[Path, tuple[float, Any]] = {}
+        self._derived: dict[tuple[str, int], tuple[Any, Any]] = {}
         self._lock = threading.Lock()
 
     def json(self, path: Path, messages: list[str]) -> dict[str, Any] | None:
@@ -159,6 +166,23 @@ class SnapshotCache:
         with self._lock:
             self._docs[path] = (mtime, doc)
         return doc
+
+    def derived(self, doc: Mapping[str, Any], name: str, compute: Callable[[], Any]) -> Any:
+        """``compute()`` for the document ``doc`` (an object :meth:`json` returned), computed once
+        while that document is the current one: a view that costs time on a large ``run.json`` is
+        redone when the file changes, not on every poll. Keeps the newest :data:`DERIVED_KEEP`.
+        """
+        key = (name, id(doc))
+        with self._lock:
+            hit = self._derived.get(key)
+        if hit is not None and hit[0] is doc:
+            return hit[1]
+        value = compute()
+        with self._lock:
+            self._derived[key] = (doc, value)
+            while len(self._derived) > DERIVED_KEEP:
+                self._derived.pop(next(iter(self._derived)))
+        return value
 
     def _last(self, path: Path) -> dict[str, Any] | None:
         with self._lock:
@@ -185,19 +209,23 @@ def _panels(rows: Sequence[Mapping[str, Any]], spec: tuple[tuple[str, tuple[str,
 
 
 def _matrix_edges(matrix: Any) -> list[list[float]] | None:
-    """Undirected weighted edges ``[i, j, w]`` (``i < j``, ``w != 0``) of a square matrix, or ``None``."""
+    """Undirected weighted edges ``[i, j, w]`` (``i < j``, ``w != 0``) of a square matrix, or ``None``.
+
+    ``w`` is the mean of ``m_ij`` and ``m_ji``; an entry that is not a finite number counts as 0.
+    """
     if not isinstance(matrix, list) or not matrix or not all(isinstance(r, list) and len(r) == len(matrix)
                                                                for r in matrix):
         return None
     n = len(matrix)
-    edges = []
-    for i in range(n):
-        for j in range(i + 1, n):
-            a, b = _finite(matrix[i][j]), _finite(matrix[j][i])
-            w = ((a or 0.0) + (b or 0.0)) / 2 if a is not None or b is not None else 0.0
-            if w != 0.0:
-                edges.append([i, j, w])
-    return edges
+    try:
+        m = np.array(matrix, dtype=np.float64)
+    except (TypeError, ValueError):  # entries that are not numbers: read one by one
+        m = np.array([[_finite(v) or 0.0 for v in r] for r in matrix], dtype=np.float64)
+    m[~np.isfinite(m)] = 0.0
+    iu, ju = np.triu_indices(n, 1)
+    w = (m[iu, ju] + m[ju, iu]) / 2
+    nz = np.flatnonzero(w)
+    return [[int(iu[k]), int(ju[k]), float(w[k])] for k in nz]
 
 
 def _age(path: Path, now: float) -> float | None:
@@ -294,14 +322,14 @@ def _run_snapshot(folder: Path, cache: SnapshotCache, out: dict[str, Any]) -> No
         if not (folder / "run.json").exists():
             msgs.append("run.json not written yet: showing progress.jsonl" if rows else "run.json not written yet")
     else:
-        _run_document(doc, out)
+        _run_document(doc, out, cache)
     errors = [e.get("error") for e in events if e.get("event") == "error" and e.get("error")]
     if errors and not out["error"]:
         out["error"] = str(errors[-1])
         out["status"] = out["status"] if out["status"] in ("failed", "diverged") else "failed"
 
 
-def _run_document(doc: Mapping[str, Any], out: dict[str, Any]) -> None:
+def _run_document(doc: Mapping[str, Any], out: dict[str, Any], cache: SnapshotCache | None = None) -> None:
     cfg = _dict(doc.get("config"))
     out["status"] = str(doc.get("status", "unknown"))
     if doc.get("error"):
@@ -322,7 +350,7 @@ def _run_document(doc: Mapping[str, Any], out: dict[str, Any]) -> None:
     out["table"] = _client_table(curve, env)
     if out["error"] and out["status"] != "completed":
         _mark_named_clients(out["table"], out["error"])
-    out["graph"] = _run_graph(curve, cfg)
+    out["graph"] = (cache or SnapshotCache()).derived(doc, "graph", lambda: _run_graph(curve, cfg))
 
 
 def _client_table(curve: Sequence[Mapping[str, Any]], env: Mapping[str, Any]) -> dict[str, Any]:
@@ -386,29 +414,136 @@ def _mark_named_clients(table: dict[str, Any], error: str) -> None:
 
 
 def _run_graph(curve: Sequence[Mapping[str, Any]], cfg: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The learned graph (``server.graph`` of JGESR / pFedGraph, ``server.phi`` of BiG-FL) of the
-    newest round that logged one, and FeSEM's cluster ``assignment`` as node groups.
+    """The learned graph over rounds and FeSEM's cluster ``assignment`` (newest round) as node groups.
+
+    A round's learned graph is its ``server.graph`` (JGESR, pFedGraph), a square ``server.W`` or
+    ``server.phi``, or BiG-FL's ``server.phi_edges`` (the strongest off-diagonal entries of ``φ``).
+    ``rounds`` holds at most :data:`MAX_GRAPH_ROUNDS` of the rounds that logged one (evenly spaced,
+    the first and the newest always kept), each with at most :data:`MAX_GRAPH_EDGES` edges (the
+    largest ``|w|``); ``cap`` says what was left out. The top-level ``edges`` are the newest round's.
     """
-    graph, groups, g_round = None, None, None
+    logged = [row for row in curve if _graph_key(_dict(row.get("server"))) is not None]
+    groups, g_round = None, None
     for row in curve:
         server = _dict(row.get("server"))
-        for key in ("graph", "phi", "W"):
-            edges = _matrix_edges(server.get(key))
-            if edges is not None:
-                graph, g_round, n = edges, row.get("round"), len(server[key])
         if isinstance(server.get("assignment"), list):
-            groups = server["assignment"]
-            if graph is None:
-                g_round = row.get("round")
-    if graph is None and groups is None:
+            groups, g_round = server["assignment"], row.get("round")
+    rounds = [g for g in (_round_graph(row) for row in _subsample(logged, MAX_GRAPH_ROUNDS)) if g is not None]
+    if not rounds and groups is None:
         return None
-    count = len(groups) if groups is not None else n
-    if graph is not None:
-        count = max(count, n)
+    count = len(groups) if groups is not None else 0
+    for g in rounds:
+        if "nodes" not in g:
+            count = max(count, int(g["n"]))
     nodes = [{"id": i, "group": groups[i] if groups is not None and i < len(groups) else None}
              for i in range(count)]
-    what = "learned client graph" if graph is not None else "clusters"
-    return {"title": f"{what} after round {g_round}", "nodes": nodes, "edges": graph or [], "directed": False}
+    if not rounds:
+        return {"title": f"clusters after round {g_round}", "nodes": nodes, "edges": [], "directed": False}
+    newest = rounds[-1]
+    notes = []
+    if len(logged) > len(rounds):
+        notes.append(f"{len(rounds)} of the {len(logged)} rounds that logged a graph are shown (evenly spaced, "
+                     f"the first and the newest kept; at most {MAX_GRAPH_ROUNDS})")
+    if any(g["total_edges"] > len(g["edges"]) for g in rounds):
+        notes.append(f"at most the {MAX_GRAPH_EDGES} strongest edges (largest |w|) of each round are drawn")
+    graph: dict[str, Any] = {"title": newest["title"], "nodes": newest.get("nodes"), "edges": newest["edges"],
+                             "directed": False, "rounds": rounds, "rounds_logged": len(logged),
+                             "cap": "; ".join(notes)}
+    if "edge_note" in newest:
+        graph["edge_note"] = newest["edge_note"]
+    for g in rounds:
+        g.pop("n", None)
+        g.setdefault("nodes", None)  # None: the top-level nodes (the clients, with FeSEM's groups)
+    if newest["nodes"] is None:
+        graph["nodes"] = nodes
+    return graph
+
+
+MAX_GRAPH_ROUNDS = 40
+"""Rounds of a learned graph sent to the page (evenly spaced over those that logged one)."""
+MAX_GRAPH_EDGES = 200
+"""Edges per round sent to the page: the strongest (largest ``|w|``)."""
+_MATRIX_KEYS = ("graph", "W", "phi")
+
+
+def _graph_key(server: Mapping[str, Any]) -> str | None:
+    for key in _MATRIX_KEYS:
+        m = server.get(key)
+        if isinstance(m, list) and m and isinstance(m[0], list) and len(m[0]) == len(m):
+            return key
+    if isinstance(server.get("phi_edges"), list):
+        return "phi_edges"
+    return None
+
+
+def _subsample(rows: Sequence[Any], cap: int) -> list[Any]:
+    """At most ``cap`` of ``rows``, evenly spaced, the first and the last always kept."""
+    if len(rows) <= cap:
+        return list(rows)
+    idx = sorted({round(k * (len(rows) - 1) / (cap - 1)) for k in range(cap)})
+    return [rows[i] for i in idx]
+
+
+def _round_graph(row: Mapping[str, Any]) -> dict[str, Any] | None:
+    """One round's learned graph for the page: ``round``, ``title``, ``edges`` (capped),
+    ``total_edges``, and for BiG-FL's ``φ`` its own ``nodes`` (parameter indices) and ``edge_note``.
+    """
+    server = _dict(row.get("server"))
+    key = _graph_key(server)
+    r = row.get("round")
+    if key == "phi_edges":
+        return _phi_graph(server, r)
+    if key is None:
+        return None
+    edges = _matrix_edges(server[key])
+    if edges is None:
+        return None
+    total = len(edges)
+    what = "BiG-FL φ (nodes are parameter indices)" if key == "phi" else "learned client graph"
+    dist = _finite(server.get("phi_minus_identity"))
+    tail = f", ‖φ − I‖_F = {_fmt(dist)}" if key == "phi" and dist is not None else ""
+    return {"round": r, "title": f"{what} after round {r}{tail}", "edges": _strongest(edges, MAX_GRAPH_EDGES),
+            "total_edges": total, "n": len(server[key])}
+
+
+def _strongest(edges: list[list[float]], cap: int) -> list[list[float]]:
+    if len(edges) <= cap:
+        return edges
+    keep = sorted(range(len(edges)), key=lambda k: -abs(edges[k][2]))[:cap]
+    return [edges[k] for k in sorted(keep)]
+
+
+def _phi_graph(server: Mapping[str, Any], r: Any) -> dict[str, Any] | None:
+    """BiG-FL's logged ``phi_edges`` (``[i, j, φ_ij]``, directed) as an undirected graph over the
+    parameter indices they touch: an edge's weight is the larger-``|.|`` of ``φ_ij`` and ``φ_ji``,
+    its note both entries.
+    """
+    pairs: dict[tuple[int, int], dict[tuple[int, int], float]] = {}
+    for e in server["phi_edges"]:
+        if not (isinstance(e, list) and len(e) == 3):
+            continue
+        i, j, v = _finite(e[0]), _finite(e[1]), _finite(e[2])
+        if i is None or j is None or v is None or i == j:
+            continue
+        a, b = int(i), int(j)
+        pairs.setdefault((min(a, b), max(a, b)), {})[(a, b)] = v
+    edges, notes = [], []
+    for (a, b), entries in sorted(pairs.items()):
+        w = max(entries.values(), key=abs)
+        edges.append([a, b, w])
+        notes.append("; ".join(f"φ[{i},{j}] = {_fmt(v)}" for (i, j), v in sorted(entries.items())))
+    if len(edges) > MAX_GRAPH_EDGES:
+        keep = set(map(tuple, (e[:2] for e in _strongest(edges, MAX_GRAPH_EDGES))))
+        notes = [n for e, n in zip(edges, notes, strict=True) if (e[0], e[1]) in keep]
+        edges = [e for e in edges if (e[0], e[1]) in keep]
+    d = _finite(server.get("phi_dim"))
+    dist = _finite(server.get("phi_minus_identity"))
+    of = f" of {int(d) * (int(d) - 1)}" if d is not None else ""
+    title = (f"BiG-FL φ after round {r}: the {len(server['phi_edges'])} strongest{of} off-diagonal entries "
+             f"(nodes are parameter indices)" + (f", ‖φ − I‖_F = {_fmt(dist)}" if dist is not None else ""))
+    ids = sorted({e[0] for e in edges} | {e[1] for e in edges})
+    return {"round": r, "title": title, "edges": edges, "edge_note": notes, "total_edges": len(edges),
+            "nodes": [{"id": i, "group": None} for i in ids]}
 
 
 # -- graphfl p2p -----------------------------------------------------------------------------------
@@ -437,6 +572,7 @@ def _p2p_snapshot(folder: Path, cache: SnapshotCache, out: dict[str, Any]) -> No
     except OSError as exc:
         msgs.append(f"{folder}: {exc.strerror or exc}")
     peer_rows: dict[int, list[dict[str, Any]]] = {}
+    links: dict[int, dict[str, Any]] = {}
     table = []
     final_peers = _dict(summary.get("peers")) if summary else {}
     for pid in sorted(ids):
@@ -455,6 +591,9 @@ def _p2p_snapshot(folder: Path, cache: SnapshotCache, out: dict[str, Any]) -> No
         peer_rows[pid] = recs
         status = cache.json(folder / f"peer-{pid}.status.json", msgs) \
             if (folder / f"peer-{pid}.status.json").exists() else None
+        link = _dict((peer_doc or {}).get("links")) or _dict((status or {}).get("links"))
+        if link:
+            links[pid] = link
         fin = _dict(final_peers.get(str(pid)))
         state = (fin.get("outcome") or (peer_doc or {}).get("outcome") or (status or {}).get("state")
                  or ("running" if recs else "starting"))
@@ -497,6 +636,8 @@ def _p2p_snapshot(folder: Path, cache: SnapshotCache, out: dict[str, Any]) -> No
     out["facts"] = {k: v for k, v in (("algorithm", run.get("algorithm")), ("network", net.get("name")),
                                       ("peers", len(ids)), ("mixing", net.get("mixing"))) if v not in (None, "")}
     out["graph"] = _p2p_graph(network, summary, ids)
+    if out["graph"] is not None and links:
+        _edge_bytes(out["graph"], links)
 
 
 def _mean_by_round(peer_rows: Mapping[int, list[dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -550,6 +691,30 @@ def _p2p_graph(network: Mapping[str, Any], summary: Mapping[str, Any] | None, id
     if selection:
         _edge_states(graph, selection)
     return graph
+
+
+def _link_bytes(links: Mapping[int, Mapping[str, Any]], a: int, b: int) -> int | None:
+    """Bytes ``a`` sent to ``b``: ``a``'s own count, else what ``b`` counted as received from ``a``."""
+    sent = _finite(_dict(_dict(links.get(a)).get(str(b))).get("bytes_sent"))
+    if sent is None:
+        sent = _finite(_dict(_dict(links.get(b)).get(str(a))).get("bytes_received"))
+    return None if sent is None else int(sent)
+
+
+def _edge_bytes(graph: dict[str, Any], links: Mapping[int, Mapping[str, Any]]) -> None:
+    """``edge_bytes``: ``[bytes i → j, bytes j → i]`` per edge ``[i, j, w]`` (``None`` where no
+    peer of the link reported it) from the peers' ``links`` (``peer-<id>.json``, else their
+    status file while they run).
+    """
+    out: list[list[int] | None] = []
+    for e in graph["edges"]:
+        a, b = int(e[0]), int(e[1])
+        ab, ba = _link_bytes(links, a, b), _link_bytes(links, b, a)
+        out.append(None if ab is None and ba is None else [ab or 0, ba or 0])
+    graph["edge_bytes"] = out
+    if any(x is not None for x in out):
+        graph["title"] = graph["title"].replace("p2p topology (edge weight)",
+                                                "p2p topology (width: edge weight; label and colour: bytes sent both ways)")
 
 
 def _edge_states(graph: dict[str, Any], selection: Mapping[str, Any]) -> None:

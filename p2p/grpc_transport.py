@@ -536,9 +536,7 @@ class GrpcTransport(Transport):
 
     def _acked(self, to: int, stream: _EncodedMessage, ack: pb.Ack) -> SendResult:
         if ack.accepted:
-            with self.mailbox.stats.lock:
-                self.mailbox.stats.bytes_sent += stream.bytes
-                self.mailbox.stats.payload_sent += stream.payload
+            self.mailbox.stats.count_sent(to, stream.bytes, stream.payload)
         return SendResult(to, ack.accepted, ack.reason, stream.bytes, stream.payload)
 
     def _send_socket(self, to: int, stream: _EncodedMessage, timeout: float) -> SendResult:

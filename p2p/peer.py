@@ -5,7 +5,9 @@ algorithm, listens, handshakes with its neighbours (bounded by ``connect-timeout
 :func:`graphfl.p2p.driver.run_node` over gRPC, and writes
 
 * ``<out>/peer-<id>.json`` — config, per-round records (loss, test loss, local disagreement,
-  compute/communication seconds, bytes sent/received, skipped neighbours) and the outcome;
+  compute/communication seconds, bytes sent/received, skipped neighbours), the outcome, and
+  ``links``: ``{neighbour: {"bytes_sent", "bytes_received"}}``, the wire bytes of the accepted
+  messages over each link (also in the status file while running);
 * ``<out>/peer-<id>.npz`` — the algorithm's output arrays: the final ``theta`` (and ``tracker`` for
   DFL-GT, ``estimate`` = ``θ̄_i`` for FedADMM);
 * ``report`` in ``peer-<id>.json`` — the algorithm's results beyond the records (FedADMM: estimate,
@@ -302,6 +304,7 @@ def run_peer(network_file: str | Path, peer_id: int, out_dir: str | Path, overri
         result["outcome"] = "running"
 
         last_status = [0.0]
+        link_stats = transport.link_stats
 
         def on_round(rec: dict[str, Any]) -> None:
             result["records"].append(rec)
@@ -313,7 +316,7 @@ def run_peer(network_file: str | Path, peer_id: int, out_dir: str | Path, overri
             last_status[0] = now
             _write_json(status_file, {"peer": peer_id, "state": "running", "round": rec["round"], "rounds": run.rounds,
                                       "train_loss": rec["train_loss"], "test_loss": rec["test_loss"],
-                                      "missing": rec["missing"]})
+                                      "missing": rec["missing"], "links": link_stats()})
 
         def on_checkpoint(st: NodeState, round_: int) -> None:
             if run.checkpoint_every and round_ % run.checkpoint_every == 0:
@@ -368,6 +371,7 @@ def run_peer(network_file: str | Path, peer_id: int, out_dir: str | Path, overri
         result["max_rss_mb"] = peak_rss_mb()
         result["torch_imported"] = "torch" in sys.modules
         if transport is not None:
+            result["links"] = transport.link_stats()
             transport.close()
         code = _finish(out, peer_id, result, status_file, network_file, code)
     return code

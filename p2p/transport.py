@@ -63,7 +63,34 @@ class TransportStats:
     payload_received: int = 0
     messages_rejected: int = 0
     messages_dropped_late: int = 0
+    sent_to: dict[int, int] = field(default_factory=dict)
+    """Bytes on the wire of the accepted messages sent to each neighbour."""
+    received_from: dict[int, int] = field(default_factory=dict)
+    """Bytes on the wire of the accepted messages received from each neighbour."""
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def count_sent(self, to: int, wire: int, payload: int) -> None:
+        """Count an accepted message to ``to`` (``wire`` bytes on the wire, ``payload`` as tensors)."""
+        with self.lock:
+            self.bytes_sent += wire
+            self.payload_sent += payload
+            self.sent_to[to] = self.sent_to.get(to, 0) + wire
+
+    def count_received(self, sender: int, wire: int, payload: int) -> None:
+        """Count an accepted message from ``sender``."""
+        with self.lock:
+            self.bytes_received += wire
+            self.payload_received += payload
+            self.received_from[sender] = self.received_from.get(sender, 0) + wire
+
+    def links(self) -> dict[str, dict[str, int]]:
+        """``{neighbour id: {"bytes_sent", "bytes_received"}}`` over each link (wire bytes of
+        accepted messages), for the neighbours a message went to or came from.
+        """
+        with self.lock:
+            ids = sorted(set(self.sent_to) | set(self.received_from))
+            return {str(j): {"bytes_sent": self.sent_to.get(j, 0), "bytes_received": self.received_from.get(j, 0)}
+                    for j in ids}
 
     def snapshot(self) -> dict[str, int]:
         with self.lock:
@@ -189,9 +216,7 @@ class Mailbox:
                 return False, refusal
             self._box[key] = msg
             self.latest[msg.sender] = max(msg.round, self.latest.get(msg.sender, -1))
-            with self.stats.lock:
-                self.stats.bytes_received += msg.wire_bytes
-                self.stats.payload_received += msg.payload_bytes
+            self.stats.count_received(msg.sender, msg.wire_bytes, msg.payload_bytes)
             self._cond.notify_all()
         return True, ""
 
@@ -312,6 +337,10 @@ class Transport(ABC):
     def stats(self) -> dict[str, int]:
         return self.mailbox.stats.snapshot()
 
+    def link_stats(self) -> dict[str, dict[str, int]]:
+        """Bytes sent to and received from each neighbour (:meth:`TransportStats.links`)."""
+        return self.mailbox.stats.links()
+
     def close(self) -> None:
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
@@ -360,7 +389,5 @@ class InProcessTransport(Transport):
         msg = asm.finish()
         ok, reason = box.put(msg)
         if ok:
-            with self.mailbox.stats.lock:
-                self.mailbox.stats.bytes_sent += msg.wire_bytes
-                self.mailbox.stats.payload_sent += msg.payload_bytes
+            self.mailbox.stats.count_sent(to, msg.wire_bytes, msg.payload_bytes)
         return SendResult(to, ok, reason, msg.wire_bytes, msg.payload_bytes)

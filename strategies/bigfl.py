@@ -42,7 +42,10 @@ from ``[train]`` like every other strategy.
 
 Server metrics every round: ``phi_minus_identity`` (``‖φ − I‖_F``), ``hypergrad_norm``
 (``‖ĝ‖_F`` before normalisation), ``phi_step`` (the step's length, ``α`` or 0),
-``implicit_residual`` / ``implicit_iterations`` / ``implicit_converged`` of the linear solve.
+``implicit_residual`` / ``implicit_iterations`` / ``implicit_converged`` of the linear solve, and
+φ itself in a bounded size: ``phi_dim`` (``d``) and ``phi_edges``, the :data:`PHI_LOGGED_EDGES`
+off-diagonal entries of largest ``|φ_ij|`` as ``[i, j, φ_ij]`` (:func:`phi_edges`; the dashboard
+draws them as the learned graph over parameter indices).
 
 Client graph: the task's (``ctx.client_graph``), else ``graph_file`` (an edge list ``i j
 [w]`` keyed by partition id), else ``missing_graph`` decides (``complete`` with a warning by
@@ -90,6 +93,9 @@ HESS_KEY = "bigfl/hessian"
 A_II_KEY = "bigfl.a-ii"
 WANT_HESS_KEY = "bigfl.hessian"
 RESERVED_PREFIX = "bigfl/"
+PHI_LOGGED_EDGES = 64
+"""Off-diagonal entries of φ written to the round's server metrics (``phi_edges``): the largest
+``|φ_ij|``, so a round's record stays a few kB whatever ``d`` is."""
 RIDGE_CENTRES = ("proximal", "origin")
 """Values of ``bigfl.ridge``: the centre of the LL ridge ``(κ/2)‖θ_i − c_i‖²``."""
 
@@ -317,6 +323,8 @@ class BiGFLCore(ServerCore[BiGFLParams]):
             hypergrad_correction_norm=info.correction_norm,
             phi_minus_identity=self.phi_distance(),
             phi_step=step,
+            phi_dim=self.dim,
+            phi_edges=phi_edges(self.phi, PHI_LOGGED_EDGES),
             implicit_residual=info.residual,
             implicit_iterations=info.iterations,
             implicit_converged=int(info.converged),
@@ -370,6 +378,21 @@ class BiGFLCore(ServerCore[BiGFLParams]):
         if self.params.others == "fedavg":
             out.update(self.shared)
         return out
+
+
+def phi_edges(phi: torch.Tensor, count: int) -> list[list[float]]:
+    """The ``count`` off-diagonal entries of ``phi`` of largest magnitude as ``[i, j, φ_ij]``
+    (row-major order, values rounded to 6 decimals as JGESR's logged graph; zeros left out).
+    """
+    m = phi.detach().cpu().numpy().astype(np.float64, copy=True)
+    np.fill_diagonal(m, 0.0)
+    flat = np.abs(m).ravel()
+    k = min(int(count), int(np.count_nonzero(flat)))
+    if k <= 0:
+        return []
+    top = np.sort(np.argpartition(-flat, k - 1)[:k])
+    rows, cols = np.divmod(top, m.shape[1])
+    return [[int(i), int(j), round(float(m[i, j]), 6)] for i, j in zip(rows, cols, strict=True)]
 
 
 def unflatten_params_many(theta: np.ndarray, template: Arrays, keys: tuple[str, ...]) -> list[Arrays]:

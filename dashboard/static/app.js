@@ -72,36 +72,60 @@ function chart(panel) {
   return el("div", {class: "chart-box"}, [el("h3", {}, [panel.title]), box, legend]);
 }
 
-function graphView(g) {
+const graphRound = new Map();  // folder path -> index of the round shown; absent = follow the newest
+let holding = false;            // a round slider is being dragged: redraws wait until it is let go
+let pending = null;
+
+function fmtBytes(b) {
+  if (b === null || b === undefined) return "";
+  const units = ["B", "kB", "MB", "GB", "TB"];
+  let k = 0;
+  while (Math.abs(b) >= 1000 && k < units.length - 1) { b /= 1000; k += 1; }
+  return (k ? b.toPrecision(3) : String(b)) + " " + units[k];
+}
+
+function drawGraph(g, shown) {
   const W = 320, H = 300, cx = W / 2, cy = H / 2 + 6, rad = Math.min(W, H) / 2 - 34;
-  const n = g.nodes.length;
+  const nodes = shown.nodes || g.nodes;
+  const edges = shown.edges, notes = shown.edge_note || g.edge_note, states = g.edge_state;
+  const bytes = g.edge_bytes;
+  const n = nodes.length;
   const pos = new Map();
-  g.nodes.forEach((node, i) => {
+  nodes.forEach((node, i) => {
     const a = 2 * Math.PI * i / Math.max(n, 1) - Math.PI / 2;
     pos.set(node.id, [cx + rad * Math.cos(a), cy + rad * Math.sin(a)]);
   });
-  const wmax = Math.max(1e-12, ...g.edges.map((e) => Math.abs(e[2])));
+  const wmax = Math.max(1e-12, ...edges.map((e) => Math.abs(e[2])));
+  const totals = bytes ? bytes.map((b) => (b ? b[0] + b[1] : null)) : null;
+  const bmax = totals ? Math.max(1, ...totals.filter((t) => t !== null)) : 1;
   const box = svg("svg", {width: W, height: H, viewBox: `0 0 ${W} ${H}`, class: "graph",
-                          "data-nodes": n, "data-edges": g.edges.length});
-  g.edges.forEach(([i, j, w], k) => {
+                          "data-nodes": n, "data-edges": edges.length,
+                          "data-round": shown.round === undefined ? null : shown.round});
+  edges.forEach(([i, j, w], k) => {
     const a = pos.get(i), b = pos.get(j);
     if (!a || !b) return;
-    const state = g.edge_state ? g.edge_state[k] : null;
+    const state = states ? states[k] : null;
     const off = state === "dropped" || state === "unknown";
+    const tb = totals ? totals[k] : null;
+    // colour: red for dropped / negative edges; by bytes (light to dark orange) when links counted them
+    const heat = tb !== null && tb !== undefined ? `hsl(28, 90%, ${Math.round(70 - 45 * tb / bmax)}%)` : null;
     const line = svg("line", {x1: a[0], y1: a[1], x2: b[0], y2: b[1], class: "edge" + (state ? " " + state : ""),
-                              stroke: off ? "#d62728" : w < 0 ? "#d62728" : "#5b6b80",
+                              stroke: off ? "#d62728" : w < 0 ? "#d62728" : heat || "#5b6b80",
                               "stroke-dasharray": off ? "4 3" : null,
-                              "stroke-opacity": off ? 0.7 : 0.35 + 0.65 * Math.abs(w) / wmax,
-                              "stroke-width": off ? 1 : 0.6 + 3.4 * Math.abs(w) / wmax});
-    const note = g.edge_note && g.edge_note[k] ? `; ${state}: ${g.edge_note[k]}` : state ? `; ${state}` : "";
-    line.append(svg("title", {}, [`${i} – ${j}: weight ${fmt(w)}${note}`]));
+                              "stroke-opacity": off ? 0.7 : heat ? 0.95 : 0.35 + 0.65 * Math.abs(w) / wmax,
+                              "stroke-width": off ? 1 : 0.6 + 3.4 * Math.abs(w) / wmax,
+                              "data-w": w, "data-bytes": tb});
+    const note = notes && notes[k] ? `; ${state ? state + ": " : ""}${notes[k]}` : state ? `; ${state}` : "";
+    const sent = bytes && bytes[k]
+      ? `; bytes ${i} → ${j}: ${fmtBytes(bytes[k][0])}, ${j} → ${i}: ${fmtBytes(bytes[k][1])}` : "";
+    line.append(svg("title", {}, [`${i} – ${j}: weight ${fmt(w)}${note}${sent}`]));
     box.append(line);
-    if (g.edges.length <= 40) {
+    if (edges.length <= 40) {
       box.append(svg("text", {x: (a[0] + b[0]) / 2, y: (a[1] + b[1]) / 2 - 2, "text-anchor": "middle",
-                              class: "edge-label"}, [fmt(w)]));
+                              class: "edge-label"}, [tb !== null && tb !== undefined ? fmtBytes(tb) : fmt(w)]));
     }
   });
-  for (const node of g.nodes) {
+  for (const node of nodes) {
     const [x, y] = pos.get(node.id);
     const fill = node.group === null || node.group === undefined || node.group < 0
       ? "#ffffff" : COLOURS[node.group % COLOURS.length];
@@ -112,10 +136,58 @@ function graphView(g) {
     box.append(c);
     if (n <= 60) box.append(svg("text", {x, y: y + 3.5, "text-anchor": "middle"}, [String(node.id)]));
   }
-  const groups = [...new Set(g.nodes.map((x) => x.group).filter((x) => x !== null && x !== undefined))];
-  const note = groups.length ? ` · ${groups.length} cluster(s), coloured` : "";
-  return el("div", {class: "graph-box"}, [el("h3", {}, [`${g.title}: ${n} nodes, ${g.edges.length} edges${note}`]), box]);
+  const groups = [...new Set(nodes.map((x) => x.group).filter((x) => x !== null && x !== undefined))];
+  const cl = groups.length ? ` · ${groups.length} cluster(s), coloured` : "";
+  const head = el("h3", {}, [`${shown.title || g.title}: ${n} nodes, ${edges.length} edges${cl}`]);
+  return [head, box];
 }
+
+function graphView(g, key) {
+  const rounds = g.rounds || [];
+  const last = rounds.length - 1;
+  const saved = graphRound.get(key);
+  let cur = saved === undefined || saved > last ? last : saved;
+  const [head0, box0] = drawGraph(g, rounds.length ? rounds[cur] : g);
+  const wrap = el("div", {class: "graph-box"}, [head0, box0]);
+  if (rounds.length < 2) {
+    if (g.cap) wrap.append(el("div", {class: "graph-cap"}, [g.cap]));
+    return wrap;
+  }
+  const slider = el("input", {type: "range", min: 0, max: last, step: 1, value: cur, class: "round-slider",
+                              "data-slider-for": key, "aria-label": "round of the learned graph"});
+  const label = el("span", {class: "round-label"}, []);
+  const show = (k) => {
+    cur = Math.min(last, Math.max(0, k));
+    if (cur === last) graphRound.delete(key); else graphRound.set(key, cur);  // the newest: follow it
+    const [head, box] = drawGraph(g, rounds[cur]);
+    wrap.replaceChild(head, wrap.children[0]);
+    wrap.replaceChild(box, wrap.children[1]);
+    slider.value = String(cur);
+    label.dataset.round = String(rounds[cur].round);
+    label.textContent = cur === last ? `round ${rounds[cur].round}, following the newest`
+      : `round ${rounds[cur].round} (newest: ${rounds[last].round})`;
+  };
+  slider.addEventListener("input", () => show(Number(slider.value)));
+  slider.addEventListener("pointerdown", () => { holding = true; });
+  const button = (cls, title, text, to) => {
+    const b = el("button", {type: "button", class: cls, title}, [text]);
+    b.addEventListener("click", () => show(to()));
+    return b;
+  };
+  wrap.append(el("div", {class: "round-bar"}, [
+    button("round-back", "previous round", "◀", () => cur - 1), slider,
+    button("round-next", "next round", "▶", () => cur + 1),
+    button("round-newest", "follow the newest round", "newest", () => last), label]));
+  wrap.append(el("div", {class: "graph-cap"}, [g.cap || `all ${rounds.length} rounds that logged a graph`]));
+  show(cur);
+  return wrap;
+}
+
+window.addEventListener("pointerup", () => {
+  if (!holding) return;
+  holding = false;
+  if (pending) { const p = pending; pending = null; render(p); }
+});
 
 function table(t) {
   const head = el("tr", {}, t.columns.map((c) => el("th", {}, [c.replace(/_/g, " ")])));
@@ -158,7 +230,7 @@ function folderView(f, i) {
     parts.push(el("div", {class: "facts"}, [Object.entries(f.facts).map(([k, v]) => `${k}: ${v}`).join(" · ")]));
   }
   const row = el("div", {class: "row"}, f.panels.map(chart));
-  if (f.graph) row.append(graphView(f.graph));
+  if (f.graph) row.append(graphView(f.graph, f.path));
   parts.push(row);
   if (f.table) parts.push(table(f.table));
   if (f.bench) parts.push(...benchView(f.bench));
@@ -166,8 +238,15 @@ function folderView(f, i) {
 }
 
 function render(state) {
+  if (holding) { pending = state; return; }
+  const active = document.activeElement;
+  const focused = active && active.dataset ? active.dataset.sliderFor : undefined;
   const main = document.getElementById("folders");
   main.replaceChildren(...state.folders.map(folderView));
+  if (focused !== undefined) {  // keep the keyboard on the slider across redraws
+    const again = [...main.querySelectorAll("input.round-slider")].find((x) => x.dataset.sliderFor === focused);
+    if (again) again.focus();
+  }
 }
 
 async function poll() {
