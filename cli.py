@@ -474,6 +474,9 @@ def bench(
                                          help="Link emulation, for benchmarks that take one (network: auto = "
                                          "namespaces + netem where the kernel has netem, else user-space; "
                                          "user-space; netns)."),
+    form: str | None = typer.Option(None, "--form",
+                                    help="Form between --quick and the full one, for benchmarks that have one "
+                                         "(admm: paper)."),
 ) -> None:
     """Reproduce a paper experiment; writes <out>/<name>.json/.md/.png."""
     from graphfl.deploy.run import default_out_dir
@@ -486,7 +489,7 @@ def bench(
         fail(f"benchmark {name!r} is not available: {exc}")
     extra: dict[str, str] = {}
     accepted = inspect.signature(module.run).parameters
-    for option, value in (("task", task), ("data_dir", data_dir), ("emulation", emulation)):
+    for option, value in (("task", task), ("data_dir", data_dir), ("emulation", emulation), ("form", form)):
         if value is None:
             continue
         if option not in accepted:

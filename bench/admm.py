@@ -28,7 +28,11 @@ Every setting the paper does not give is listed in the result's ``unspecified_se
 ``ϱ ∈ {0.1, 0.9}``, 3 seeds, a 5-value λ grid ``10^{-4..0}`` and fixed ``λ ∈ {0.01, 0.1}``
 (one worker process per core, ``GRAPHFL_BENCH_WORKERS`` overrides). Full: the paper's grids A
 and B (90 settings) with 3 seeds and a 9-value λ grid; the result records its own time estimate
-(``config.expected_seconds_full``).
+(``config.expected_seconds_full``). ``--form paper`` (:data:`PAPER_FLIPS`): the paper's devices
+``V ∈ {40, 60, 80}`` and sample sizes ``n ∈ {50, 100}`` of grid B, ``n = 50`` at seven ϱ of grid B's
+``{0, 0.1, …, 0.9}`` and ``n = 100`` at ``ϱ ∈ {0.1, 0.9}`` (grid A's ``ϱ = 0.1`` and ``0.2`` in the
+V panel), 3 seeds, the quick form's λ grid and CV iterations (a cut of the full form sized for the
+2-core machine; what it leaves out is in the result's ``cut_settings``).
 
 The benchmark is declared for the harness (:func:`declare`, :mod:`graphfl.bench.harness`): one
 *joint* cell per (V, n, ϱ, seed) runs all six methods on one draw, computed by the worker
@@ -77,6 +81,8 @@ from graphfl.p2p.algorithms.admm_math import (
     select_edges,
 )
 
+from .admm_verdicts import VERDICT_RULES, verdicts
+from .admm_verdicts import render as render_verdicts
 from .harness import Bench, Cell, Metric, run_bench
 from .report import build_doc, write_report
 from .runcache import RunCache
@@ -148,6 +154,10 @@ class Plan:
     conv_every: int = 5
     workers: int = 1
     extra: dict[str, Any] = field(default_factory=dict)
+    form: str = ""
+    """The form this plan is (:data:`FORMS`); empty for a hand-made plan."""
+    cuts: tuple[str, ...] = ()
+    """What this plan leaves out of the paper's grids."""
 
     def iterations_per_graph(self) -> int:
         """FedADMM iterations spent on one graph of one draw: the CV fits, the CV-λ fit, the fixed-λ fits."""
@@ -162,21 +172,60 @@ class Plan:
         return out
 
 
-def make_plan(quick: bool, seed: int) -> Plan:
-    """The ``--quick`` plan (``V ≥ 40``, ALGORITHMS §0.1 C3) or the full plan (paper grids A and B)."""
+FORMS = ("quick", "paper", "full")
+"""The plans of :func:`make_plan`, smallest first."""
+PAPER_V = (40, 60, 80)
+PAPER_FLIPS = {50: (0.0, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9), 100: (0.1, 0.9)}
+"""The ``paper`` form's ϱ values per sample size ``n`` (grid B: ``n ∈ {50, 100}``, ``ϱ ∈ {0, 0.1, …, 0.9}``)."""
+PAPER_CUTS = (
+    "grid B's ϱ ∈ {0.4, 0.6, 0.8} at n = 50 and every ϱ but 0.1 and 0.9 at n = 100 are left out",
+    "grid A (Fig. 2) only where it meets grid B: V ∈ {40, 60, 80} at (n, ϱ) ∈ {(50, 0.1), (50, 0.2), (100, 0.1)}; "
+    "V ∈ {20, 100}, n = 200 and (n = 100, ϱ = 0.2) are left out",
+    "5-value λ grid 10^{-4..0} and 120-iteration CV fits (the full form: 9 values, 200 iterations)",
+    "convergence (Fig. 4) at V = 40, n = 50, ϱ = 0.1 only (grid C: V ∈ {40, 60, 80}, n ∈ {50, 100})",
+    "3 seeds (the paper: 100 replications)",
+)
+"""What the ``paper`` form leaves out of the paper's grids (written to the result)."""
+
+
+def resolve_form(quick: bool, form: str | None) -> str:
+    """The form to run: ``form`` when given (one of :data:`FORMS`), else ``quick`` or ``full``.
+
+    ``quick=True`` with another ``form`` is a contradiction and raises ``ValueError`` naming both.
+    """
+    if form is None:
+        return "quick" if quick else "full"
+    if form not in FORMS:
+        raise ValueError(f"unknown form {form!r} of benchmark {NAME!r}; valid: {', '.join(FORMS)}")
+    if quick and form != "quick":
+        raise ValueError(f"--quick and --form {form} contradict each other: give one of them")
+    return form
+
+
+def make_plan(quick: bool, seed: int, form: str | None = None) -> Plan:
+    """The plan of a form (:func:`resolve_form`): ``quick`` (``V ≥ 40``, ALGORITHMS §0.1 C3), ``paper``
+    (:data:`PAPER_V` × :data:`PAPER_FLIPS`, cuts in :data:`PAPER_CUTS`) or ``full`` (paper grids A and B).
+    """
+    form = resolve_form(quick, form)
     seeds = (seed, seed + 1, seed + 2)
     workers = max(1, int(os.environ.get("GRAPHFL_BENCH_WORKERS", str(os.cpu_count() or 1))))
-    if quick:
+    quick_lambdas = (0.0001, 0.001, 0.01, 0.1, 1.0)
+    if form == "quick":
         return Plan(flip_settings=tuple((40, 50, f) for f in (0.1, 0.5, 0.9)) + ((60, 50, 0.9),),
                     v_settings=((40, 50, 0.1), (60, 50, 0.1)),
-                    seeds=seeds, lambdas=(0.0001, 0.001, 0.01, 0.1, 1.0), cv_iter=120, workers=workers,
-                    conv_setting=(40, 50, 0.1))
+                    seeds=seeds, lambdas=quick_lambdas, cv_iter=120, workers=workers,
+                    conv_setting=(40, 50, 0.1), form=form)
+    if form == "paper":
+        return Plan(flip_settings=tuple((v, n, f) for n, flips in PAPER_FLIPS.items() for v in PAPER_V for f in flips),
+                    v_settings=tuple((v, n, f) for n, f in ((50, 0.1), (50, 0.2), (100, 0.1)) for v in PAPER_V),
+                    seeds=seeds, lambdas=quick_lambdas, cv_iter=120, workers=workers,
+                    conv_setting=(40, 50, 0.1), form=form, cuts=PAPER_CUTS)
     flips = tuple(round(0.1 * k, 1) for k in range(10))
     grid_b = tuple((v, n, f) for v in (40, 60, 80) for n in (50, 100) for f in flips)
     grid_a = tuple((v, n, f) for v in (20, 40, 60, 80, 100) for n in (50, 100, 200) for f in (0.1, 0.2))
     return Plan(flip_settings=grid_b, v_settings=grid_a, seeds=seeds,
                 lambdas=(0.0001, 0.0003, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0), cv_iter=200, workers=workers,
-                conv_setting=(40, 50, 0.1))
+                conv_setting=(40, 50, 0.1), form=form)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -706,13 +755,26 @@ def convergence_runs(plan: Plan, lam_of: dict[tuple[int, int, float, int], float
     return [cache(key(j), partial(compute, j)) for j in jobs]
 
 
-def run(quick: bool, seed: int, out: Path, plan: Plan | None = None) -> dict[str, Any]:
-    """Run B4 and write ``<out>/admm.{json,md,png}``; returns the result dict (``plan`` overrides, for tests)."""
+SECONDS_PER_STEP_PRIOR = 9e-6
+"""Seconds per node-or-edge step assumed by the estimate logged before a run starts (the quick form's
+cost per step on the shared 2-core machine); the result records the run's own measured cost."""
+
+
+def run(quick: bool, seed: int, out: Path, plan: Plan | None = None, form: str | None = None) -> dict[str, Any]:
+    """Run B4 and write ``<out>/admm.{json,md,png}``; returns the result dict.
+
+    ``form`` picks the plan (:func:`make_plan`; ``None``: ``quick`` or ``full`` by ``quick``);
+    ``plan`` overrides both (for tests).
+    """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
-    plan = plan or make_plan(quick, seed)
-    logger.info("B4: %d settings x %d seeds on %d worker(s)", len(plan.settings()), len(plan.seeds), plan.workers)
+    plan = plan or make_plan(quick, seed, form)
+    form_name = plan.form or ("quick" if quick else "full")
+    logger.info("B4 (%s form): %d settings x %d seeds on %d worker(s); estimate before the start: about %.0f min "
+                "(at %.0f µs per node/edge step, run cache not counted)", form_name, len(plan.settings()),
+                len(plan.seeds), plan.workers, expected_seconds(plan, SECONDS_PER_STEP_PRIOR) / 60,
+                SECONDS_PER_STEP_PRIOR * 1e6)
     bench = declare(plan)
     outcome = run_bench(bench, out)
     results = [outcome.joint[(tuple({"V": v, "n": n, "flip": f}.items()), s)]
@@ -727,6 +789,9 @@ def run(quick: bool, seed: int, out: Path, plan: Plan | None = None) -> dict[str
     per_step = grid_seconds / max(1, steps * plan.iterations_per_graph())
     full_plan = make_plan(False, seed)
     checked = claims(table, plan, conv)
+    verdict = verdicts(table, plan.flip_settings, plan.v_settings, plan.fixed_lambdas, conv, COVARIANCES[0])
+    for name, v in verdict.items():
+        logger.info("B4 verdict %s: %s", name, v["verdict"])
     ref = table[plan.flip_settings[0]]
     methods: dict[str, Any] = {}
     for m in METHODS:
@@ -741,7 +806,8 @@ def run(quick: bool, seed: int, out: Path, plan: Plan | None = None) -> dict[str
         c = conv[m]
         methods[m] = {"final": {"dist_to_estimator": c[-1]["dist_to_estimator"],
                                 "estimation_error": c[-1]["estimation_error"]}, "curve": c}
-    config = {**asdict(plan), "quick": quick, "p": P, "K0": K0, "loss": "least squares ½(y-θᵀx)²", "phi": "l1",
+    config = {**asdict(plan), "quick": quick, "form_name": form_name, "p": P, "K0": K0,
+              "loss": "least squares ½(y-θᵀx)²", "phi": "l1",
               "adapter": "run_admm_stacked (the reference iteration on stacked arrays, one process)",
               "es_covariance": COVARIANCES[0],
               "figures": {"error_vs_flip": [list(x) for x in plan.flip_settings],
@@ -750,6 +816,7 @@ def run(quick: bool, seed: int, out: Path, plan: Plan | None = None) -> dict[str
                           "cv_lambdas": list(plan.lambdas), "fixed_lambdas": list(plan.fixed_lambdas)},
               "seconds_per_step_measured": per_step,
               "expected_seconds": expected_seconds(plan, per_step),
+              "expected_seconds_before_start": expected_seconds(plan, SECONDS_PER_STEP_PRIOR),
               "expected_seconds_full": expected_seconds(full_plan, per_step)}
     doc = build_doc(bench, outcome, quick, config, extra={
         "unspecified_settings": UNSPECIFIED,
@@ -758,11 +825,17 @@ def run(quick: bool, seed: int, out: Path, plan: Plan | None = None) -> dict[str
                         "per_seed": [{k: r[k] for k in ("seed", "lambda", "tuned", "floats_per_iteration",
                                                        "estimator_error", "seconds")} for r in conv_runs]},
         "claims": checked,
+        "verdicts": verdict,
+        "verdict_rules": VERDICT_RULES,
+        "cut_settings": list(plan.cuts),
         "edge_tests": edge_test_grid,
         "runs": [{k: v for k, v in r.items() if k != "_key"} for r in results],
     })
     doc["seconds"] = time.perf_counter() - t_start
-    write_report(out, doc, sections=render_markdown(doc, plan, table, conv).split("\n"))
+    intro = [f"**{form_name} form** (`graphfl bench admm{'' if form_name == 'full' else ' --form ' + form_name}`): "
+             f"{len(plan.settings())} settings (V, n, ϱ) x {len(plan.seeds)} seeds; estimate before the start "
+             f"{config['expected_seconds_before_start'] / 60:.0f} min, wall time {doc['seconds'] / 60:.0f} min.", ""]
+    write_report(out, doc, intro=intro, sections=render_markdown(doc, plan, table, conv).split("\n"))
     draw(out / f"{NAME}.png", plan, table, conv)
     return doc
 
@@ -772,7 +845,10 @@ def render_markdown(doc: dict[str, Any], plan: Plan, table: dict[tuple[int, int,
     """Tables: error vs ϱ, error vs V, chosen λ and graphs, convergence, claims."""
     cols = [LABELS[m] for m in METHODS]
     grid = doc["config"]["figures"]
-    lines = [f"## Setting ({'quick' if doc['config']['quick'] else 'full'} form)", "",
+    form = doc["config"].get("form_name") or ("quick" if doc["config"]["quick"] else "full")
+    lines = ["## Verdicts (one per claim of seed 001 / the original paper §5, ALGORITHMS §6.12; rules in "
+             "verdict_rules)", "", *render_verdicts(doc.get("verdicts", {})), "",
+             f"## Setting ({form} form)", "",
              f"p = {P}, K0 = {K0}, seeds {list(plan.seeds)}, λ grid {list(plan.lambdas)} by {plan.cv_folds}-fold CV, "
              f"and fixed λ ∈ {list(plan.fixed_lambdas)}; edge test at α = {plan.alpha} with the "
              f"{doc['config']['es_covariance']!r} covariance; error = ‖Θ̂ − Θ*‖²_F / V, mean ± sd over seeds. "
@@ -831,6 +907,8 @@ def render_markdown(doc: dict[str, Any], plan: Plan, table: dict[tuple[int, int,
             lines.append(f"- {k}: {v}")
     lines += ["", "## Settings the paper does not give", ""]
     lines += [f"- {k}: {v}" for k, v in doc["unspecified_settings"].items()]
+    if plan.cuts:
+        lines += ["", f"## Cut settings (what the {form} form leaves out)", ""] + [f"- {c}" for c in plan.cuts]
     lines += ["", f"Expected wall time of the full grid on this machine: about "
               f"{doc['config']['expected_seconds_full'] / 3600:.1f} h with {plan.workers} worker(s), extrapolated from "
               f"this run's measured cost per node/edge step ({doc['config']['seconds_per_step_measured'] * 1e6:.0f} µs; "
@@ -840,8 +918,8 @@ def render_markdown(doc: dict[str, Any], plan: Plan, table: dict[tuple[int, int,
 
 def draw(path: Path, plan: Plan, table: dict[tuple[int, int, float], dict[str, Any]],
          conv: dict[str, list[dict[str, Any]]]) -> None:
-    """Panels (log y): error vs ϱ with λ by CV, error vs ϱ at the largest fixed λ, error vs V,
-    distance to Θ̂ vs iteration.
+    """Panels (log y): error vs ϱ with λ by CV (one per V with at least 3 ϱ values at the first n), error
+    vs ϱ at the largest fixed λ, error vs V, distance to Θ̂ vs iteration.
     """
     def series(settings: Sequence[tuple[int, int, float]], x: str) -> dict[str, list[dict[str, Any]]]:
         return {LABELS[m]: [{x: table[s][x], "error": table[s][m]["error"], "sd": table[s][m]["error_sd"] or 0.0}
@@ -850,6 +928,11 @@ def draw(path: Path, plan: Plan, table: dict[tuple[int, int, float], dict[str, A
     n_flip = sorted({(v, n) for v, n, _ in plan.flip_settings})
     v0, n0 = n_flip[0]
     flip_settings = [s for s in plan.flip_settings if s[:2] == (v0, n0)]
+    more_v = [(v, [s for s in plan.flip_settings if s[:2] == (v, n0)]) for v in sorted({v for v, n in n_flip if n == n0})
+              if v != v0]
+    more_panels = [{"x": "flip", "y": "error", "band": "sd", "series": series(ss, "flip"), "logy": True,
+                    "xlabel": "flip probability ϱ", "ylabel": "‖Θ̂−Θ*‖²/V", "title": f"λ by CV, V={v}, n={n0}"}
+                   for v, ss in more_v if len(ss) >= 3]
     vn = sorted({(n, f) for _, n, f in plan.v_settings})
     n1, f1 = vn[0]
     v_settings = [s for s in plan.v_settings if (s[1], s[2]) == (n1, f1)]
@@ -869,6 +952,7 @@ def draw(path: Path, plan: Plan, table: dict[tuple[int, int, float], dict[str, A
     plot_panels(path, [
         {"x": "flip", "y": "error", "band": "sd", "series": series(flip_settings, "flip"), "logy": True,
          "xlabel": "flip probability ϱ", "ylabel": "‖Θ̂−Θ*‖²/V", "title": f"λ by CV, V={v0}, n={n0}"},
+        *more_panels,
         *fixed_panel,
         {"x": "V", "y": "error", "band": "sd", "series": series(v_settings, "V"), "logy": True,
          "xlabel": "number of devices V", "ylabel": "‖Θ̂−Θ*‖²/V", "title": f"n={n1}, ϱ={f1}"},
