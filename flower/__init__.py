@@ -6,7 +6,20 @@ algorithm needs the client's cooperation live beside them.
 """
 
 from graphfl.flower.adapter import CooperationError, GraphflStrategy, WrapperRefused
-from graphfl.flower.strategies import CFL, JGESR, FedAMP, FedAvg, FedGATE, FedProx, FeSEM, Local, PFedGraph
+from graphfl.flower.strategies import (
+    APFL,
+    CFL,
+    JGESR,
+    APFLGate,
+    BiGFL,
+    FedAMP,
+    FedAvg,
+    FedGATE,
+    FedProx,
+    FeSEM,
+    Local,
+    PFedGraph,
+)
 
-__all__ = ["CFL", "JGESR", "CooperationError", "FeSEM", "FedAMP", "FedAvg", "FedGATE", "FedProx", "GraphflStrategy",
-           "Local", "PFedGraph", "WrapperRefused"]
+__all__ = ["APFL", "CFL", "JGESR", "APFLGate", "BiGFL", "CooperationError", "FeSEM", "FedAMP", "FedAvg", "FedGATE",
+           "FedProx", "GraphflStrategy", "Local", "PFedGraph", "WrapperRefused"]

@@ -193,10 +193,28 @@ class GraphflStrategy(Strategy):
         return build_dataclass(cls, {k.replace("_", "-"): v for k, v in values.items()}, section)
 
     # -- what subclasses may override -------------------------------------------------
-    def regulariser(self) -> tuple[str, dict[str, float]] | None:
-        """The client term the local loss needs (:data:`keys.PROXIMAL` / :data:`keys.COSINE` and its
-        config values), or ``None`` when a stock ClientApp does what the algorithm needs.
+    def regulariser(self) -> tuple[str, dict[str, Any]] | None:
+        """The client term the local loss needs (:data:`keys.PROXIMAL` / :data:`keys.COSINE` / ...,
+        several joined by :data:`keys.TERM_SEP`, and its config values: numbers, strings or lists of
+        strings), or ``None`` when a stock ClientApp does what the algorithm needs.
         """
+        return None
+
+    def evaluate_term(self) -> tuple[str, dict[str, Any]] | None:
+        """The client's part in evaluation (config of every evaluate message), or ``None``:
+        :data:`keys.OWN_MODEL` (the client's own model) or :data:`keys.PERSONAL` (APFL's personal
+        output, which the reply must confirm).
+        """
+        reg = self.regulariser()
+        return (keys.OWN_MODEL, {}) if reg is not None and reg[0] == keys.OWN_MODEL else None
+
+    def cooperation_steps(self) -> str:
+        """What a ClientApp adds for this strategy's client term (the text of :class:`CooperationError`)."""
+        return ("`app = ClientApp(mods=[graphfl.flower.client.graphfl_mod])` and, in the train function, "
+                "`loss = loss + graphfl.flower.client.regulariser(msg)(model)`")
+
+    def client_graph(self) -> tuple[np.ndarray, str] | None:
+        """The client graph the core reads (adjacency over partition ids, and where it came from)."""
         return None
 
     def train_settings(self) -> TrainConfig:
@@ -272,8 +290,14 @@ class GraphflStrategy(Strategy):
         if spec.preflight is not None:
             spec.preflight(cfg, arrays, tuple(keys_))
         self.template = dict(arrays)
+        graph = self.client_graph()
+        if graph is not None and np.shape(graph[0]) != (n, n):
+            raise ValueError(f"{type(self).__name__}: the client graph is {np.shape(graph[0])}, but the federation "
+                             f"has n = {n} clients (num_clients or the nodes connected at round 1)")
         ctx = ServerContext(config=cfg, params=self.params, num_clients=n, initial_arrays=self.template,
-                            param_keys=tuple(keys_), num_examples={}, seed=self.seed)
+                            param_keys=tuple(keys_), num_examples={}, seed=self.seed,
+                            client_graph=None if graph is None else graph[0],
+                            graph_source="" if graph is None else graph[1])
         self.core = spec.server_core(ctx)
         self._admit(node_ids)
 
@@ -307,7 +331,7 @@ class GraphflStrategy(Strategy):
             name, values = reg
             cfg[keys.REGULARISER] = name
             for k, v in values.items():
-                cfg[k] = float(v)
+                cfg[k] = _config_value(v)
             anchor = self.anchor_arrays(extra)
             if anchor:
                 content[keys.ANCHOR] = numpy_to_record(anchor)
@@ -369,7 +393,8 @@ class GraphflStrategy(Strategy):
         if reg is None or metrics.get(keys.APPLIED) == 1:
             return
         name, values = reg
-        setting = ", ".join(f"{k.removeprefix('graphfl.')}={v:g}" for k, v in values.items())
+        setting = ", ".join(f"{k.removeprefix('graphfl.')}={_shown(v)}" for k, v in values.items()
+                            if isinstance(v, (int, float)))
         why = ("its train function did not add the term to the loss" if keys.APPLIED in metrics
                else "the ClientApp has no graphfl_mod")
         if name == keys.OWN_MODEL:
@@ -381,9 +406,7 @@ class GraphflStrategy(Strategy):
         raise CooperationError(
             f"{type(self).__name__} ({setting}) needs the client term {name!r} in the local loss, but the "
             f"reply of node {reply.node_id} does not confirm it ({why}). Add it to the ClientApp: "
-            "`app = ClientApp(mods=[graphfl.flower.client.graphfl_mod])` and, in the train function, "
-            "`loss = loss + graphfl.flower.client.regulariser(msg)(model)`; or switch the term off "
-            f"({self.off_hint()}).")
+            f"{self.cooperation_steps()}; or switch the term off ({self.off_hint()}).")
 
     def off_hint(self) -> str:
         """How to run this strategy without the client term (for :class:`CooperationError`)."""
@@ -445,9 +468,11 @@ class GraphflStrategy(Strategy):
             if key not in cache:
                 cache[key] = numpy_to_record({k: v for k, v in model.items() if k in self.template})
             cfg = ConfigRecord({**dict(config), keys.SERVER_ROUND: int(server_round)})
-            reg = self.regulariser()
-            if reg is not None and reg[0] == keys.OWN_MODEL:   # the mod evaluates the client's own model
-                cfg[keys.REGULARISER] = keys.OWN_MODEL
+            term = self.evaluate_term()
+            if term is not None:   # the mod / personal_model evaluate the client's own or personal model
+                cfg[keys.REGULARISER] = term[0]
+                for k, v in term[1].items():
+                    cfg[k] = _config_value(v)
             out.append((live[pid], RecordDict({keys.ARRAYS: cache[key], keys.CONFIG: cfg})))
         return out
 
@@ -460,6 +485,13 @@ class GraphflStrategy(Strategy):
                 logger.warning("round %d: evaluation of node %d failed: %s", server_round, reply.node_id, reply.error)
                 continue
             metrics = self._metrics(reply.content)
+            term = self.evaluate_term()
+            if term is not None and term[0] == keys.PERSONAL and metrics.get(keys.APPLIED) != 1:
+                raise CooperationError(
+                    f"{type(self).__name__} evaluates each client's personal output, but the evaluate reply of "
+                    f"node {reply.node_id} does not confirm it (the ClientApp has no graphfl_mod, or its evaluate "
+                    "function did not call personal_model). Add `model = graphfl.flower.client.personal_model(msg, "
+                    "context, model)` to the evaluate function, after loading msg.content['arrays'].")
             n_ex = metrics.get(keys.NUM_EXAMPLES)
             pid = self._reply_pid(reply, metrics)
             if not isinstance(n_ex, (int, float)) or pid is None:
@@ -522,6 +554,21 @@ class GraphflStrategy(Strategy):
             raise RuntimeError(f"{type(self).__name__}: no round has run yet")
         payload = self.core.evaluation_payload(partition_id)
         return {k: v for k, v in payload.arrays.items() if k in self.template}
+
+
+def _config_value(value: Any) -> Any:
+    """A hyperparameter as a ``ConfigRecord`` value: strings, bools and lists of strings as they are,
+    numbers as floats.
+    """
+    if isinstance(value, (str, bool)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [str(v) for v in value]
+    return float(value)
+
+
+def _shown(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
 
 
 def _plain(msg: Message) -> ClientReply:

@@ -28,19 +28,28 @@ The terms are graphfl's own client terms (:func:`graphfl.client.objective.proxim
 from __future__ import annotations
 
 import contextvars
+import copy
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message
 from torch import nn
 
+from graphfl.client.bigfl_trainer import ll_term
+from graphfl.client.gate_trainer import OutputMixture, personal_step
 from graphfl.client.objective import Penalty, cosine_term, linear_term, proximal_term
 from graphfl.flower import keys
 from graphfl.strategies.apfl_math import client_update, delta_update
+from graphfl.strategies.bigfl import A_II_KEY, M_KEY, PHI_KEY
 from graphfl.strategies.fedgate import ACCEPTED_KEY, ROUND_KEY
 
 _APPLIED: contextvars.ContextVar[set[str] | None] = contextvars.ContextVar("graphfl_applied", default=None)
+_PERSONAL: contextvars.ContextVar[list[Personal] | None] = contextvars.ContextVar("graphfl_personal", default=None)
+LOSS_TERMS = (keys.PROXIMAL, keys.COSINE, keys.GATE, keys.BIGFL)
+"""Terms :func:`regulariser` adds to the loss; :data:`~graphfl.flower.keys.PERSONAL` and
+:data:`~graphfl.flower.keys.OWN_MODEL` are the client's other parts (:class:`Personal`, the mod)."""
 
 Regulariser = Callable[[nn.Module], torch.Tensor]
 
@@ -52,6 +61,20 @@ def requested(msg: Message) -> str | None:
     return None if value is None else str(value)
 
 
+def requested_terms(msg: Message) -> set[str]:
+    """Every client term a message asks for (:data:`~graphfl.flower.keys.REGULARISER` split at
+    :data:`~graphfl.flower.keys.TERM_SEP`).
+    """
+    name = requested(msg)
+    return set() if name is None else set(name.split(keys.TERM_SEP))
+
+
+def _mark(term: str) -> None:
+    applied = _APPLIED.get()
+    if applied is not None:
+        applied.add(term)
+
+
 def regulariser(msg: Message) -> Regulariser:
     """The local-loss term the strategy asks for in ``msg`` as ``reg(model) -> scalar tensor``.
 
@@ -59,7 +82,15 @@ def regulariser(msg: Message) -> Regulariser:
       parameters, the anchor being the message's ``"arrays"`` (``μ`` = config ``graphfl.mu``);
     * :data:`~graphfl.flower.keys.COSINE`: ``−λ ⟨c, θ⟩/‖θ‖`` with ``c`` the ArrayRecord
       ``graphfl.anchor`` (``λ`` = config ``graphfl.lam``); zero when no anchor was sent yet;
-    * nothing asked: zero.
+    * :data:`~graphfl.flower.keys.GATE`: ``−Σ_k ⟨δ_k, θ_k⟩`` with ``δ`` put in by :func:`graphfl_mod`;
+    * :data:`~graphfl.flower.keys.BIGFL`: BiG-FL's lower-level term (seed 000 eq. 10.17)
+      ``(λ/2)‖m_i + â_i θ φ − θ‖² + (κ/2)‖θ − c_i‖²`` over ``θ`` = the concatenated parameters
+      ``graphfl.theta-keys``, with ``m_i`` and ``φ`` from ``graphfl.anchor``, ``â_i`` = config
+      ``bigfl.a-ii``, ``λ`` / ``κ`` = ``graphfl.lam`` / ``graphfl.kappa`` and ``c_i`` the received
+      model (``graphfl.ridge = proximal``) or 0 (``origin``): graphfl's own client term
+      (:func:`graphfl.client.bigfl_trainer.ll_term` over
+      :func:`graphfl.strategies.bigfl_math.ll_reg_loss`);
+    * nothing asked (or only the client's other parts: its own model, APFL's personal model): zero.
 
     Each call of ``reg`` records (for :func:`graphfl_mod`) that the term entered the loss.
 
@@ -68,10 +99,17 @@ def regulariser(msg: Message) -> Regulariser:
     ValueError
         For a term this graphfl version does not know (the message names it).
     """
-    name = requested(msg)
-    if name is None or name == keys.OWN_MODEL:   # the mod does local-only training's part
+    terms = requested_terms(msg)
+    unknown = terms - set(LOSS_TERMS) - {keys.OWN_MODEL, keys.PERSONAL}
+    if unknown:
+        raise ValueError(f"the strategy asks for the client term(s) {sorted(unknown)}, which this graphfl version "
+                         f"does not know (known: {[*LOSS_TERMS, keys.PERSONAL, keys.OWN_MODEL]})")
+    names = [t for t in LOSS_TERMS if t in terms]
+    if not names:   # the mod / Personal do local-only training's and APFL's parts
         return _zero
+    name = names[0]
     config = msg.content.config_records[keys.CONFIG]
+    term: Regulariser
     if name == keys.PROXIMAL:
         anchor = {k: np.asarray(v.numpy()) for k, v in msg.content.array_records[keys.ARRAYS].items()}
         mu = float(config[keys.MU])  # type: ignore[arg-type]
@@ -92,16 +130,132 @@ def regulariser(msg: Message) -> Regulariser:
             lam = float(config[keys.LAM])  # type: ignore[arg-type]
             term = _lazy_keys(lambda ks: cosine_term(cluster, lam, ks))
     else:
-        raise ValueError(f"the strategy asks for the client term {name!r}, which this graphfl version does not "
-                         f"know (known: {[keys.PROXIMAL, keys.COSINE, keys.GATE, keys.OWN_MODEL]})")
+        term = _bigfl_term(msg, config)
 
     def reg(model: nn.Module) -> torch.Tensor:
-        applied = _APPLIED.get()
-        if applied is not None:
-            applied.add(name)
+        _mark(name)
         return term(model)
 
     return reg
+
+
+def _bigfl_term(msg: Message, config: ConfigRecord) -> Regulariser:
+    """BiG-FL's lower-level term of ``msg`` (see :func:`regulariser`)."""
+    record = msg.content.array_records.get(keys.ANCHOR)
+    if record is None or M_KEY not in record or PHI_KEY not in record:
+        raise ValueError(f"a BiG-FL train message without {M_KEY!r} / {PHI_KEY!r} in {keys.ANCHOR!r}")
+    theta_keys = tuple(str(k) for k in config[keys.THETA_KEYS])  # type: ignore[union-attr]
+    received = msg.content.array_records[keys.ARRAYS]
+    flat = np.concatenate([np.asarray(received[k].numpy(), dtype=np.float32).reshape(-1) for k in theta_keys])
+    anchor = torch.as_tensor(flat) if str(config[keys.RIDGE]) == "proximal" else torch.zeros(flat.shape)
+    tensors = {"m": torch.as_tensor(np.asarray(record[M_KEY].numpy(), dtype=np.float32)),
+               "phi": torch.as_tensor(np.asarray(record[PHI_KEY].numpy(), dtype=np.float32)),
+               "a": torch.tensor(float(config.get(A_II_KEY, 1.0)), dtype=torch.float32),  # type: ignore[arg-type]
+               "anchor": anchor}
+    if tuple(tensors["m"].shape) != flat.shape or tuple(tensors["phi"].shape) != flat.shape * 2:
+        raise ValueError(f"BiG-FL's m_i / phi are {tuple(tensors['m'].shape)} / {tuple(tensors['phi'].shape)}, "
+                         f"but theta ({', '.join(theta_keys)}) has {flat.size} entries")
+    penalty = Penalty(ll_term, tensors, (theta_keys, float(config[keys.LAM]), float(config[keys.KAPPA])))  # type: ignore[arg-type]
+    return _lazy_keys(lambda ks: penalty)
+
+
+class Personal:
+    """APFL's personal model ``v_i`` in a ClientApp's train function (ALGORITHMS.md §9.1, §9.3).
+
+    Build it after loading the received model and call :meth:`step` after every optimiser step
+    of the model::
+
+        pers = Personal(msg, context, model)
+        for x, y in batches:
+            ...; loss.backward(); optimizer.step()
+            pers.step(model, x, y, loss_fn)
+
+    Each :meth:`step` is graphfl's personal step
+    (:func:`graphfl.client.gate_trainer.personal_step`): with ``h_w = model(x)`` of the just-updated
+    copy ``w_i`` (no gradient), ``ŷ = α_i h(v_i; x) + (1 − α_i) h_w``,
+    ``v_i ← v_i − η ∇_v ℓ(ŷ, y)`` (plain SGD, ``η`` = config ``graphfl.eta``) and, with
+    ``graphfl.adaptive-alpha``, ``α_i ← clip_[0,1](α_i − η_α ∂ℓ(ŷ)/∂α)``. ``v_i`` starts as the
+    received model and ``α_i`` as ``graphfl.alpha``; :func:`graphfl_mod` keeps both, and the
+    trained ``w_i`` (the reply's ``"arrays"``: the local copy the personal output mixes with, C6),
+    in ``context.state`` (:data:`~graphfl.flower.keys.APFL_STATE`). When the strategy asks for no
+    personal model, :meth:`step` does nothing.
+    """
+
+    def __init__(self, msg: Message, context: Context, model: nn.Module) -> None:
+        self.on = keys.PERSONAL in requested_terms(msg)
+        self.alpha = 0.0
+        self.loss = float("nan")
+        """The mixed output's loss at the last step."""
+        if not self.on:
+            return
+        config = msg.content.config_records[keys.CONFIG]
+        self.lr = float(config[keys.ETA])  # type: ignore[arg-type]
+        self.adaptive = bool(config.get(keys.ADAPTIVE_ALPHA, False))
+        self.alpha_lr = float(config.get(keys.ALPHA_LR, 0.0)) or self.lr  # type: ignore[arg-type]
+        self.alpha = _alpha(context, config)
+        self.v = _personal_v(msg, context, model)
+        self.v.train()
+        self._bufs: list[torch.Tensor | None] = [None] * len(list(self.v.parameters()))
+        registry = _PERSONAL.get()
+        if registry is not None:
+            registry.append(self)
+
+    def step(self, model: nn.Module, x: Any, y: torch.Tensor, loss_fn: Callable[..., torch.Tensor]) -> float:
+        """One personal step on ``v_i`` against the current ``model`` (= ``w_i``); returns its loss."""
+        if not self.on:
+            return float("nan")
+        with torch.no_grad():
+            h_w = model(x)
+        self.loss, self.alpha = personal_step(self.v, h_w, x, y, self.alpha, loss_fn, self.lr,  # type: ignore[arg-type]
+                                              self._bufs, self.adaptive, self.alpha_lr)
+        _mark(keys.PERSONAL)
+        return self.loss
+
+    def commit(self, context: Context, trained: ArrayRecord) -> None:
+        """Keep ``v_i``, ``α_i`` and the trained ``w_i`` in ``context.state`` (called by the mod)."""
+        context.state[f"{keys.APFL_STATE}.v"] = ArrayRecord(
+            {k: Array(t.detach().cpu().numpy().copy()) for k, t in self.v.state_dict().items()})
+        context.state[f"{keys.APFL_STATE}.w-local"] = ArrayRecord({k: trained[k] for k in trained.keys()})
+        context.state[f"{keys.APFL_STATE}.meta"] = ConfigRecord({"alpha": float(self.alpha)})
+
+
+def _alpha(context: Context, config: ConfigRecord) -> float:
+    meta = context.state.config_records.get(f"{keys.APFL_STATE}.meta")
+    return float(meta["alpha"]) if meta is not None else float(config[keys.ALPHA])  # type: ignore[arg-type]
+
+
+def _load(model: nn.Module, record: ArrayRecord) -> nn.Module:
+    out = copy.deepcopy(model)
+    out.load_state_dict({k: torch.as_tensor(np.asarray(record[k].numpy()).copy()) for k in record.keys()})
+    return out
+
+
+def _personal_v(msg: Message, context: Context, model: nn.Module) -> nn.Module:
+    """``v_i`` from ``context.state``, else the received model (before the client's first round)."""
+    kept = context.state.array_records.get(f"{keys.APFL_STATE}.v")
+    return _load(model, kept if kept is not None else msg.content.array_records[keys.ARRAYS])
+
+
+def personal_model(msg: Message, context: Context, model: nn.Module) -> nn.Module:
+    """The model an evaluate function evaluates: APFL's personal output, else ``model`` itself.
+
+    With APFL / APFLGate (``apfl-personal`` in the message's config) the module
+    ``x ↦ α_i v_i(x) + (1 − α_i) w(x)`` with ``v_i`` and ``α_i`` from ``context.state`` and ``w``
+    the client's locally trained copy of its last round (``graphfl.personal-output = local-copy``,
+    ALGORITHMS.md §0.1 C6) or the received model ``model`` (``aggregated``); before the client has
+    trained, ``v_i`` and ``w`` are the received model. Call it after loading the received
+    ``"arrays"`` into ``model``; :func:`graphfl_mod` confirms the call in the reply.
+    """
+    if keys.PERSONAL not in requested_terms(msg):
+        return model
+    config = msg.content.config_records[keys.CONFIG]
+    state = context.state.array_records
+    v = _load(model, state[f"{keys.APFL_STATE}.v"]) if f"{keys.APFL_STATE}.v" in state else model
+    local = state.get(f"{keys.APFL_STATE}.w-local")
+    use_local = str(config.get(keys.PERSONAL_OUTPUT, "local-copy")) == "local-copy" and local is not None
+    w = _load(model, local) if use_local and local is not None else model
+    _mark(keys.PERSONAL)
+    return OutputMixture(v, w, _alpha(context, config))
 
 
 def _zero(model: nn.Module) -> torch.Tensor:
@@ -146,30 +300,35 @@ def graphfl_mod(msg: Message, context: Context, call_next: Callable[[Message, Co
         round 1); the message says so.
     """
     pid = context.node_config.get(keys.PARTITION_ID)
-    name = requested(msg)
-    if name == keys.OWN_MODEL:
+    terms = requested_terms(msg)
+    if keys.OWN_MODEL in terms:
         _put_own_model(msg, context)
-    if name == keys.GATE:
+    if keys.GATE in terms:
         _gate_before(msg, context)
     token = _APPLIED.set(set())
+    personal: list[Personal] = []
+    p_token = _PERSONAL.set(personal)
     try:
         reply = call_next(msg, context)
         applied = _APPLIED.get() or set()
     finally:
         _APPLIED.reset(token)
+        _PERSONAL.reset(p_token)
     if reply.has_error():
         return reply
-    if name == keys.GATE and keys.ARRAYS in reply.content.array_records:
+    trained = reply.content.array_records.get(keys.ARRAYS)
+    if keys.GATE in terms and trained is not None:
         _gate_after(msg, reply, context)
-    if name == keys.OWN_MODEL and keys.ARRAYS in reply.content.array_records:
-        own = reply.content.array_records[keys.ARRAYS]
-        context.state[keys.OWN_STATE] = ArrayRecord({k: own[k] for k in own.keys()})
-        applied.add(name)
+    if keys.PERSONAL in terms and trained is not None and personal:
+        personal[-1].commit(context, trained)
+    if keys.OWN_MODEL in terms and trained is not None:
+        context.state[keys.OWN_STATE] = ArrayRecord({k: trained[k] for k in trained.keys()})
+        applied.add(keys.OWN_MODEL)
     metrics_rec = reply.content.metric_records.get(keys.METRICS)
     if metrics_rec is None:
         return reply
-    if name is not None:
-        metrics_rec[keys.APPLIED] = 1 if name in applied else 0
+    if terms:
+        metrics_rec[keys.APPLIED] = 1 if terms <= applied else 0
     if pid is not None and keys.PARTITION_ID not in metrics_rec:
         metrics_rec[keys.PARTITION_ID] = int(pid)
     return reply

@@ -30,8 +30,9 @@ MU = "graphfl.mu"
 LAM = "graphfl.lam"
 """Config key: ``λ`` of pFedGraph's similarity term ``−λ ⟨c, θ⟩/‖θ‖``."""
 ANCHOR = "graphfl.anchor"
-"""ArrayRecord of arrays the client term reads (model keys): pFedGraph's cluster model ``c``,
-FedGATE's mean update ``ū`` of the last round."""
+"""ArrayRecord of arrays the client term reads: pFedGraph's cluster model ``c`` and FedGATE's /
+APFLGate's mean update ``ū`` of the last round (model keys); BiG-FL's message ``m_i``
+(``bigfl/m``, ``d``) and ``φ`` (``bigfl/phi``, ``d×d``)."""
 ETA = "graphfl.eta"
 """Config key: the client's SGD step ``η`` in FedGATE's δ update."""
 TAU = "graphfl.tau"
@@ -42,6 +43,25 @@ the client's tracking variable ``δ_i`` (read by :func:`graphfl.flower.client.re
 GATE_STATE = "graphfl.gate"
 """Prefix of FedGATE's records in the ClientApp's ``context.state``: ``graphfl.gate.delta``
 (``δ_i``), ``graphfl.gate.up`` (``u_i`` of the last upload) and ``graphfl.gate.meta`` (its round)."""
+KAPPA = "graphfl.kappa"
+"""Config key: ``κ`` of BiG-FL's lower-level ridge ``(κ/2)‖θ − c_i‖²``."""
+RIDGE = "graphfl.ridge"
+"""Config key (string): BiG-FL's ridge centre ``c_i``: ``proximal`` (the received model) or ``origin`` (0)."""
+THETA_KEYS = "graphfl.theta-keys"
+"""Config key (list of strings): the parameters whose concatenation is BiG-FL's ``θ`` (in order)."""
+ALPHA = "graphfl.alpha"
+"""Config key: APFL's initial mixing weight ``α_i`` (the client keeps its own after round 1)."""
+ADAPTIVE_ALPHA = "graphfl.adaptive-alpha"
+"""Config key (bool): update ``α_i`` by gradient descent every local step (APFL)."""
+ALPHA_LR = "graphfl.alpha-lr"
+"""Config key: step ``η_α`` of the α update."""
+PERSONAL_OUTPUT = "graphfl.personal-output"
+"""Config key (string): which copy of ``w`` APFL's personal output mixes with: ``local-copy`` (the
+client's locally trained ``w_i`` of its last round) or ``aggregated`` (the received ``w``)."""
+APFL_STATE = "graphfl.apfl"
+"""Prefix of APFL's records in the ClientApp's ``context.state``: ``graphfl.apfl.v`` (the personal
+model ``v_i``), ``graphfl.apfl.w-local`` (the locally trained ``w_i`` of the last round) and
+``graphfl.apfl.meta`` (``alpha``)."""
 APPLIED = "graphfl.applied"
 """Reply metric set by :func:`graphfl.flower.client.graphfl_mod`: 1 when the train function
 added the requested regulariser to its loss, 0 when it did not."""
@@ -57,5 +77,14 @@ GATE = "gate-delta"
 with ``δ`` kept and updated by :func:`graphfl.flower.client.graphfl_mod`."""
 PROXIMAL = "proximal"
 """Regulariser ``μ/2 ‖θ − θ_received‖²`` over the model's parameters (FedProx, FedAMP, FeSEM)."""
+BIGFL = "bigfl-ll"
+"""Regulariser ``(λ/2)‖m_i + â_i θ φ − θ‖² + (κ/2)‖θ − c_i‖²``: BiG-FL's lower-level term (seed 000
+eq. 10.17; :func:`graphfl.strategies.bigfl_math.ll_reg_loss`), ``m_i`` and ``φ`` in :data:`ANCHOR`."""
+PERSONAL = "apfl-personal"
+"""Client term of APFL: the personal model ``v_i`` trained on the mixed output
+``α_i h(v_i) + (1 − α_i) h(w_i)`` (:class:`graphfl.flower.client.Personal`) and evaluated through
+:func:`graphfl.flower.client.personal_model`. APFLGate asks for ``gate-delta+apfl-personal``."""
+TERM_SEP = "+"
+""":data:`REGULARISER` may name several terms joined by this separator (APFLGate)."""
 COSINE = "pfedgraph-cosine"
 """Regulariser ``−λ ⟨c, θ⟩/‖θ‖`` with ``c`` in :data:`ANCHOR` (pFedGraph)."""

@@ -19,13 +19,19 @@ local-only training (:class:`Local`) needs the mod.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from graphfl.common.config import TrainConfig
+import numpy as np
+
+from graphfl.common.config import ConfigError, TrainConfig
 from graphfl.common.types import Arrays
 from graphfl.flower import keys
 from graphfl.flower.adapter import GraphflStrategy
+from graphfl.strategies.apfl import APFLParams
 from graphfl.strategies.apfl_math import effective_tau
+from graphfl.strategies.apflgate import APFLGateParams
+from graphfl.strategies.bigfl import M_KEY, PHI_KEY, BiGFLParams
 from graphfl.strategies.cfl import CFLConfig
 from graphfl.strategies.fedamp import FedAMPConfig
 from graphfl.strategies.fedavg import FedAvgParams, FedProxParams
@@ -324,4 +330,194 @@ class Local(GraphflStrategy):
         raise RuntimeError("Local: the clients' models never leave the clients (their context.state)")
 
 
-__all__ = ["CFL", "JGESR", "FeSEM", "FedAMP", "FedAvg", "FedGATE", "FedProx", "Local", "PFedGraph"]
+class BiGFL(GraphflStrategy):
+    """BiG-FL (ALGORITHMS.md §5 with §0.1 C2; seed 000 §10.4): bilevel graph-aided FL.
+
+    The server learns the GCN map ``φ`` (``d×d``, from ``I``) on the client graph by the
+    hypergradient of its link-prediction upper level, and sends client ``i`` its own model
+    ``θ_i`` as ``"arrays"``, its message ``m_i = Σ_{j≠i} Â_ij θ_j φ`` and ``φ`` in
+    ``"graphfl.anchor"`` (``bigfl/m``, ``bigfl/phi``) and ``â_i`` (config ``bigfl.a-ii``). The
+    client trains on its data loss plus the lower-level term
+    ``(λ/2)‖m_i + â_i θ φ − θ‖² + (κ/2)‖θ − c_i‖²`` (eq. 10.17), which
+    :func:`graphfl.flower.client.regulariser` adds (with ``graphfl_mod`` in the ClientApp): BiG-FL has
+    no stock form, its lower level is what couples the clients.
+
+    Parameters
+    ----------
+    client_graph
+        ``n×n`` adjacency over partition ids (the clients' ``partition-id``; pass ``partition_of``
+        or let the mod report them). ``None``: ``missing_graph`` decides (``complete`` carries no
+        upper-level signal, the core warns).
+    alpha, kappa, ridge, lam, q, solver, solver_tol, solver_max_iter, neumann_c, layers, missing_graph, phi_dtype
+        As ``[bigfl]`` in docs/strategies.md (``lam`` > 0 weighs both levels; ``ridge``
+        ``proximal`` centres the ridge on the received model, ``origin`` on 0).
+    hypergrad_mode
+        ``reg_only`` (the default here: the regulariser's curvature and ``κ``) or ``first_order``.
+        ``implicit`` needs each client's data-loss Hessian in its reply, which the Flower client
+        helpers do not upload: refused (run it with graphfl's own runner).
+    **kwargs
+        Common arguments of :class:`~graphfl.flower.adapter.GraphflStrategy`.
+
+    Parameters outside ``layers`` are averaged as in FedAvg (``others = fedavg``). Not wrappable
+    by Flower's DP wrappers (a model per client).
+    """
+
+    algorithm = "bigfl"
+
+    def __init__(self, client_graph: np.ndarray | Sequence[Sequence[float]] | None = None, alpha: float = 2e-2,
+                 kappa: float = 0.3, ridge: str = "proximal", lam: float = 0.1, q: int = 10,
+                 hypergrad_mode: str = "reg_only", solver: str = "gmres", solver_tol: float = 1e-6,
+                 solver_max_iter: int = 300, neumann_c: float = 0.0, layers: str = "",
+                 missing_graph: str = "complete", phi_dtype: str = "float32", **kwargs: Any) -> None:
+        if hypergrad_mode == "implicit":
+            raise ConfigError(
+                "bigfl.hypergrad-mode = 'implicit' needs each client's data-loss Hessian in its reply, which "
+                "graphfl.flower's client helpers do not upload; use hypergrad_mode='reg_only' or 'first_order' "
+                "here, or graphfl's own runner for implicit")
+        params = self.make_params(
+            BiGFLParams, self.algorithm, alpha=alpha, kappa=kappa, ridge=ridge, lam=lam, q=q,
+            hypergrad_mode=hypergrad_mode, solver=solver, solver_tol=solver_tol, solver_max_iter=solver_max_iter,
+            neumann_c=neumann_c, layers=layers, others="fedavg", missing_graph=missing_graph, phi_dtype=phi_dtype)
+        super().__init__(params, **kwargs)
+        self.graph = None if client_graph is None else np.asarray(client_graph, dtype=np.float64)
+        if self.graph is not None and (self.graph.ndim != 2 or self.graph.shape[0] != self.graph.shape[1]):
+            raise ValueError(f"client_graph must be a square adjacency matrix, got shape {self.graph.shape}")
+
+    def client_graph(self) -> tuple[np.ndarray, str] | None:
+        return None if self.graph is None else (self.graph, "client_graph")
+
+    def regulariser(self) -> tuple[str, dict[str, Any]] | None:
+        p = self.params
+        theta_keys = list(self.core.keys) if self.core is not None else []  # type: ignore[attr-defined]
+        return (keys.BIGFL, {keys.LAM: p.lam, keys.KAPPA: p.kappa, keys.RIDGE: p.ridge, keys.THETA_KEYS: theta_keys})
+
+    def anchor_arrays(self, extra: Arrays) -> Arrays:
+        return {k: extra[k] for k in (M_KEY, PHI_KEY)}
+
+    def off_hint(self) -> str:
+        return "BiG-FL has no stock form: its lower-level term is what couples the clients"
+
+    def phi(self) -> np.ndarray:
+        """The current ``φ`` (``d×d``, float64)."""
+        if self.core is None:
+            raise RuntimeError("BiGFL: no round has run yet")
+        return self.core.phi.numpy().copy()  # type: ignore[attr-defined, no-any-return]
+
+
+PERSONAL_STEPS = ("`app = ClientApp(mods=[graphfl.flower.client.graphfl_mod])`; in the train function "
+                  "`pers = graphfl.flower.client.Personal(msg, context, model)` after loading msg.content['arrays'] "
+                  "and `pers.step(model, x, y, loss_fn)` after every optimizer step; in the evaluate function "
+                  "`model = graphfl.flower.client.personal_model(msg, context, model)`")
+
+
+class APFL(GraphflStrategy):
+    """APFL (ALGORITHMS.md §9.1, §0.1 C6; Deng, Kamani, Mahdavi 2020): personal models mixed at the output.
+
+    Server: ``w ← mean_i w_i`` (uniform weights, FedTorch), every client receives ``w`` as
+    ``"arrays"``; ``Result.arrays`` is the final ``w``. Client: each local step trains its copy
+    ``w_i`` by plain SGD and its personal model ``v_i`` on the mixed output
+    ``α_i h(v_i; x) + (1 − α_i) h(w_i; x)`` (``h(w_i)`` detached); ``v_i``, ``α_i`` and the trained
+    ``w_i`` stay in the ClientApp's ``context.state``. A loss term cannot express training on a
+    mixed output, so the ClientApp calls :class:`graphfl.flower.client.Personal` in its train loop
+    and evaluates :func:`graphfl.flower.client.personal_model` (with ``graphfl_mod``); a ClientApp
+    without them stops the run with a :class:`~graphfl.flower.adapter.CooperationError`.
+
+    Parameters
+    ----------
+    alpha
+        Initial (or fixed) mixing weight ``α_i`` (0.5).
+    adaptive_alpha, alpha_lr
+        Update ``α_i ← clip_[0,1](α_i − η_α ∂ℓ/∂α)`` every local step, ``η_α = alpha_lr`` (0 =
+        ``client_lr``).
+    personal_output
+        ``local-copy`` (default, C6): evaluate ``α_i h(v_i) + (1 − α_i) h(w_i)`` with the client's
+        locally trained ``w_i``; ``aggregated``: with the received ``w``.
+    client_lr
+        The step ``η`` of the personal model's SGD (sent as ``graphfl.eta``); the ClientApp's own step.
+    **kwargs
+        Common arguments of :class:`~graphfl.flower.adapter.GraphflStrategy`.
+    """
+
+    algorithm = "apfl"
+
+    def __init__(self, alpha: float = 0.5, adaptive_alpha: bool = False, alpha_lr: float = 0.0,
+                 personal_output: str = "local-copy", client_lr: float = 0.1, **kwargs: Any) -> None:
+        params = self.make_params(APFLParams, self.algorithm, alpha=alpha, adaptive_alpha=adaptive_alpha,
+                                  alpha_lr=alpha_lr, personal_output=personal_output)
+        super().__init__(params, **kwargs)
+        self.train = self.make_params(TrainConfig, "train", lr=client_lr)
+
+    def personal_values(self) -> dict[str, Any]:
+        p = self.params
+        return {keys.ETA: self.train.lr, keys.ALPHA: p.alpha, keys.ADAPTIVE_ALPHA: bool(p.adaptive_alpha),
+                keys.ALPHA_LR: p.alpha_lr or self.train.lr, keys.PERSONAL_OUTPUT: p.personal_output}
+
+    def train_settings(self) -> TrainConfig:
+        return self.train
+
+    def regulariser(self) -> tuple[str, dict[str, Any]] | None:
+        return (keys.PERSONAL, self.personal_values())
+
+    def evaluate_term(self) -> tuple[str, dict[str, Any]] | None:
+        return (keys.PERSONAL, {keys.ALPHA: self.params.alpha, keys.PERSONAL_OUTPUT: self.params.personal_output})
+
+    def cooperation_steps(self) -> str:
+        return PERSONAL_STEPS
+
+    def off_hint(self) -> str:
+        return "APFL has no stock form; FedAvg is APFL without the personal model"
+
+
+class APFLGate(APFL):
+    """APFLGate (ALGORITHMS.md §9.3, §0.1 C5/C6; seed 004): APFL's personal model with FedGATE's tracking.
+
+    Server: FedGATE's (``u_i = w − w_i``, ``ū = mean_i u_i``, ``w ← w − γ ū``; ``ū`` sent in
+    ``"graphfl.anchor"``). Client: each local step ``w_i ← w_i − η(∇ℓ − δ_i)`` (the δ term of
+    :func:`graphfl.flower.client.regulariser`, ``δ_i`` kept and updated by ``graphfl_mod``) and
+    APFL's personal step on ``v_i`` (:class:`graphfl.flower.client.Personal`); the ClientApp needs
+    the mod, ``regulariser``, ``Personal`` and ``personal_model``.
+
+    Parameters
+    ----------
+    alpha, adaptive_alpha, alpha_lr, personal_output
+        As in :class:`APFL`.
+    tau, tau_mode
+        ``τ`` of the δ update ``δ_i += (u_i − ū)/(η τ)``: 0 (default) = ``local_steps`` (FedTorch);
+        otherwise ``tau`` (``absolute``) or ``tau · local_steps`` (``multiple-of-steps``);
+        ``τ ≤ local_steps/2`` is refused by name (unstable by construction, C5).
+    gamma
+        Server step ``γ``.
+    client_lr, local_steps
+        The ClientApp's SGD step ``η`` and local steps per round (sent as ``graphfl.eta`` /
+        ``graphfl.tau``); they must be the ClientApp's own.
+    **kwargs
+        Common arguments of :class:`~graphfl.flower.adapter.GraphflStrategy`.
+    """
+
+    algorithm = "apflgate"
+
+    def __init__(self, alpha: float = 0.5, tau: float = 0.0, tau_mode: str = "absolute", gamma: float = 1.0,
+                 adaptive_alpha: bool = False, alpha_lr: float = 0.0, personal_output: str = "local-copy",
+                 client_lr: float = 0.1, local_steps: int = 50, **kwargs: Any) -> None:
+        params = self.make_params(APFLGateParams, self.algorithm, alpha=alpha, tau=tau, tau_mode=tau_mode,
+                                  gamma=gamma, adaptive_alpha=adaptive_alpha, alpha_lr=alpha_lr,
+                                  personal_output=personal_output)
+        GraphflStrategy.__init__(self, params, **kwargs)
+        self.train = self.make_params(TrainConfig, "train", lr=client_lr, local_steps=local_steps)
+
+    def regulariser(self) -> tuple[str, dict[str, Any]] | None:
+        tau = effective_tau(self.params.tau, self.params.tau_mode, self.train.local_steps)
+        return (keys.GATE + keys.TERM_SEP + keys.PERSONAL, {**self.personal_values(), keys.TAU: tau})
+
+    def anchor_arrays(self, extra: Arrays) -> Arrays:
+        return {k[len(U_PREFIX):]: v for k, v in extra.items() if k.startswith(U_PREFIX)}
+
+    def cooperation_steps(self) -> str:
+        return PERSONAL_STEPS + "; and `loss = loss + graphfl.flower.client.regulariser(msg)(model)` in the train loss"
+
+    def off_hint(self) -> str:
+        return "APFLGate has no stock form; APFL is APFLGate without tracking"
+
+
+__all__ = ["APFL", "CFL", "JGESR", "APFLGate", "BiGFL", "FeSEM", "FedAMP", "FedAvg", "FedGATE", "FedProx", "Local",
+           "PFedGraph"]

@@ -12,7 +12,7 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, Strategy
 
 import graphfl.flower as gf
-from graphfl_example.task import make_model
+from graphfl_example.task import client_graph, make_model
 
 app = ServerApp()
 
@@ -38,6 +38,12 @@ def make_strategy(name: str, cfg: Any) -> gf.GraphflStrategy:
         return gf.FedGATE(client_lr=float(cfg["lr"]), local_steps=int(cfg["local-steps"]), **common)
     if name == "local":
         return gf.Local(**common)
+    if name == "apfl":
+        return gf.APFL(client_lr=float(cfg["lr"]), **common)
+    if name == "apflgate":
+        return gf.APFLGate(client_lr=float(cfg["lr"]), local_steps=int(cfg["local-steps"]), **common)
+    if name == "bigfl":
+        return gf.BiGFL(client_graph=client_graph(3), **common)
     if name == "pfedgraph":
         return gf.PFedGraph(lam=float(cfg["pfedgraph-lam"]), **common)
     raise ValueError(f"unknown strategy {name!r}")
@@ -67,7 +73,7 @@ def main(grid: Grid, context: Context) -> None:
             "partition_of_node": {str(k): v for k, v in strategy.pid_of_node.items()},
             "final_arrays": list(result.arrays.keys()),
         }
-        if out is not None and name != "local":   # local-only models never leave the clients
+        if out is not None and name != "local":   # local-only models never leave the clients; APFL: w
             for pid in range(strategy.n):
                 np.savez(out / f"{name}-client-{pid}.npz", **strategy.client_arrays(pid))
     if out is not None:

@@ -35,8 +35,11 @@ def load_data(partition_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
 
 
 def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int, lr: float,
-          extra: Callable[[nn.Module], torch.Tensor] | None = None) -> float:
-    """``steps`` full-batch gradient steps on the MSE (plus ``extra(model)``); returns the last loss."""
+          extra: Callable[[nn.Module], torch.Tensor] | None = None,
+          after_step: Callable[[nn.Module, torch.Tensor, torch.Tensor], object] | None = None) -> float:
+    """``steps`` full-batch gradient steps on the MSE (plus ``extra(model)``), each followed by
+    ``after_step(model, x, y)``; returns the last loss.
+    """
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     loss = torch.zeros(())
     for _ in range(steps):
@@ -45,7 +48,22 @@ def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int, lr: fl
         total = loss + extra(model) if extra is not None else loss
         total.backward()
         opt.step()
+        if after_step is not None:
+            after_step(model, x, y)
     return float(loss.detach())
+
+
+def client_graph(n: int) -> np.ndarray:
+    """A client graph over ``n`` partitions for BiG-FL: the ring ``p ~ p ± 1 (mod n)``.
+
+    BiG-FL's upper level needs a graph whose connected parts are not complete: on a complete part
+    the GCN propagation gives every member the same embedding and the hypergradient is 0.
+    """
+    adj = np.zeros((n, n))
+    for p in range(n):
+        adj[p, (p + 1) % n] = adj[(p + 1) % n, p] = 1.0
+    np.fill_diagonal(adj, 0.0)
+    return adj
 
 
 def test(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
