@@ -14,7 +14,7 @@
 The SuperNode itself is Flower's ``flower_supernode()`` running in this process with the
 arguments given after ``--``. Every Flower internal it touches goes through the Flower seam
 (:mod:`graphfl.flowerx`): each fast path (``warm-clientapp``, ``supernode-fast-polls``,
-``object-io-threads``, ``fleet-handshake-retry``) is on where the seam was verified on the
+``object-io-threads``, ``object-hash-once``, ``fleet-handshake-retry``) is on where the seam was verified on the
 installed Flower, and otherwise off with one log line, the SuperNode then behaving as stock
 Flower's (warm mode off: no executor, ClientApps as ``flwr-clientapp`` processes, and
 :data:`WARM_OFF_LINE` logged). When Flower's SuperNode entry point itself cannot be imported,
@@ -40,6 +40,7 @@ from pathlib import Path
 
 from graphfl.flowerx import clientapp_runtime, entrypoints
 from graphfl.flowerx.handshake_retry import install_on_fleet_connections
+from graphfl.flowerx.hash_once import install_supernode_store
 from graphfl.flowerx.object_io import widen_object_transfers
 from graphfl.flowerx.supernode_polls import PollPolicy, install_fast_polls
 
@@ -185,6 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             install_fast_polls(PollPolicy(args.idle_min, args.idle_max, PollPolicy.growth, args.reply_poll),
                                on_message=child.notify if child is not None else None)
         widen_object_transfers()
+        install_supernode_store()   # the SuperLink checks every object id; this store does not re-hash
         install_on_fleet_connections()   # a TLS handshake the SuperLink cuts short is retried, not fatal
         if child is not None:
             entrypoints.add_exit_handler(child.stop)

@@ -312,7 +312,11 @@ class Executor:
     parent_pid: int | None = None
     notify_fd: int | None = None
     poll: float = 0.1
-    notify_fallback: float = 10.0
+    notify_fallback: float = 60.0
+    """Seconds without a notification after which the executor asks for a task anyway: a safety net
+    (the pipe keeps every byte written to it). Flower creates a task before it pulls the message's
+    objects, so a claim not prompted by the pipe may find them still arriving and the worker then
+    retries them; a period shorter than a round can land in that window round after round."""
     trace: Path | None = None
     _stopping: bool = False
     _credits: int = 0

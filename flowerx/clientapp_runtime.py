@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from graphfl.flowerx import hash_once
 from graphfl.flowerx.checks import first_reason, lacks_attributes, lacks_source
 from graphfl.flowerx.policy import FastPath, decide
 
@@ -255,7 +256,7 @@ class TaskRunner:
                 finally:
                     if reply is not None and context is not None:
                         try:
-                            rc.push_message(client, reply, context)
+                            hash_once.push_message(client, reply, context)
                             t["reply"] = time.time()
                         except Exception as ex:
                             logger.error("failed to push the reply of task %d", task_id, exc_info=ex)

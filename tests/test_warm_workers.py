@@ -314,12 +314,14 @@ def test_ctrl_c_in_warm_mode_leaves_no_process(tmp_path):
 def _supernode_main_with(monkeypatch, flower_supernode, flower_args):
     """Run the SuperNode wrapper's main (fast polls, cold) with Flower's entry point replaced."""
     import flwr.supernode.cli as flower_cli
+    from flwr.supercore.object_store.object_store_factory import ObjectStoreFactory
     from flwr.supernode import start_client_internal as sci
 
     from graphfl.deploy import supernode as wrapper
 
     for name in ("_pull_and_store_message", "pull_objects", "time"):   # install_fast_polls wraps these
         monkeypatch.setattr(sci, name, getattr(sci, name))
+    monkeypatch.setattr(ObjectStoreFactory, "store", ObjectStoreFactory.store)   # install_supernode_store wraps it
     monkeypatch.setattr(sys, "argv", list(sys.argv))
     monkeypatch.setattr(flower_cli, "flower_supernode", flower_supernode)
     return wrapper.main(["--clientapp-mode", "cold", "--polls", "fast", "--", *flower_args])
