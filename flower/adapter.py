@@ -21,7 +21,11 @@ and Flower's ``Result`` is filled by Flower itself. The rules it follows:
   (:meth:`GraphflStrategy.regulariser`), the config says which
   (:data:`~graphfl.flower.keys.REGULARISER`) and every train reply must confirm it
   (:data:`~graphfl.flower.keys.APPLIED`, set by :func:`graphfl.flower.client.graphfl_mod`); a
-  reply without the confirmation stops the run with a :class:`CooperationError` naming what to add.
+  reply without the confirmation stops the run with a :class:`CooperationError` naming what to add
+  (:meth:`GraphflStrategy.cooperation_steps`). Where the client's part includes its evaluation
+  (APFL's personal output, :meth:`GraphflStrategy.evaluate_term`), evaluate replies must confirm it too.
+* **Client graph.** Strategies that read one (BiG-FL) take it as an ``n×n`` adjacency over
+  partition ids (:meth:`GraphflStrategy.client_graph`); a graph of another size is an error.
 * **Metrics.** ``aggregate_train`` returns the example-weighted mean of the clients' numeric
   train metrics plus the core's scalar and flat-list server metrics; ``aggregate_evaluate`` the
   weighted mean of the evaluation metrics. Every core metric (nested lists included) stays in

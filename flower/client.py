@@ -1,4 +1,4 @@
-"""Client helpers for a user's own ClientApp: a Flower mod and the local-loss terms.
+"""Client helpers for a user's own ClientApp: a Flower mod, the local-loss terms and APFL's personal model.
 
 Where an algorithm needs a term in the client's local loss (FedProx's proximal term, FedAMP's
 pull towards the cloud model, FeSEM's eq. 10.10, pFedGraph's similarity term), a ClientApp
@@ -22,7 +22,13 @@ its values) and returns ``reg(model) -> tensor``; :func:`graphfl_mod` confirms i
 which the strategy requires (else it stops with an error naming these two lines). The mod also
 reports the node config's ``partition-id`` in the reply's metrics when the reply does not.
 The terms are graphfl's own client terms (:func:`graphfl.client.objective.proximal_term`,
-:func:`graphfl.client.objective.cosine_term`), over the model's ``named_parameters``.
+:func:`graphfl.client.objective.cosine_term`, :func:`graphfl.client.objective.linear_term`,
+:func:`graphfl.client.bigfl_trainer.ll_term`), over the model's ``named_parameters``.
+
+APFL's personal model ``v_i`` trains on a mixed output, which no loss term can express: the
+train function builds :class:`Personal` and calls its ``step`` after every optimiser step, the
+evaluate function evaluates :func:`personal_model`; the mod keeps ``v_i``, ``α_i`` and the
+locally trained copy in ``context.state`` across rounds.
 """
 
 from __future__ import annotations
@@ -277,21 +283,25 @@ def _lazy_keys(build: Callable[[tuple[str, ...]], Penalty]) -> Regulariser:
 
 
 def graphfl_mod(msg: Message, context: Context, call_next: Callable[[Message, Context], Message]) -> Message:
-    """Flower client mod: keeps a client's own model and confirms the client term.
+    """Flower client mod: keeps the client's state across rounds and confirms the client terms.
 
     * :data:`~graphfl.flower.keys.OWN_MODEL` (local-only training): a message with an empty
       ``"arrays"`` gets the client's own model from ``context.state`` before the ClientApp sees
       it, and a train reply's ``"arrays"`` is stored there as the new own model.
-    * :data:`~graphfl.flower.keys.GATE` (FedGATE, ALGORITHMS.md §9.2): before the ClientApp runs,
+    * :data:`~graphfl.flower.keys.GATE` (FedGATE, APFLGate; ALGORITHMS.md §9.2): before the ClientApp runs,
       ``δ_i ← δ_i + (u_i − ū)/(η τ)`` when the message's ``ū`` (``graphfl.anchor``, round
       ``gate.round``) includes this client's last upload (``gate.accepted``), and ``δ_i`` goes into
       the message as ``graphfl.delta`` for :func:`regulariser`; after it, ``u_i = w − w_i`` of this
       upload is kept for the next round (``context.state``, :data:`~graphfl.flower.keys.GATE_STATE`).
       The kept ``u_i`` is dropped at the next train message either way, as in graphfl's own client.
+    * :data:`~graphfl.flower.keys.PERSONAL` (APFL, APFLGate): after a train function that built a
+      :class:`Personal`, ``v_i``, ``α_i`` and the trained ``w_i`` (the reply's ``"arrays"``) go
+      into ``context.state`` (:data:`~graphfl.flower.keys.APFL_STATE`).
     * Then the ClientApp runs; a reply with a ``"metrics"`` MetricRecord gets
-      :data:`~graphfl.flower.keys.APPLIED` = 1 when the requested term (if any) was evaluated
-      through :func:`regulariser` during the call (else 0), and ``partition-id`` from the node
-      config when the reply has none.
+      :data:`~graphfl.flower.keys.APPLIED` = 1 when every requested term (if any) was applied
+      during the call (a :func:`regulariser` term evaluated, :meth:`Personal.step` or
+      :func:`personal_model` called; else 0), and ``partition-id`` from the node config when the
+      reply has none.
 
     Raises
     ------

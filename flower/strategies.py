@@ -12,8 +12,10 @@ hyperparameters with graphfl's defaults (checked as in a run config), plus the c
 A stock ClientApp (``msg.content["arrays"]`` in; ``"arrays"`` and ``"metrics"`` with
 ``"num-examples"`` out) serves FedAvg, FeSEM (``prox_lambda = 0``), JGESR, CFL, FedAMP
 (``prox_mu = 0``) and pFedGraph (``lam = 0``). With the client term on (FedProx, FedAMP's
-``prox_mu``, FeSEM's ``prox_lambda``, pFedGraph's ``lam``) the ClientApp needs
+``prox_mu``, FeSEM's ``prox_lambda``, pFedGraph's ``lam``; FedGATE, BiG-FL) the ClientApp needs
 :func:`graphfl.flower.client.graphfl_mod` and :func:`graphfl.flower.client.regulariser`;
+APFL and APFLGate need the mod, :class:`graphfl.flower.client.Personal` in the train loop and
+:func:`graphfl.flower.client.personal_model` in evaluation (APFLGate: ``regulariser`` too);
 local-only training (:class:`Local`) needs the mod.
 """
 
@@ -401,7 +403,7 @@ class BiGFL(GraphflStrategy):
         """The current ``φ`` (``d×d``, float64)."""
         if self.core is None:
             raise RuntimeError("BiGFL: no round has run yet")
-        return self.core.phi.numpy().copy()  # type: ignore[attr-defined, no-any-return]
+        return self.core.phi.numpy().copy()  # type: ignore[attr-defined]
 
 
 PERSONAL_STEPS = ("`app = ClientApp(mods=[graphfl.flower.client.graphfl_mod])`; in the train function "
