@@ -189,6 +189,18 @@ def test_p2p_snapshot_of_a_real_network(tmp_path):
     for r in rows:
         assert r["status"] == "done" and r["rounds"] == 4
         assert r["bytes_sent"] == summary["peers"][r["id"]]["bytes_sent"]
+    # bytes per link: each peer's links add up to its totals, and each ring edge carries them
+    for i in range(3):
+        peer = json.loads((out / f"peer-{i}.json").read_text())
+        assert set(peer["links"]) == {str((i + 1) % 3), str((i - 1) % 3)}
+        assert sum(v["bytes_sent"] for v in peer["links"].values()) == peer["stats"]["bytes_sent"]
+        assert sum(v["bytes_received"] for v in peer["links"].values()) == peer["stats"]["bytes_received"]
+        for j, v in peer["links"].items():
+            other = json.loads((out / f"peer-{j}.json").read_text())["links"][str(i)]
+            assert 0 < other["bytes_received"] <= v["bytes_sent"], "a late message counts as sent, not received"
+    for (a, b, _), (ab, ba) in zip(snap["graph"]["edges"], snap["graph"]["edge_bytes"], strict=True):
+        links = json.loads((out / f"peer-{a}.json").read_text())["links"][str(b)]
+        assert [ab, ba] == [links["bytes_sent"], links["bytes_received"]]
     # while the network runs only the peers' own files exist: the mean curve comes from them
     (out / "p2p.json").unlink()
     live = snapshot(out)

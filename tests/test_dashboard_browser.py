@@ -24,6 +24,12 @@ import pytest
 
 from graphfl.tests.conftest import in_ci
 
+try:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+except ImportError:  # the tests skip (or fail under CI) in the browser fixture
+    By = Keys = None  # type: ignore[assignment,misc]
+
 pytestmark = pytest.mark.e2e
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -129,6 +135,18 @@ def _wait(cond: Callable[[], Any], timeout: float, what: str, step: float = 0.2)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
+def _retry(action: Callable[[], Any]) -> Any:
+    """``action`` on an element found afresh, again when the page's redraw replaced it meanwhile."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    for _ in range(20):
+        try:
+            return action()
+        except StaleElementReferenceException:
+            time.sleep(0.05)
+    return action()
+
+
 def _js(driver: Any, script: str) -> Any:
     return driver.execute_script(script)
 
@@ -145,6 +163,9 @@ ROUND_JS = ("const s = document.querySelector('#folder-0 .last-round');"
 TABLE_JS = ("return [...document.querySelectorAll('#folder-0 table.grid tr[data-id]')].map(r =>"
             " [r.dataset.id, r.className, r.querySelector('[data-col=last_round]').textContent,"
             "  (r.querySelector('[data-col=error]') || {}).textContent || '']);")
+GRAPH_JS = ("const g = document.querySelector('#folder-0 svg.graph'); return g ? [g.dataset.round,"
+            " [...g.querySelectorAll('line.edge')].map(e => e.dataset.w).join(' ')] : null;")
+LABEL_JS = "const s = document.querySelector('#folder-0 .round-label'); return s ? s.textContent : '';"
 CURVE_JS = ("return [...document.querySelectorAll('#folder-0 polyline.series')].map(p =>"
             " [p.dataset.name, p.dataset.lastX]);")
 
@@ -157,8 +178,8 @@ def test_live_inprocess_run_curves_and_table_reach_the_last_round(browser, procs
     _wait(lambda: "no such folder" in _text(browser, "#folder-0"), 60,
           "the page saying the run folder does not exist yet")
     load_id = _js(browser, "return document.body.dataset.loadId")
-    run = procs(tmp_path / "run.log", "run", "--engine", "inprocess", "--rounds", str(rounds), "--nodes", "3",
-                "--out", str(out))
+    run = procs(tmp_path / "run.log", "run", "--engine", "inprocess", "--strategy", "jgesr", "--rounds", str(rounds),
+                "--nodes", "3", "--out", str(out))
     seen: list[int] = []
 
     def page_round() -> int | None:
@@ -185,8 +206,9 @@ def test_live_inprocess_run_curves_and_table_reach_the_last_round(browser, procs
     assert run.proc.poll() is None, f"the run ended before the test could hold it:\n{run.text()[-3000:]}"
     run.proc.send_signal(signal.SIGSTOP)
     try:
-        held = _wait(lambda: (page_round() or 0) >= 1 or None, 60, "the held run's round on the page")
+        held = int(_wait(lambda: page_round() or None, 60, "the held run's round on the page"))
         assert held < rounds, f"the run was held at round {held}, already the last"
+        assert _js(browser, GRAPH_JS)[0] == str(held), "the learned graph shows the newest round"
     finally:
         run.proc.send_signal(signal.SIGCONT)
     _wait(lambda: page_round() == rounds, 600, f"round {rounds} on the page (rounds seen: {seen}; run log: {run.log})")
@@ -199,6 +221,21 @@ def test_live_inprocess_run_curves_and_table_reach_the_last_round(browser, procs
     assert [r[0] for r in rows] == ["0", "1", "2"]
     assert all(r[1] == "ok" and r[2] == str(rounds) for r in rows), rows
     assert "completed" in _text(browser, "#folder-0 .badge")
+    # the learned graph followed the run to its last round; the slider shows any earlier one
+    newest = _wait(lambda: _js(browser, GRAPH_JS), 10, "the learned graph")
+    assert newest[0] == str(rounds), f"the graph did not follow the newest round: {newest[0]}"
+    _retry(lambda: browser.find_element(By.CSS_SELECTOR, "#folder-0 input.round-slider").send_keys(Keys.HOME))
+    first = _wait(lambda: (g := _js(browser, GRAPH_JS)) and g[0] == "1" and g, 10, "round 1 after Home")
+    assert first[1] != newest[1], "round 1's learned graph is drawn, not the newest one again"
+    polls = int(_js(browser, "return document.body.dataset.polls"))
+    _wait(lambda: int(_js(browser, "return document.body.dataset.polls")) > polls + 1, 30, "two more polls")
+    assert _js(browser, GRAPH_JS) == first, "a redraw kept the chosen round"
+    assert f"newest: {rounds}" in _js(browser, LABEL_JS)
+    _retry(lambda: browser.find_element(By.CSS_SELECTOR, "#folder-0 button.round-next").click())
+    assert _wait(lambda: _js(browser, GRAPH_JS)[0] == "2", 10, "round 2 after the next-round button")
+    browser.save_screenshot(str(artifacts / "dashboard-run-round-2.png"))
+    _retry(lambda: browser.find_element(By.CSS_SELECTOR, "#folder-0 button.round-newest").click())
+    assert _wait(lambda: _js(browser, GRAPH_JS) == newest, 10, "the newest round again")
     browser.save_screenshot(str(artifacts / "dashboard-run.png"))
 
 
