@@ -834,7 +834,9 @@ def run(quick: bool, seed: int, out: Path, plan: Plan | None = None, form: str |
     doc["seconds"] = time.perf_counter() - t_start
     intro = [f"**{form_name} form** (`graphfl bench admm{'' if form_name == 'full' else ' --form ' + form_name}`): "
              f"{len(plan.settings())} settings (V, n, ϱ) x {len(plan.seeds)} seeds; estimate before the start "
-             f"{config['expected_seconds_before_start'] / 60:.0f} min, wall time {doc['seconds'] / 60:.0f} min.", ""]
+             f"{config['expected_seconds_before_start'] / 60:.0f} min, wall time {doc['seconds'] / 60:.0f} min.", "",
+             "## Verdicts (one per claim of seed 001 / the original paper §5, ALGORITHMS §6.12; rules in the JSON's "
+             "verdict_rules)", "", *render_verdicts(verdict), ""]
     write_report(out, doc, intro=intro, sections=render_markdown(doc, plan, table, conv).split("\n"))
     draw(out / f"{NAME}.png", plan, table, conv)
     return doc
@@ -846,9 +848,7 @@ def render_markdown(doc: dict[str, Any], plan: Plan, table: dict[tuple[int, int,
     cols = [LABELS[m] for m in METHODS]
     grid = doc["config"]["figures"]
     form = doc["config"].get("form_name") or ("quick" if doc["config"]["quick"] else "full")
-    lines = ["## Verdicts (one per claim of seed 001 / the original paper §5, ALGORITHMS §6.12; rules in "
-             "verdict_rules)", "", *render_verdicts(doc.get("verdicts", {})), "",
-             f"## Setting ({form} form)", "",
+    lines = [f"## Setting ({form} form)", "",
              f"p = {P}, K0 = {K0}, seeds {list(plan.seeds)}, λ grid {list(plan.lambdas)} by {plan.cv_folds}-fold CV, "
              f"and fixed λ ∈ {list(plan.fixed_lambdas)}; edge test at α = {plan.alpha} with the "
              f"{doc['config']['es_covariance']!r} covariance; error = ‖Θ̂ − Θ*‖²_F / V, mean ± sd over seeds. "

@@ -7,6 +7,7 @@ import json
 import numpy as np
 
 from graphfl.bench import admm
+from graphfl.bench.admm_verdicts import CLAIMS
 from graphfl.p2p.algorithms.admm_math import LeastSquaresLoss, complete_graph_edges, local_estimator
 
 
@@ -41,6 +42,10 @@ def test_tiny_run_writes_results_and_fedadmm_on_the_true_graph_pools_clusters(tm
         assert (tmp_path / f"admm.{ext}").stat().st_size > 0
     saved = json.loads((tmp_path / "admm.json").read_text())
     assert saved["unspecified_settings"] and "claims" in saved
+    assert set(saved["verdicts"]) == set(CLAIMS) and saved["verdict_rules"]
+    assert all(v["verdict"] in ("reproduced", "not reproduced", "not testable") for v in saved["verdicts"].values())
+    md = (tmp_path / "admm.md").read_text()
+    assert md.index("## Verdicts") < md.index("## Results") and "**es-beats-local-at-0.9:" in md
     assert set(admm.METHODS) <= set(saved["methods"]) and {"d-gd", "d-sgd"} <= set(saved["methods"])
     clean = next(r for r in doc["runs"] if r["flip"] == 0.0)["methods"]
     # on G = G0 with the largest λ, FedADMM fuses each clique: far better than Local, never worse than Oracle's λ grid
