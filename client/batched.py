@@ -9,7 +9,10 @@ leading *client axis* and one forward and backward serves all of them per local 
 * its loss is ``ℓ(θ_i; batch_i) + Σ_t penalty_t(θ_i)`` with its own penalty tensors
   (:class:`~graphfl.client.objective.LocalObjective`, the same terms the per-client trainer adds);
 * its update is :func:`~graphfl.client.training.sgd_update` applied to its slice (momentum and
-  weight decay elementwise, so stacking changes nothing).
+  weight decay elementwise, so stacking changes nothing);
+* a personal model (APFL, :class:`~graphfl.client.objective.PersonalModel`) is a second stack
+  trained after each step on the loss of :func:`~graphfl.client.objective.mixture_output` with
+  each client's own ``α_i`` (a vector over the client axis; its gradient is each client's own).
 
 The forward is ``vmap`` of ``functional_call`` over the client axis; the backward is plain
 autograd of the sum of the clients' losses, whose gradient with respect to client ``i``'s slice
@@ -38,9 +41,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from graphfl.client.objective import LocalObjective
+from graphfl.client.objective import LocalObjective, OutputMix, PersonalResult, mixture_output
 from graphfl.client.training import _batches, sgd_update
 from graphfl.common.types import Arrays, ClientData
+from graphfl.strategies.apfl_math import alpha_step
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +56,8 @@ CPU_BUDGET_BYTES = 1 << 30
 """Working memory the client axis of one chunk may use on the CPU (1 GiB)."""
 GPU_BUDGET_FRACTION = 0.5
 """Share of the GPU's free memory one chunk may use."""
+PREGATHER_BYTES = 64 << 20
+"""Up to this size a chunk's minibatches of all steps are gathered at once, else step by step."""
 RANDOM_LAYERS = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout)
 
 
@@ -121,8 +127,10 @@ def draw_indices(objective: LocalObjective, num_train: int, batch_size: int) -> 
         return np.stack(list(_batches(num_train, batch_size, steps, rng))).astype(np.int64)
     per_pass = num_train // batch_size          # _batches reshuffles when fewer than a batch is left
     passes = -(-steps // per_pass)
-    orders = np.stack([rng.permutation(num_train) for _ in range(passes)])   # the same draws, in order
-    return orders[:, : per_pass * batch_size].reshape(-1, batch_size)[:steps].astype(np.int64)
+    orders = np.empty((passes, num_train), dtype=np.int64)
+    for i in range(passes):                     # the same draws, in order
+        orders[i] = rng.permutation(num_train)
+    return orders[:, : per_pass * batch_size].reshape(-1, batch_size)[:steps]
 
 
 def activation_numel(model: nn.Module, sample: torch.Tensor) -> int:
@@ -237,10 +245,71 @@ def client_losses(loss_fn: nn.Module, outputs: torch.Tensor, targets: torch.Tens
     return stacked
 
 
+ELEMENTWISE = (nn.ReLU, nn.Sigmoid, nn.Tanh, nn.GELU, nn.LeakyReLU, nn.ELU, nn.SiLU, nn.Softplus, nn.Identity)
+"""Parameter-free layers that act on each element, so a client axis in front changes nothing."""
+
+StackedForward = Callable[[Mapping[str, torch.Tensor], torch.Tensor], torch.Tensor]
+
+
+def _layer_plan(model: nn.Module) -> tuple[bool, list[tuple[Any, ...]]] | None:
+    """``(flatten input, layers)`` of a stack of ``Linear`` and :data:`ELEMENTWISE` layers (a
+    :class:`graphfl.tasks.models.MLP` or a plain ``nn.Sequential``), else ``None``.
+    """
+    from graphfl.tasks.models import MLP
+
+    if type(model) is MLP:
+        seq, prefix, flatten = model.net, "net.", True
+    elif type(model) is nn.Sequential:
+        seq, prefix, flatten = model, "", False
+    else:
+        return None
+    plan: list[tuple[Any, ...]] = []
+    for name, layer in seq.named_children():
+        if type(layer) is nn.Linear:
+            plan.append(("linear", f"{prefix}{name}.weight", f"{prefix}{name}.bias" if layer.bias is not None else None))
+        elif type(layer) in ELEMENTWISE:
+            plan.append(("act", layer))
+        elif type(layer) is nn.Flatten and layer.start_dim == 1 and layer.end_dim == -1:
+            plan.append(("flatten",))
+        else:
+            return None
+    return flatten, plan
+
+
+def stacked_forward(model: nn.Module) -> StackedForward:
+    """``(stacked params, x) ↦ outputs`` for every client at once (inputs and outputs clients ×
+    samples × ...).
+
+    A stack of ``Linear`` and elementwise layers (:func:`_layer_plan`) runs as batched matrix
+    products (``baddbmm``: one call per layer for all clients); any other model as ``vmap`` of
+    ``functional_call`` over the client axis. Both compute each client's own ``model(x_i)``,
+    up to the order of floating-point summation.
+    """
+    found = _layer_plan(model)
+    if found is None:
+        mapped: StackedForward = vmap(lambda p, x: functional_call(model, p, (x,)))
+        return mapped
+    flatten, plan = found
+
+    def forward(params: Mapping[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        h = x.flatten(2) if flatten else x
+        for layer in plan:
+            if layer[0] == "linear":
+                weight = params[layer[1]].transpose(1, 2)
+                h = torch.bmm(h, weight) if layer[2] is None else torch.baddbmm(params[layer[2]].unsqueeze(1), h, weight)
+            elif layer[0] == "act":
+                h = layer[1](h)
+            else:
+                h = h.flatten(2)
+        return h
+
+    return forward
+
+
 def _step_fn(model: nn.Module, loss_fn: nn.Module, objective: LocalObjective) -> Callable[..., Any]:
     """``(params, x, y, tensors) -> (total loss, data loss)`` per client, for stacked inputs."""
     terms = [(t.fn, t.static) for t in objective.penalties]
-    forward = vmap(lambda p, x: functional_call(model, p, (x,)))
+    forward = stacked_forward(model)
 
     def penalty(params: dict[str, torch.Tensor], tensors: list[dict[str, Any]]) -> torch.Tensor:
         (fn, static), t = terms[0], tensors[0]
@@ -263,89 +332,193 @@ def batched_sgd(
     model: nn.Module, loss_fn: nn.Module, stacked: StackedData, pids: Sequence[int],
     objectives: Sequence[LocalObjective], indices: Sequence[np.ndarray], lr: float,
     momentum: float = 0.0, weight_decay: float = 0.0, chunk: int | None = None,
-) -> tuple[list[Arrays], np.ndarray]:
+) -> tuple[list[Arrays], np.ndarray, list[PersonalResult | None]]:
     """Train clients ``pids`` (objectives of equal :attr:`~LocalObjective.signature`) together.
 
     ``indices[i]`` are client ``pids[i]``'s minibatches (:func:`draw_indices`). Returns each
-    client's trained arrays (the model's ``state_dict`` keys, float32 numpy) and mean data loss
-    over its steps. ``chunk`` clients at a time (default: all).
+    client's trained arrays (the model's ``state_dict`` keys, float32 numpy), mean data loss
+    over its steps and trained personal model (``None`` without one). ``chunk`` clients at a
+    time (default: all).
     """
     if not pids:
-        return [], np.zeros(0)
+        return [], np.zeros(0), []
     chunk = chunk or len(pids)
     arrays: list[Arrays] = []
     losses: list[np.ndarray] = []
+    personal: list[PersonalResult | None] = []
     for lo in range(0, len(pids), chunk):
         part = slice(lo, lo + chunk)
-        a, l_ = _train_chunk(model, loss_fn, stacked, pids[part], objectives[part], indices[part],
-                             lr, momentum, weight_decay)
+        a, l_, p = _train_chunk(model, loss_fn, stacked, pids[part], objectives[part], indices[part],
+                                lr, momentum, weight_decay)
         arrays += a
         losses.append(l_)
-    return arrays, np.concatenate(losses)
+        personal += p
+    return arrays, np.concatenate(losses), personal
+
+
+def _stack_arrays(items: Sequence[Arrays], keys: Sequence[str], device: Any) -> dict[str, torch.Tensor]:
+    """``{key: clients × shape}`` float32 tensors on ``device`` from each client's arrays (one
+    array repeated when every client holds the same object, as after a broadcast).
+    """
+    out = {}
+    for k in keys:
+        first = items[0][k]
+        if all(a[k] is first for a in items):
+            one = torch.as_tensor(np.asarray(first, dtype=np.float32)).to(device)
+            out[k] = one.unsqueeze(0).expand(len(items), *one.shape).clone()
+        else:
+            out[k] = torch.as_tensor(np.stack([np.asarray(a[k], dtype=np.float32) for a in items])).to(device)
+    return out
+
+
+def _unstack(params: Mapping[str, torch.Tensor], keys: Sequence[str], n: int) -> list[Arrays]:
+    """Each client's arrays: rows of one fresh host copy per key (disjoint views, nothing else holds them)."""
+    host = {k: list(np.array(params[k].detach().cpu().numpy(), copy=True)) for k in keys}
+    return [{k: host[k][i] for k in keys} for i in range(n)]
+
+
+def _mean_over_steps(values: list[torch.Tensor], n: int) -> np.ndarray:
+    if not values:
+        return np.zeros(n)
+    out: np.ndarray = (torch.stack(values).double().sum(0) / len(values)).cpu().numpy()
+    return out
 
 
 def _train_chunk(
     model: nn.Module, loss_fn: nn.Module, stacked: StackedData, pids: Sequence[int],
     objectives: Sequence[LocalObjective], indices: Sequence[np.ndarray], lr: float,
     momentum: float, weight_decay: float,
-) -> tuple[list[Arrays], np.ndarray]:
+) -> tuple[list[Arrays], np.ndarray, list[PersonalResult | None]]:
     device = stacked.x_train.device
     keys = [k for k, _ in model.named_parameters()]
-    params = {k: torch.as_tensor(np.stack([np.asarray(o.start[k], dtype=np.float32) for o in objectives])).to(device)
-              for k in keys}
+    params = _stack_arrays([o.start for o in objectives], keys, device)
     n_terms = len(objectives[0].penalties)
     tensors = [_stack([o.penalties[t].to(str(device)).tensors for o in objectives]) for t in range(n_terms)]
     step = _step_fn(model, loss_fn, objectives[0])
-    rows = torch.as_tensor([stacked.row[p] for p in pids], device=device)[:, None]
+    rows = torch.as_tensor([stacked.row[p] for p in pids], device=device)[:, None, None]
     idx = torch.as_tensor(np.stack(indices)).to(device)          # clients × steps × batch
     steps = idx.shape[1]
+    gathered = idx.numel() * (stacked.x_train[0, 0].numel() + stacked.y_train[0, 0].numel()) * 4
+    if gathered <= PREGATHER_BYTES:    # every step's minibatch in one gather: steps × clients × batch × ...
+        xs = stacked.x_train[rows, idx].transpose(0, 1).contiguous()
+        ys = stacked.y_train[rows, idx].transpose(0, 1).contiguous()
+
+        def minibatch(s: int) -> tuple[torch.Tensor, torch.Tensor]:
+            return xs[s], ys[s]
+    else:
+        def minibatch(s: int) -> tuple[torch.Tensor, torch.Tensor]:
+            return stacked.x_train[rows[:, 0], idx[:, s]], stacked.y_train[rows[:, 0], idx[:, s]]
     plist = [params[k].requires_grad_() for k in keys]
     buffers: list[torch.Tensor | None] = [None] * len(plist)
-    data_losses = []
+    data_losses: list[torch.Tensor] = []
+    first = objectives[0].personal
+    personal = None
+    if first is not None:
+        personal = _PersonalStack(model, loss_fn, [o.personal for o in objectives], keys, device)  # type: ignore[misc]
     with torch.enable_grad():
         for s in range(steps):
-            batch = idx[:, s]
-            x = stacked.x_train[rows, batch]
-            y = stacked.y_train[rows, batch]
+            x, y = minibatch(s)
             for p in plist:
                 p.grad = None
             total, data = step(params, x, y, tensors)
             data_losses.append(data.detach())
             total.sum().backward()
             sgd_update(plist, buffers, lr, momentum, weight_decay)
-    mean_loss = (torch.stack(data_losses).double().sum(0) / max(steps, 1)).cpu().numpy() if steps \
-        else np.zeros(len(pids))
-    host = {k: params[k].detach().cpu().numpy() for k in keys}
-    return [{k: host[k][i].copy() for k in keys} for i in range(len(pids))], mean_loss
+            if personal is not None:
+                personal.step(params, x, y, lr, momentum, weight_decay)
+    n = len(pids)
+    trained = _unstack(params, keys, n)
+    mean_loss = _mean_over_steps(data_losses, n) if steps else np.zeros(n)
+    if personal is None:
+        return trained, mean_loss, [None] * n
+    return trained, mean_loss, personal.results(n)
+
+
+class _PersonalStack:
+    """The personal models ``v_i`` of a chunk, stacked, and their ``α_i`` (one step per call).
+
+    Each step, after the step of ``w_i``: ``ŷ_i = mixture_output(α_i, h(v_i; x_i), h(w_i; x_i))``
+    with ``h(w_i)`` at the post-step ``w_i``, ``v_i`` by the same SGD rule on ``ℓ(ŷ_i, y_i)`` and,
+    adaptive, ``α_i ← alpha_step(α_i, ∂ℓ/∂α_i, alpha_lr)`` (the per-client trainer's
+    :func:`graphfl.client.gate_trainer.personal_step`).
+    """
+
+    def __init__(self, model: nn.Module, loss_fn: nn.Module, specs: Sequence[Any], keys: Sequence[str],
+                 device: Any) -> None:
+        self.loss_fn, self.keys = loss_fn, list(keys)
+        self.forward = stacked_forward(model)
+        self.params = _stack_arrays([s.start for s in specs], keys, device)
+        self.plist = [self.params[k].requires_grad_() for k in keys]
+        self.buffers: list[torch.Tensor | None] = [None] * len(self.plist)
+        self.alpha = [float(s.alpha) for s in specs]
+        self.adaptive, self.alpha_lr = bool(specs[0].adaptive), float(specs[0].alpha_lr)
+        self.losses: list[torch.Tensor] = []
+        self.device = device
+
+    def step(self, params_w: Mapping[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor, lr: float,
+             momentum: float, weight_decay: float) -> None:
+        with torch.no_grad():
+            h_w = self.forward(dict(params_w), x)
+        a = torch.tensor(self.alpha, dtype=h_w.dtype, device=h_w.device, requires_grad=self.adaptive)
+        for p in self.plist:
+            p.grad = None
+        h_v = self.forward(self.params, x)
+        y_hat = mixture_output(a.reshape(-1, *([1] * (h_v.dim() - 1))), h_v, h_w)
+        losses = client_losses(self.loss_fn, y_hat, y)
+        losses.sum().backward()
+        sgd_update(self.plist, self.buffers, lr, momentum, weight_decay)
+        self.losses.append(losses.detach())
+        if self.adaptive:
+            assert a.grad is not None
+            self.alpha = [alpha_step(al, g, self.alpha_lr) for al, g in zip(self.alpha, a.grad.tolist())]
+
+    def results(self, n: int) -> list[PersonalResult | None]:
+        arrays = _unstack(self.params, self.keys, n)
+        loss = _mean_over_steps(self.losses, n)
+        return [PersonalResult(arrays[i], self.alpha[i], float(loss[i])) for i in range(n)]
 
 
 def batched_evaluate(
     model: nn.Module, loss_fn: nn.Module, classification: bool, stacked: StackedData,
-    pids: Sequence[int], arrays: Sequence[Arrays], chunk: int | None = None,
+    pids: Sequence[int], arrays: Sequence[Arrays | OutputMix], chunk: int | None = None,
 ) -> list[dict[str, float]]:
     """Each model ``arrays[i]`` on client ``pids[i]``'s test split, all at once.
 
-    The metrics of :func:`graphfl.client.training.evaluate_model`: ``test_loss`` (the mean of the
-    per-sample losses), ``num_test`` and, for classification, ``test_acc``; ``nan`` for a client
-    without test samples. The loss must be a mean over samples (``reduction='mean'``).
+    An item is a model's arrays or an :class:`~graphfl.client.objective.OutputMix` (the output
+    ``α h(v) + (1 − α) h(w)``). The metrics of :func:`graphfl.client.training.evaluate_model`:
+    ``test_loss`` (the mean of the per-sample losses), ``num_test`` and, for classification,
+    ``test_acc``; ``nan`` for a client without test samples. The loss must be a mean over
+    samples (``reduction='mean'``).
     """
-    out: list[dict[str, float]] = []
+    out: list[dict[str, float] | None] = [None] * len(pids)
     chunk = chunk or max(len(pids), 1)
-    for lo in range(0, len(pids), chunk):
-        out += _evaluate_chunk(model, loss_fn, classification, stacked, pids[lo : lo + chunk], arrays[lo : lo + chunk])
-    return out
+    for kind in (False, True):      # plain models, then mixtures: each chunk holds one kind
+        where = [i for i, a in enumerate(arrays) if isinstance(a, OutputMix) == kind]
+        for lo in range(0, len(where), chunk):
+            part = where[lo : lo + chunk]
+            results = _evaluate_chunk(model, loss_fn, classification, stacked, [pids[i] for i in part],
+                                      [arrays[i] for i in part])
+            for i, metrics in zip(part, results):
+                out[i] = metrics
+    return [m for m in out if m is not None]
 
 
 def _evaluate_chunk(model: nn.Module, loss_fn: nn.Module, classification: bool, stacked: StackedData,
-                    pids: Sequence[int], arrays: Sequence[Arrays]) -> list[dict[str, float]]:
+                    pids: Sequence[int], arrays: Sequence[Arrays | OutputMix]) -> list[dict[str, float]]:
     device = stacked.x_test.device
     keys = [k for k, _ in model.named_parameters()]
-    params = {k: torch.as_tensor(np.stack([np.asarray(a[k], dtype=np.float32) for a in arrays])).to(device)
-              for k in keys}
     rows = torch.as_tensor([stacked.row[p] for p in pids], device=device)
     x, y = stacked.x_test[rows], stacked.y_test[rows]
     n = torch.as_tensor(stacked.n_test[rows.cpu().numpy()], device=device)
-    outputs = vmap(lambda p, xb: functional_call(model, p, (xb,)))(params, x)
+    forward = stacked_forward(model)
+    if isinstance(arrays[0], OutputMix):
+        mixes: list[OutputMix] = list(arrays)  # type: ignore[arg-type]
+        h_v = forward(_stack_arrays([m.v for m in mixes], keys, device), x)
+        h_w = forward(_stack_arrays([m.w for m in mixes], keys, device), x)
+        alpha = torch.tensor([float(m.alpha) for m in mixes], dtype=h_v.dtype, device=device)
+        outputs = mixture_output(alpha.reshape(-1, *([1] * (h_v.dim() - 1))), h_v, h_w)
+    else:
+        outputs = forward(_stack_arrays(arrays, keys, device), x)  # type: ignore[arg-type]
     per = per_sample_losses(loss_fn, outputs, y)
     mask = torch.arange(x.shape[1], device=device)[None, :] < n[:, None]
     nf = n.to(per.dtype)

@@ -34,7 +34,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from graphfl.client.objective import LocalObjective, linear_term
+from graphfl.client.objective import (
+    LocalObjective,
+    OutputMix,
+    PersonalModel,
+    PersonalResult,
+    linear_term,
+    mixture_output,
+)
 from graphfl.client.trainers import state_model, store_model
 from graphfl.client.training import (
     _batches,
@@ -105,7 +112,7 @@ def personal_step(
     for p in params:
         p.grad = None
     a = torch.tensor(float(alpha), dtype=h_w.dtype, device=h_w.device, requires_grad=adaptive)
-    y_hat = a * model_v(x) + (1.0 - a) * h_w.detach()
+    y_hat = mixture_output(a, model_v(x), h_w)
     loss = loss_fn(y_hat, y)
     loss.backward()
     sgd_update(params, buffers, lr, momentum, weight_decay)
@@ -189,14 +196,21 @@ class GateTrainer(ClientTrainer[Any]):
     def objective(self, server_round: int, payload: Payload, state: ClientState) -> LocalObjective:
         """The round's local problem of ``w_i``: ``train.local-steps`` steps from the received ``w``
         on the data loss plus, with tracking, ``−⟨δ_i, θ⟩`` (gradient ``−δ_i``: the step
-        ``w_i ← w_i − η(∇ℓ − δ_i)``), after the pending δ update (which changes ``state``).
+        ``w_i ← w_i − η(∇ℓ − δ_i)``), after the pending δ update (which changes ``state``); with
+        a personal model, ``v_i`` (from state, else the received ``w``) and ``α_i`` beside it.
         """
         moved = self.apply_pending_delta(payload, state) if self.tracking else False
         keys = tuple(k for k in self.keys if self.tracking and DELTA_PREFIX + k in state)
         penalties = (linear_term({k: state[DELTA_PREFIX + k] for k in keys}, keys),) if keys else ()
         rng = client_rng(self.ctx.config.seed, 3, self.ctx.partition_id, server_round)
         extra = {"delta_updated": float(moved)} if self.tracking else {}
-        return LocalObjective(self.model_arrays(payload), self.ctx.config.train.local_steps, rng, penalties, extra)
+        start = self.model_arrays(payload)
+        personal = None
+        if self.personal:
+            personal = PersonalModel(state_model(state) or start, self.alpha(state),
+                                     bool(getattr(self.params, "adaptive_alpha", False)),
+                                     float(getattr(self.params, "alpha_lr", 0.0)) or self.ctx.config.train.lr)
+        return LocalObjective(start, self.ctx.config.train.local_steps, rng, penalties, extra, personal)
 
     @property
     def keys(self) -> tuple[str, ...]:
@@ -206,31 +220,57 @@ class GateTrainer(ClientTrainer[Any]):
         return self._keys
 
     def finish(self, server_round: int, payload: Payload, state: ClientState, objective: LocalObjective,
-               arrays: Arrays, loss: float) -> FitResult:
-        """The upload ``w_i`` and its metrics; with tracking, keeps the steps run for the next δ update."""
+               arrays: Arrays, loss: float, personal: PersonalResult | None = None) -> FitResult:
+        """The upload ``w_i`` and its metrics; with tracking, keeps the steps run for the next δ
+        update; with a personal model, keeps ``v_i``, ``α_i`` and the locally trained ``w_i`` (C6).
+        """
         metrics = {"train_loss": loss}
+        if personal is not None:
+            store_model(state, personal.arrays)
+            state[ALPHA_KEY] = np.asarray(personal.alpha, dtype=np.float64)
+            for k, v in arrays.items():
+                state[LOCAL_PREFIX + k] = v
         if self.tracking:
             state[UP_STEPS_KEY] = np.asarray(objective.steps, dtype=np.int64)   # R of this round's δ update
             metrics.update(objective.extra)
+        if personal is not None:
+            metrics.update(personal_loss=personal.loss, alpha=personal.alpha)
         return FitResult(arrays, self.ctx.data.num_train, metrics)
 
     def fit_by_objective(self, phase: str) -> bool:
-        """Whether ``phase`` runs as objective → SGD steps → finish (batchable): FedGATE's ``fit``;
-        a personal model (APFL) trains in its own loop.
+        """Whether ``phase`` runs as objective → SGD steps → finish (batchable): the ``fit`` phase,
+        unless a subclass replaced :meth:`fit` or ``fit_phase``.
         """
         cls = type(self)
-        return (not self.personal and phase == FIT_PHASE and cls.fit is GateTrainer.fit
-                and cls.fit_phase is ClientTrainer.fit_phase)
+        return phase == FIT_PHASE and cls.fit is GateTrainer.fit and cls.fit_phase is ClientTrainer.fit_phase
 
     def evaluate_by_arrays(self, phase: str) -> bool:
-        """Whether ``phase`` is the received ``w`` on the test split (FedGATE's evaluation)."""
+        """Whether ``phase`` is :meth:`evaluation_arrays` on the test split plus
+        :meth:`evaluation_scalars` (the ``evaluate`` phase, unless a subclass replaced it).
+        """
         cls = type(self)
-        return (not self.personal and phase == EVALUATE_PHASE and cls.evaluate is GateTrainer.evaluate
+        return (phase == EVALUATE_PHASE and cls.evaluate is GateTrainer.evaluate
                 and cls.evaluate_phase is ClientTrainer.evaluate_phase)
 
-    def evaluation_arrays(self, payload: Payload, state: ClientState) -> dict[str, Arrays]:
-        """FedGATE reports ``test_*`` of the received ``w``."""
-        return {"": self.model_arrays(payload)}
+    def evaluation_arrays(self, payload: Payload, state: ClientState) -> dict[str, Arrays | OutputMix]:
+        """The models :meth:`evaluate` reports, by metric prefix (``""``: ``test_*`` and ``num_test``).
+
+        FedGATE: the received ``w``. Personal clients: ``""`` is the configured personal output,
+        ``mix_local_`` the mixture with the locally trained ``w_i`` (the received ``w`` before the
+        client has trained), ``mix_aggregated_`` the mixture with the received ``w``, ``global_``
+        the received ``w`` alone.
+        """
+        w = self.model_arrays(payload)
+        if not self.personal:
+            return {"": w}
+        v, alpha = state_model(state) or w, self.alpha(state)
+        forms = {"aggregated": OutputMix(v, w, alpha), "local-copy": OutputMix(v, self.local_copy(state) or w, alpha)}
+        return {"": forms[str(self.params.personal_output)], "mix_local_": forms["local-copy"],
+                "mix_aggregated_": forms["aggregated"], "global_": w}
+
+    def evaluation_scalars(self, payload: Payload, state: ClientState) -> dict[str, float]:
+        """Metrics beside the evaluated models: ``alpha`` (``α_i``) for personal clients."""
+        return {"alpha": self.alpha(state)} if self.personal else {}
 
     def fit(self, server_round: int, payload: Payload, state: ClientState) -> FitResult:
         tc = self.ctx.config.train
@@ -239,7 +279,8 @@ class GateTrainer(ClientTrainer[Any]):
         penalty = objective.penalty_on_model()
         model_w = self.ctx.task.build_model()
         set_arrays(model_w, objective.start)
-        if not self.personal:
+        personal = objective.personal
+        if personal is None:
             loss = sgd_steps(model_w, self.ctx.data, self.loss_fn, objective.steps, tc.batch_size, tc.lr,
                              objective.rng, penalty=penalty, momentum=tc.momentum, weight_decay=tc.weight_decay,
                              device=device)
@@ -247,13 +288,11 @@ class GateTrainer(ClientTrainer[Any]):
         model_w.to(device).train()
         params_w = [p for p in model_w.parameters() if p.requires_grad]
         bufs_w: list[torch.Tensor | None] = [None] * len(params_w)
-        alpha = self.alpha(state)
+        alpha = personal.alpha
         model_v = self.ctx.task.build_model()
-        set_arrays(model_v, state_model(state) or objective.start)
+        set_arrays(model_v, personal.start)
         model_v.to(device).train()
         bufs_v: list[torch.Tensor | None] = [None] * len(list(model_v.parameters()))
-        adaptive = bool(getattr(self.params, "adaptive_alpha", False))
-        alpha_lr = float(getattr(self.params, "alpha_lr", 0.0)) or tc.lr
         total_w = total_v = 0.0
         ran = 0
         for x, y in minibatches(self.ctx.data, objective.steps, tc.batch_size, objective.rng, device):
@@ -266,18 +305,12 @@ class GateTrainer(ClientTrainer[Any]):
             sgd_update(params_w, bufs_w, tc.lr, tc.momentum, tc.weight_decay)
             with torch.no_grad():
                 h_w = model_w(x)
-            lv, alpha = personal_step(model_v, h_w, x, y, alpha, self.loss_fn, tc.lr, bufs_v, adaptive,
-                                      alpha_lr, tc.momentum, tc.weight_decay)
+            lv, alpha = personal_step(model_v, h_w, x, y, alpha, self.loss_fn, tc.lr, bufs_v, personal.adaptive,
+                                      personal.alpha_lr, tc.momentum, tc.weight_decay)
             total_v += lv
         steps = max(ran, 1)
-        trained = get_arrays(model_w)
-        store_model(state, get_arrays(model_v))
-        state[ALPHA_KEY] = np.asarray(alpha, dtype=np.float64)
-        for k, v in trained.items():
-            state[LOCAL_PREFIX + k] = v
-        result = self.finish(server_round, payload, state, objective, trained, total_w / steps)
-        result.metrics.update(personal_loss=total_v / steps, alpha=alpha)
-        return result
+        return self.finish(server_round, payload, state, objective, get_arrays(model_w), total_w / steps,
+                           PersonalResult(get_arrays(model_v), alpha, total_v / steps))
 
     def after_upload(self, phase: str, server_round: int, payload: Payload, uploaded: Arrays,
                      state: ClientState) -> None:
@@ -294,31 +327,30 @@ class GateTrainer(ClientTrainer[Any]):
         state[UP_ROUND_KEY] = np.asarray(server_round, dtype=np.int64)
 
     def evaluate(self, payload: Payload, state: ClientState) -> dict[str, float]:
+        """:meth:`evaluation_arrays` on the test split (each distinct model once), prefixed, plus
+        :meth:`evaluation_scalars`.
+        """
         task, d, dev = self.ctx.task, self.ctx.data, self.ctx.device
-        model_w = task.build_model()
-        set_arrays(model_w, self.model_arrays(payload))
-        if not self.personal:
-            return evaluate_client(model_w, task, d, self.loss_fn, device=dev)
-        model_v = task.build_model()
-        set_arrays(model_v, state_model(state) or self.model_arrays(payload))
-        alpha = self.alpha(state)
-        forms = {"aggregated": evaluate_client(OutputMixture(model_v, model_w, alpha), task, d, self.loss_fn,
-                                               device=dev)}
-        local = self.local_copy(state)
-        if local is None:                    # not trained yet: the local copy is the received w
-            forms["local-copy"] = forms["aggregated"]
-        else:
-            model_l = task.build_model()
-            set_arrays(model_l, local)
-            forms["local-copy"] = evaluate_client(OutputMixture(model_v, model_l, alpha), task, d, self.loss_fn,
-                                                  device=dev)
-        out = dict(forms[str(self.params.personal_output)])
-        for name, prefix in (("local-copy", "mix_local_"), ("aggregated", "mix_aggregated_")):
-            out.update({f"{prefix}{k}": v for k, v in forms[name].items() if k != "num_test"})
-        glob = evaluate_client(model_w, task, d, self.loss_fn, device=dev)
-        out.update({f"global_{k}": v for k, v in glob.items() if k != "num_test"})
-        out["alpha"] = alpha
+        seen: dict[int, dict[str, float]] = {}
+        out: dict[str, float] = {}
+        for prefix, item in self.evaluation_arrays(payload, state).items():
+            if id(item) not in seen:
+                seen[id(item)] = evaluate_client(self.eval_model(item), task, d, self.loss_fn, device=dev)
+            metrics = seen[id(item)]
+            out.update(metrics if not prefix else {f"{prefix}{k}": v for k, v in metrics.items() if k != "num_test"})
+        out.update(self.evaluation_scalars(payload, state))
         return out
+
+    def eval_model(self, item: Arrays | OutputMix) -> nn.Module:
+        """The module of an :meth:`evaluation_arrays` item (an :class:`OutputMixture` for a mixture)."""
+        def build(arrays: Arrays) -> nn.Module:
+            model = self.ctx.task.build_model()
+            set_arrays(model, arrays)
+            return model
+
+        if isinstance(item, OutputMix):
+            return OutputMixture(build(item.v), build(item.w), item.alpha)
+        return build(item)
 
 
 class APFLTrainer(GateTrainer):

@@ -19,6 +19,11 @@ So ``fn`` must be a pure tensor function (no ``float()``, no data-dependent Pyth
 together. The terms in use: FedProx / FeSEM / FedAMP's proximal term (:func:`proximal_term`),
 pFedGraph's cosine similarity (:func:`cosine_term`) and FedGATE's tracking correction
 (:func:`linear_term`).
+
+APFL's personal model (ALGORITHMS.md §9.1) is a second model trained beside the first on the
+loss of the output mixture: :class:`PersonalModel` says where it starts, its mixing weight and
+whether the weight adapts; :func:`mixture_output` is the mixture both engines compute, per
+step, after the step of the first model; :class:`OutputMix` names a mixture to evaluate.
 """
 
 from __future__ import annotations
@@ -68,6 +73,57 @@ def _to(value: Any, device: str) -> Any:
     return value.to(device)
 
 
+def mixture_output(alpha: torch.Tensor, h_v: torch.Tensor, h_w: torch.Tensor) -> torch.Tensor:
+    """``ŷ = α h(v; x) + (1 − α) h(w; x)`` with ``h(w; x)`` detached (APFL's output mixing, §9.1).
+
+    ``alpha`` broadcasts against the outputs: a scalar for one client, one value per client
+    (shaped ``clients × 1 × …``) for stacked outputs.
+    """
+    return alpha * h_v + (1.0 - alpha) * h_w.detach()
+
+
+@dataclass
+class PersonalModel:
+    """APFL's personal model ``v_i`` of one round (§9.1; module docstring).
+
+    ``start``: ``v_i`` before the round (all arrays of the model's ``state_dict``); ``alpha``:
+    ``α_i``; with ``adaptive``, every step moves ``α_i ← clip_[0,1](α_i − alpha_lr ∂ℓ(ŷ)/∂α)``
+    (:func:`graphfl.strategies.apfl_math.alpha_step`), the derivative taken at the pre-step ``v_i``.
+    Each local step, after the step of ``w_i``: ``ŷ = mixture_output(α_i, h(v_i; x), h(w_i; x))``,
+    ``v_i ← v_i − η ∇_{v_i} ℓ(ŷ, y)`` (the same SGD rule, momentum and weight decay as ``w_i``).
+    """
+
+    start: Arrays
+    alpha: float
+    adaptive: bool = False
+    alpha_lr: float = 0.0
+
+    @property
+    def signature(self) -> tuple[Any, ...]:
+        """What must be equal for two clients' personal models to train in one batch."""
+        return (self.adaptive, self.alpha_lr)
+
+
+@dataclass
+class PersonalResult:
+    """A trained :class:`PersonalModel`: ``arrays`` (``v_i``), the final ``alpha`` and the mean
+    ``loss`` of the mixture over the round's steps.
+    """
+
+    arrays: Arrays
+    alpha: float
+    loss: float
+
+
+@dataclass(frozen=True)
+class OutputMix:
+    """The model ``x ↦ α h(v; x) + (1 − α) h(w; x)`` to evaluate (APFL's personalised output)."""
+
+    v: Arrays
+    w: Arrays
+    alpha: float
+
+
 @dataclass
 class LocalObjective:
     """One round of a client's local training (module docstring).
@@ -75,7 +131,8 @@ class LocalObjective:
     ``start``: the model the steps start from (all arrays of the model's ``state_dict``);
     ``steps``: the number of SGD steps; ``rng``: the generator the minibatch indices are drawn
     from (:func:`graphfl.client.training.sgd_steps`'s order); ``penalties``: the terms added to
-    the data loss; ``extra``: what the trainer needs to finish the round (its metrics, say).
+    the data loss; ``extra``: what the trainer needs to finish the round (its metrics, say);
+    ``personal``: a personal model trained beside it (APFL), or ``None``.
     """
 
     start: Arrays
@@ -83,6 +140,7 @@ class LocalObjective:
     rng: np.random.Generator
     penalties: tuple[Penalty, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
+    personal: PersonalModel | None = None
 
     def penalty_on_model(self) -> Callable[[nn.Module], torch.Tensor] | None:
         """The sum of the penalties as a function of a model (``sgd_steps``'s ``penalty``), or ``None``."""
@@ -106,7 +164,8 @@ class LocalObjective:
     @property
     def signature(self) -> tuple[Any, ...]:
         """Clients whose objectives have equal signatures train in one batch."""
-        return (self.steps, tuple(t.signature for t in self.penalties))
+        return (self.steps, tuple(t.signature for t in self.penalties),
+                None if self.personal is None else self.personal.signature)
 
 
 def _tensor(a: np.ndarray) -> torch.Tensor:

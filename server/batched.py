@@ -15,8 +15,9 @@ built on it, FedGATE, BiG-FL), it
 
 Evaluation (join, piggy-backed and separate) runs batched the same way for trainers that evaluate
 named arrays (``evaluation_arrays``) on tasks without extra metrics. A request, trainer or task
-that cannot be batched (PyG graph tasks, models with buffers, trainers with their own loop such
-as APFL's personal model) is served client by client, and the reason is logged once.
+that cannot be batched (PyG graph tasks, models with buffers, trainers with their own loop) is
+served client by client, and the reason is logged once. A personal model (APFL, APFLGate) trains
+in the same batch beside the uploaded one and its mixtures are evaluated batched too.
 The numbers equal the per-client engine up to floating-point summation order.
 """
 
@@ -42,7 +43,7 @@ from graphfl.client.batched import (
     unbatchable_reason,
 )
 from graphfl.client.handler import ClientRuntime, SharedInputs, prefixed, reply_metrics, train_reply
-from graphfl.client.objective import LocalObjective
+from graphfl.client.objective import LocalObjective, OutputMix
 from graphfl.client.training import check_arrays
 from graphfl.common import wire
 from graphfl.common.config import RunConfig
@@ -78,6 +79,7 @@ class _Job:
         self.objective: LocalObjective | None = None
         self.indices: np.ndarray | None = None
         self.evaluation: dict[str, float] = {}
+        self.scalars: dict[str, float] = {}
         self.arrays: Arrays | None = None
 
 
@@ -219,13 +221,17 @@ class BatchedExchange(InProcessExchange):
     def _evaluate(self, request: Request, jobs: list[_Job], replies: dict[int, Reply]) -> list[_Job]:
         """Evaluate every job's models in one batched computation; failed clients leave ``jobs``."""
         assert self._stacked is not None
-        items: list[tuple[_Job, str, Arrays]] = []
+        items: list[tuple[_Job, str, Arrays | OutputMix]] = []
         kept: list[_Job] = []
         for job in jobs:
             try:
-                named = job.runtime.trainer.evaluation_arrays(job.payload, job.state)  # type: ignore[attr-defined]
-                for arrays in named.values():
-                    check_arrays(self._shapes, arrays)
+                trainer: Any = job.runtime.trainer
+                named = trainer.evaluation_arrays(job.payload, job.state)
+                for item in named.values():
+                    for arrays in ((item.v, item.w) if isinstance(item, OutputMix) else (item,)):
+                        check_arrays(self._shapes, arrays)
+                scalars = getattr(trainer, "evaluation_scalars", None)
+                job.scalars = scalars(job.payload, job.state) if callable(scalars) else {}
             except Exception as exc:  # noqa: BLE001 - a failing client is a failed reply (logged)
                 replies[job.pid] = self.error_reply(request, job.pid, exc)
                 continue
@@ -243,6 +249,7 @@ class BatchedExchange(InProcessExchange):
                 metrics = {f"{prefix}{k}": v for k, v in metrics.items() if k != "num_test"}
             job.evaluation.update(metrics)
         for job in kept:
+            job.evaluation.update(job.scalars)
             job.metrics.update(prefixed(job.evaluation))
         return kept
 
@@ -274,7 +281,7 @@ class BatchedExchange(InProcessExchange):
                 chunk = max(1, min(chunk, self._budget // per_client))
             self.train_chunks.add(chunk)
             try:
-                arrays, losses = batched_sgd(
+                arrays, losses, personal = batched_sgd(
                     self._model, self._loss_fn, self._stacked, [j.pid for j in group],
                     [j.objective for j in group], [j.indices for j in group],  # type: ignore[misc]
                     tc.lr, tc.momentum, tc.weight_decay, chunk=chunk,
@@ -284,12 +291,13 @@ class BatchedExchange(InProcessExchange):
                     replies[job.pid] = self.error_reply(request, job.pid, exc)
                 continue
             share = (time.perf_counter() - t0) / len(group)
-            for job, trained, loss in zip(group, arrays, losses):
+            for job, trained, loss, mine in zip(group, arrays, losses, personal):
                 trainer = job.runtime.trainer
                 try:
                     t1 = time.perf_counter()
+                    more = {} if mine is None else {"personal": mine}
                     result = trainer.finish(request.server_round, job.payload, job.state, job.objective,
-                                            trained, float(loss))
+                                            trained, float(loss), **more)
                     upload, metrics = train_reply(job.runtime, request.server_round, job.payload, result, job.state,
                                                   job.metrics, request.phase, t1)
                     metrics[wire.CLIENT_SECONDS] += share

@@ -148,10 +148,12 @@ def test_chunks_of_the_client_axis_give_the_same_numbers():
 
 
 def test_a_trainer_that_does_not_batch_runs_client_by_client_with_one_log_line(caplog):
+    import graphfl.tests.probe_strategy  # noqa: F401  registers "probe" (a trainer with its own fit)
+
     with caplog.at_level(logging.INFO, logger="graphfl.server.batched"):
-        _same_curves("apfl", batched_fully=False, task="synthetic-multicenter")
+        _same_curves("probe", batched_fully=False, task="synthetic-multicenter")
     lines = [r.getMessage() for r in caplog.records if "client by client" in r.getMessage()]
-    assert lines and all("APFLTrainer" in line for line in lines)
+    assert lines and all("ProbeTrainer" in line for line in lines)
     assert len(lines) == len(set(lines))
 
 
