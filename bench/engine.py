@@ -1,10 +1,16 @@
-"""Seconds per round and set-up time of the engines, in one run: batched, in-process, Flower's simulation.
+"""Seconds per round and set-up time of the engines, in one run: batched, in-process, Flower's
+simulation, and FedJAX as an outside comparator.
 
 Each row runs FedAvg (``train.local-steps = 10``, the other settings the defaults) for ``R`` rounds
 of one task at one client count on one engine, in this process for the in-process engines
 (:func:`graphfl.server.inprocess.run_federated_inprocess`) and through ``graphfl run --engine
 simulation`` (Flower's Ray simulation engine, :func:`graphfl.deploy.run.run_experiment`) for the
-simulation engine. Reported per row:
+simulation engine. The ``fedjax`` rows run FedJAX's FedAvg (``bench/fedjax_fedavg.py``) on the
+same task shape (per client 100 samples of 8 features and 8 targets, the 8→16→16→8 sigmoid MLP
+without biases, MSE, every client every round, the local steps, batch size and step size of the
+graphfl rows) in a subprocess with the Python named by ``GRAPHFL_FEDJAX_PYTHON`` (a virtual
+environment with FedJAX 0.0.17 and its JAX stack, ``scripts/install-fedjax.sh``); without it the
+row says ``not installed``. Reported per row:
 
 * ``round_s``: the median over rounds ``1..R`` of the round's wall time (train phase with its
   piggy-backed evaluation, validation, aggregation, recording);
@@ -14,12 +20,13 @@ simulation engine. Reported per row:
   from the in-process engine's (the batched engine must give the same numbers);
 * ``chunk``: clients per batched computation (the batched engine's memory bound).
 
-Ratios (``speedup_vs_inprocess``, ``speedup_vs_simulation``: the other engine's ``round_s`` over
-the batched engine's) come from rows of the same run. Before the timed rows, a two-client run on
+Ratios (``speedup_vs_inprocess``, ``speedup_vs_simulation``, ``speedup_vs_fedjax``: the other
+engine's ``round_s`` over the batched engine's) come from rows of the same run. Before the timed rows, a two-client run on
 each engine loads the libraries, so no row pays for imports.
 
 Grid. ``--quick``: synthetic-multicenter (the seed's 512-parameter MLP, 100 samples per client)
-at 100 and 1000 clients and digits at 100 clients, 3 rounds; the simulation engine at 100
+at 100 and 1000 clients and digits at 100 clients, 3 rounds; FedJAX at 100 and 1000 clients of
+synthetic-multicenter, 4 rounds (its first compiles); the simulation engine at 100
 clients of synthetic-multicenter, 2 rounds (its join round alone takes minutes on a loaded
 2-core host). Full form: synthetic-multicenter at 10, 100, 1000 and 10 000 clients (the
 in-process engine up to 1000), digits at 100, the MNIST CNN at 100 clients (``--data-dir`` with
@@ -33,6 +40,7 @@ import json
 import logging
 import os
 import statistics
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -41,7 +49,11 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 NAME = "engine"
-ENGINES = ("batched", "inprocess", "simulation")
+ENGINES = ("batched", "inprocess", "simulation", "fedjax")
+FEDJAX_ENV = "GRAPHFL_FEDJAX_PYTHON"
+"""Environment variable naming a Python with FedJAX installed (the ``fedjax`` rows)."""
+FEDJAX_ROUNDS = 4
+FEDJAX_TIMEOUT_S = 900
 LOCAL_STEPS = 10
 DIGITS_MIN_PARTITION = 4
 """``data.min-partition-size`` of the digits rows (the default 10 has no Dirichlet(0.5) draw at 100 clients)."""
@@ -55,6 +67,8 @@ def grid(quick: bool, data_dir: str | None) -> list[dict[str, Any]]:
             rows += [{"task": "synthetic-multicenter", "clients": n, "engine": e, "rounds": 3}
                      for e in ("batched", "inprocess")]
         rows += [{"task": "digits", "clients": 100, "engine": e, "rounds": 3} for e in ("batched", "inprocess")]
+        rows += [{"task": "synthetic-multicenter", "clients": n, "engine": "fedjax", "rounds": FEDJAX_ROUNDS}
+                 for n in (100, 1000)]
         rows.append({"task": "synthetic-multicenter", "clients": 100, "engine": "simulation", "rounds": 2})
         return rows
     for n in (10, 100, 1000, 10_000):
@@ -64,6 +78,8 @@ def grid(quick: bool, data_dir: str | None) -> list[dict[str, Any]]:
     if data_dir and (Path(data_dir) / "mnist").is_dir():
         rows += [{"task": "mnist", "clients": 100, "engine": e, "rounds": 2, "data-dir": data_dir}
                  for e in ("batched", "inprocess")]
+    rows += [{"task": "synthetic-multicenter", "clients": n, "engine": "fedjax", "rounds": FEDJAX_ROUNDS}
+             for n in (100, 1000)]
     rows += [{"task": t, "clients": 100, "engine": "simulation", "rounds": 3}
              for t in ("synthetic-multicenter", "digits")]
     rows.append({"task": "synthetic-multicenter", "clients": 1000, "engine": "simulation", "rounds": 2})
@@ -95,10 +111,41 @@ def _summary(doc: dict[str, Any], wall: float) -> dict[str, Any]:
             "chunk": doc.get("env", {}).get("batch_chunk"), "fallback": doc.get("env", {}).get("batched_fallback")}
 
 
+def run_fedjax(row: dict[str, Any], seed: int) -> dict[str, Any]:
+    """The ``fedjax`` row: ``bench/fedjax_fedavg.py`` under ``$GRAPHFL_FEDJAX_PYTHON`` with the
+    graphfl rows' local steps, batch size and step size; ``status = "not installed"`` without it.
+    """
+    python = os.environ.get(FEDJAX_ENV)
+    if not python:
+        return {"status": "not installed", "error": f"{FEDJAX_ENV} is not set (scripts/install-fedjax.sh makes one)"}
+    train = _config({**row, "engine": "inprocess"}, seed).train
+    script = Path(__file__).with_name("fedjax_fedavg.py")
+    cmd = [python, str(script), "--clients", str(row["clients"]), "--rounds", str(row["rounds"]),
+           "--steps", str(LOCAL_STEPS), "--batch", str(train.batch_size), "--lr", str(train.lr), "--seed", str(seed)]
+    t0 = time.perf_counter()
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=FEDJAX_TIMEOUT_S, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return {"status": "failed", "error": f"{type(exc).__name__}: {exc}"}
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+        return {"status": "failed", "error": f"exit {done.returncode}: {tail[0][:300]}"}
+    result = json.loads(lines[-1])
+    logger.info("engine bench: fedjax %d clients: %.3f s/round, set-up %.1f s (wall %.1f s)", row["clients"],
+                result["round_s"], result["setup_s"], time.perf_counter() - t0)
+    return {"round_s": result["round_s"], "setup_s": result["setup_s"], "status": "completed",
+            "rounds_run": result["rounds"], "fedjax": result.get("fedjax"), "jax": result.get("jax"),
+            "batch": result.get("batch")}
+
+
 def run_row(row: dict[str, Any], seed: int, work: Path) -> dict[str, Any]:
     """Run one row; its measurements (or ``error`` naming why it did not run)."""
     out = dict(row)
     out.pop("data-dir", None)
+    if row["engine"] == "fedjax":
+        out.update(run_fedjax(row, seed))
+        return out
     t0 = time.perf_counter()
     try:
         if row["engine"] == "simulation":
@@ -126,7 +173,7 @@ def _warm_up(engines: set[str], seed: int) -> None:
     """Load the libraries of each in-process engine (a 2-client, 1-round run) before timing."""
     from graphfl.server.inprocess import run_federated_inprocess
 
-    for engine in sorted(engines - {"simulation"}):
+    for engine in sorted(engines - {"simulation", "fedjax"}):
         run_federated_inprocess(_config({"task": "synthetic-multicenter", "clients": 2, "engine": engine,
                                          "rounds": 1}, seed))
 
@@ -137,7 +184,7 @@ def ratios(rows: list[dict[str, Any]]) -> None:
     for r in rows:
         if r["engine"] != "batched" or not r.get("round_s"):
             continue
-        for other in ("inprocess", "simulation"):
+        for other in ("inprocess", "simulation", "fedjax"):
             o = by.get((r["task"], r["clients"], other))
             if o and o.get("round_s"):
                 r[f"speedup_vs_{other}"] = o["round_s"] / r["round_s"]
@@ -176,6 +223,10 @@ def _doc(quick: bool, seed: int, rows: list[dict[str, Any]], env: dict[str, Any]
                          "round_s: median wall seconds of rounds 1..R; setup_s: wall seconds before round 1 "
                          "(data, runtimes, join evaluation; simulation: also SuperLink and Ray start)",
                          "before the timed rows, a 2-client run per in-process engine loads the libraries",
+                         "fedjax: FedAvg of FedJAX (bench/fedjax_fedavg.py) on the same task shape in a subprocess "
+                         f"(${FEDJAX_ENV}), the graphfl rows' local steps, batch size and step size, JAX's default "
+                         "threads; round_s the median of rounds 2..R (round 1 compiles, counted in setup_s with "
+                         "the imports)",
                          "speed-ups: the other engine's round_s over the batched engine's, rows of this run"]}
 
 
@@ -186,7 +237,7 @@ def write(out: Path, doc: dict[str, Any], plot: bool = True) -> None:
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / f"{NAME}.json", doc)
     cols = ["task", "clients", "engine", "rounds", "round_s", "setup_s", "speedup_vs_inprocess",
-            "speedup_vs_simulation", "test_loss", "rel_diff_vs_inprocess", "chunk", "status", "error"]
+            "speedup_vs_simulation", "speedup_vs_fedjax", "test_loss", "rel_diff_vs_inprocess", "chunk", "status", "error"]
     md = [f"# {NAME}", "", "Seconds per round and set-up time per engine, measured in one run (bench/engine.py).",
           "", markdown_table(doc["rows"], cols), "", "## Settings", ""] + [f"- {s}" for s in doc["settings"]]
     load = doc.get("load_average")
@@ -206,4 +257,4 @@ def write(out: Path, doc: dict[str, Any], plot: bool = True) -> None:
             if series:
                 panels.append({"x": "clients", "y": key, "series": series, "logx": True, "logy": True,
                                "title": task, "xlabel": "clients", "ylabel": label})
-    plot_panels(out / f"{NAME}.png", panels, "engines: batched vs in-process vs Flower simulation")
+    plot_panels(out / f"{NAME}.png", panels, "engines: batched vs in-process vs Flower simulation vs FedJAX")

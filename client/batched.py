@@ -287,7 +287,7 @@ def stacked_forward(model: nn.Module) -> StackedForward:
     """
     found = _layer_plan(model)
     if found is None:
-        mapped: StackedForward = vmap(lambda p, x: functional_call(model, p, (x,)))
+        mapped: StackedForward = vmap(lambda p, x: functional_call(model, dict(p), (x,)))
         return mapped
     flatten, plan = found
 
@@ -414,7 +414,7 @@ def _train_chunk(
     first = objectives[0].personal
     personal = None
     if first is not None:
-        personal = _PersonalStack(model, loss_fn, [o.personal for o in objectives], keys, device)  # type: ignore[misc]
+        personal = _PersonalStack(model, loss_fn, [o.personal for o in objectives], keys, device)
     with torch.enable_grad():
         for s in range(steps):
             x, y = minibatch(s)

@@ -33,3 +33,33 @@ def test_a_row_that_cannot_run_says_why_and_the_grid_names_its_rows():
     assert {(r["task"], r["clients"]) for r in quick if r["engine"] == "batched"} == {
         ("synthetic-multicenter", 100), ("synthetic-multicenter", 1000), ("digits", 100)}
     assert any(r["engine"] == "simulation" for r in quick)
+
+
+def test_the_fedjax_row_says_not_installed_without_its_python(monkeypatch):
+    monkeypatch.delenv(engine.FEDJAX_ENV, raising=False)
+    row = engine.run_row({"task": "synthetic-multicenter", "clients": 100, "engine": "fedjax", "rounds": 4}, 0, None)  # type: ignore[arg-type]
+    assert row["status"] == "not installed" and engine.FEDJAX_ENV in row["error"] and "round_s" not in row
+    assert {(r["clients"], r["engine"]) for r in engine.grid(True, None) if r["engine"] == "fedjax"} == {
+        (100, "fedjax"), (1000, "fedjax")}
+
+
+def test_the_fedjax_row_with_a_python_that_lacks_fedjax_fails_naming_it(monkeypatch):
+    import sys
+
+    monkeypatch.setenv(engine.FEDJAX_ENV, sys.executable)     # graphfl's own Python: no FedJAX there
+    row = engine.run_row({"task": "synthetic-multicenter", "clients": 3, "engine": "fedjax", "rounds": 2}, 0, None)  # type: ignore[arg-type]
+    assert row["status"] == "failed" and "fedjax" in row["error"], row
+
+
+def test_the_fedjax_comparator_runs_where_it_is_installed():
+    import os
+
+    import pytest
+
+    if not os.environ.get(engine.FEDJAX_ENV):
+        pytest.skip(f"{engine.FEDJAX_ENV} is not set (scripts/install-fedjax.sh)")
+    row = engine.run_row({"task": "synthetic-multicenter", "clients": 3, "engine": "fedjax", "rounds": 2}, 0, None)  # type: ignore[arg-type]
+    assert row["status"] == "completed" and row["round_s"] > 0 and row["setup_s"] > 0, row
+    doc = engine._doc(True, 0, [{"task": "synthetic-multicenter", "clients": 3, "engine": "batched",
+                                 "round_s": row["round_s"] / 2}, row], {}, 1.0)
+    assert doc["rows"][0]["speedup_vs_fedjax"] == 2.0
