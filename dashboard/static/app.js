@@ -183,11 +183,14 @@ function graphView(g, key) {
   return wrap;
 }
 
-window.addEventListener("pointerup", () => {
+function letGo() {
   if (!holding) return;
   holding = false;
   if (pending) { const p = pending; pending = null; render(p); }
-});
+}
+window.addEventListener("pointerup", letGo);
+window.addEventListener("pointercancel", letGo);
+window.addEventListener("blur", letGo);
 
 function table(t) {
   const head = el("tr", {}, t.columns.map((c) => el("th", {}, [c.replace(/_/g, " ")])));
