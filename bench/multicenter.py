@@ -57,16 +57,18 @@ otherwise the bench evaluates the final models once more through the same client
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from graphfl.common.results import atomic_write_text
 from graphfl.tasks.holdout import VALIDATION_FRACTION, validation_task
 
 from .runcache import RunCache
@@ -100,6 +102,10 @@ GRID_FACTOR = 3.0
 GRID_EXTENSIONS = 2
 """Most steps tried beyond a method's step grid."""
 FROZEN = 10**9  # fesem.recluster-every that never re-runs the E-step
+ENGINE = "batched"
+"""Engine of every server-based run: the batched engine (the in-process engine with a round's clients
+trained as one computation; it serves a client on its own where the strategy's trainer cannot be
+batched, and its numbers equal the in-process engine's up to summation order)."""
 
 
 @dataclass(frozen=True)
@@ -116,6 +122,15 @@ class Form:
     bigfl_lambdas: tuple[float, ...] = (0.01, 0.1, 1.0)  # all > 0 (check_bigfl_grid)
     bigfl_alphas: tuple[float, ...] = (5e-3, 2e-2, 5e-2)  # normalised UL step lengths
     bigfl_kappas: tuple[float, ...] = (0.3, 0.03)  # LL ridge weights (proximal ridge), each with its own step
+    generators: tuple[str, ...] = ("mixture", "smooth")  # generators run on their train graph
+    digits: bool = True  # part 2 (digits with permuted-label groups)
+    bigfl_settings: dict[str, Any] | None = None
+    """BiG-FL's settings chosen on validation by an earlier result (``bigfl_settings_source``); ``None``:
+    tuned in this run. A reduced form that cannot afford BiG-FL's tuning at ``rounds`` names it here."""
+    bigfl_settings_source: str = ""
+    workers: int = 1
+    """Processes that run BiG-FL's train-graph cells (known in advance with ``bigfl_settings``) beside the
+    main loop; they fill the run cache the main loop then reads."""
 
 
 QUICK = Form(rounds=15, seeds=3, lr_grid=(0.3, 1.0, 3.0), real_rounds=10, real_lr_grid=(0.1, 0.3, 1.0),
@@ -158,8 +173,33 @@ def unspecified(form: Form) -> list[str]:
         "prox-lambda 0, k-means++ on the warmed-up models; step and warm-up tuned on the center's loss",
         f"seeds: {form.seeds} (mean ± sd); digits: {form.real_rounds} rounds, step grid "
         f"{list(form.real_lr_grid)} tuned on validation accuracy, BiG-FL on the last layer with default "
-        "lambda/alpha",
-    ]
+        "lambda/alpha" + ("" if form.digits else " (not run in this form)"),
+        f"engine: {ENGINE} (equal to the in-process engine up to summation order); DFL on the p2p in-process driver",
+    ] + reductions(form)
+
+
+def reductions_of(doc: dict[str, Any]) -> list[str]:
+    """The reductions written in a result (the ``REDUCED:`` lines of its unspecified settings)."""
+    return [u[len("REDUCED: "):] for u in doc.get("unspecified_settings", []) if u.startswith("REDUCED: ")]
+
+
+def reductions(form: Form) -> list[str]:
+    """What ``form`` leaves out of or changes in :data:`FULL` (each a sentence for the result)."""
+    out = []
+    if form.rounds != FULL.rounds or form.seeds != FULL.seeds:
+        out.append(f"REDUCED: {form.rounds} rounds, {form.seeds} seeds (full form: {FULL.rounds}, {FULL.seeds})")
+    if form.lr_grid != FULL.lr_grid:
+        out.append(f"REDUCED: step grid {list(form.lr_grid)} (full form: {list(FULL.lr_grid)})")
+    gone = [g for g in FULL.generators if g not in form.generators]
+    if gone:
+        out.append(f"REDUCED: generator(s) {gone} not run (train and test graph)")
+    if not form.digits and FULL.digits:
+        out.append("REDUCED: part 2 (digits with permuted-label groups) not run")
+    if form.bigfl_settings is not None:
+        out.append(f"REDUCED: BiG-FL not tuned in this run: its settings {form.bigfl_settings} are the ones an "
+                   f"earlier result chose on validation ({form.bigfl_settings_source}; its grid is in that "
+                   "result's tuning), at that result's rounds")
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -169,9 +209,18 @@ def unspecified(form: Form) -> list[str]:
 Hook = Callable[[Any], None]
 
 
+def cell_config(strategy: str, task: str, nodes: int, rounds: int, seed: int,
+                overrides: dict[str, Any]) -> Any:
+    """The run configuration of one bench cell (engine :data:`ENGINE`)."""
+    from graphfl.common.config import parse_run_config
+
+    return parse_run_config({"strategy": strategy, "task": task, "nodes": nodes, "rounds": rounds,
+                             "seed": seed, "engine": ENGINE, **overrides})
+
+
 def run_method(strategy: str, task: str, nodes: int, rounds: int, seed: int,
                overrides: dict[str, Any], hook: Hook | None = None) -> dict[str, Any]:
-    """One in-process run: curve, per-round server seconds, final core state of interest.
+    """One run on :data:`ENGINE`: curve, per-round server seconds, final core state of interest.
 
     ``hook(core)`` is called on the freshly built server core (diagnostics: a planted FeSEM
     assignment, a transferred BiG-FL φ).
@@ -181,13 +230,12 @@ def run_method(strategy: str, task: str, nodes: int, rounds: int, seed: int,
     import graphfl.strategies.bigfl
     import graphfl.strategies.fesem  # noqa: F401
     from graphfl.common import registry
-    from graphfl.common.config import parse_run_config
     from graphfl.common.envinfo import env_info
+    from graphfl.server.batched import BatchedExchange
     from graphfl.server.inprocess import InProcessExchange, server_inputs
     from graphfl.server.rounds import RunRecorder, run_federated
 
-    cfg = parse_run_config({"strategy": strategy, "task": task, "nodes": nodes, "rounds": rounds,
-                            "seed": seed, "engine": "inprocess", **overrides})
+    cfg = cell_config(strategy, task, nodes, rounds, seed, overrides)
     torch.set_num_threads(1)
     spec = registry.get(strategy)
     agg_seconds: list[float] = []
@@ -208,14 +256,16 @@ def run_method(strategy: str, task: str, nodes: int, rounds: int, seed: int,
         return core
 
     timed_spec = dataclasses.replace(spec, server_core=core_factory)
-    exchange = InProcessExchange(cfg)
-    recorder = RunRecorder(cfg, strategy, None, name=f"{NAME}-{strategy}", env={**env_info(), "engine": "inprocess"})
+    exchange = BatchedExchange(cfg) if cfg.engine == "batched" else InProcessExchange(cfg)
+    recorder = RunRecorder(cfg, strategy, None, name=f"{NAME}-{strategy}", env={**env_info(), "engine": cfg.engine})
     t0 = time.perf_counter()
     core: Any = run_federated(cfg, timed_spec, exchange, server_inputs(cfg), recorder)
     wall = time.perf_counter() - t0
     curve = recorder.document()["methods"][strategy]["curve"]
     out: dict[str, Any] = {"curve": curve, "aggregate_seconds": agg_seconds, "wall_seconds": wall,
-                           "config": cfg.to_json()}
+                           "config": cfg.to_json(), "engine": cfg.engine}
+    if isinstance(exchange, BatchedExchange):
+        out["batched_clients"] = exchange.batched_clients
     if strategy == "fesem":  # ALGORITHMS.md §4.5: the center's loss and the last local model's
         local = curve[-1].get("local_test_loss")
         out["local_test_loss_source"] = "curve"
@@ -259,6 +309,16 @@ RESUMABLE = True
 """An interrupted run continues in the same ``--out`` (finished runs come from ``<out>/cache``)."""
 
 
+def _cell_key(method: str, task: str, nodes: int, rounds: int, seed: int, settings: dict[str, Any],
+              train: dict[str, Any], params: dict[str, dict[str, Any]] | None = None,
+              hook_key: str = "") -> dict[str, Any]:
+    """The run-cache key of one cell (everything that determines its result, the engine included)."""
+    extra = {k: v for k, v in settings.items() if k != "lr"}
+    overrides = {**train, "train.lr": float(settings["lr"]), **(params or METHOD_PARAMS).get(method, {}), **extra}
+    return {"bench": NAME, "method": method, "task": task, "nodes": nodes, "rounds": rounds, "seed": seed,
+            "overrides": overrides, "hook": hook_key, "engine": "p2p-inprocess" if method == "dfl" else ENGINE}
+
+
 def run_any(method: str, task: str, nodes: int, rounds: int, seed: int, settings: dict[str, Any],
             train: dict[str, Any], params: dict[str, dict[str, Any]] | None = None,
             hook: Hook | None = None, hook_key: str = "") -> dict[str, Any]:
@@ -266,14 +326,18 @@ def run_any(method: str, task: str, nodes: int, rounds: int, seed: int, settings
 
     ``hook_key`` names what ``hook`` does (part of the cache key).
     """
+    key = _cell_key(method, task, nodes, rounds, seed, settings, train, params, hook_key)
+    wait_for_claim(key)
+    if _CACHE_ONLY and not _cache.has(key):
+        raise MissingCell(f"{method} seed {seed} on {task} not in the cache")
     lr = float(settings["lr"])
-    extra = {k: v for k, v in settings.items() if k != "lr"}
-    overrides = {**train, "train.lr": lr, **(params or METHOD_PARAMS).get(method, {}), **extra}
-    key = {"bench": NAME, "method": method, "task": task, "nodes": nodes, "rounds": rounds, "seed": seed,
-           "overrides": overrides, "hook": hook_key}
-    if method == "dfl":
-        return _cache(key, lambda: run_dfl(task, nodes, rounds, seed, lr))
-    return _cache(key, lambda: run_method(method, task, nodes, rounds, seed, overrides, hook))
+    overrides = key["overrides"]
+    if _cache.has(key):
+        return _cache.get(key) or {}
+    with claim(key):
+        if method == "dfl":
+            return _cache(key, lambda: run_dfl(task, nodes, rounds, seed, lr))
+        return _cache(key, lambda: run_method(method, task, nodes, rounds, seed, overrides, hook))
 
 
 def final_metric(run: dict[str, Any], key: str) -> float | None:
@@ -451,14 +515,23 @@ def bigfl_phi_report(runs: list[dict[str, Any]], seeds: list[int], where: str) -
             "final_phi_minus_identity_sd": sd, "threshold": PHI_MOVED, "degenerate": degenerate}
 
 
-def tune_generator(gen: str, form: Form, seed: int) -> dict[str, Any]:
-    """Every method's settings for generator ``gen`` from its validation split."""
+def tune_generator(gen: str, form: Form, seed: int, methods: tuple[str, ...] = METHODS) -> dict[str, Any]:
+    """The settings of ``methods`` (default: every method) for generator ``gen`` from its validation split."""
     task = validation_task(GENERATORS[gen])
     rounds = form.rounds
     out: dict[str, Any] = {"task": task}
     settings: dict[str, dict[str, Any]] = {}
-    for m in METHODS:
+    for m in methods:
         base = dict(BIGFL_DEFAULT) if m == "bigfl" else {}
+        if m == "bigfl" and form.bigfl_settings is not None:
+            st = dict(form.bigfl_settings)
+            check_bigfl_grid((float(st["bigfl.lam"]),))
+            out[m] = {"lr_grid_val_mse": {}, "lr": float(st["lr"]), "lr_at_grid_edge": False, "lr_grid_extended": [],
+                      "from_earlier": form.bigfl_settings_source}
+            settings[m] = st
+            logger.info("B2 BiG-FL settings from an earlier validation tuning (%s): %s",
+                        form.bigfl_settings_source, st)
+            continue
         logger.info("B2 tuning %s on %s (%d rounds)", m, task, rounds)
         if m == "bigfl":  # the step for each κ (κ bounds how far a round moves), the best pair
             per_kappa = {k: tune_lr(m, task, NODES, rounds, seed, form.lr_grid, TRAIN, {**base, "bigfl.kappa": k})
@@ -583,6 +656,170 @@ def planted_hook(core: Any) -> None:
     core._initialise_centers = init
 
 
+SECONDS_PER_ROUND = {"fedavg": 0.2, "fesem": 0.2, "local": 0.03, "dfl": 0.4, "bigfl": 7.0,
+                     "bigfl-frozen": 0.5, "digits": 0.05}
+"""Wall seconds per round of one 50-client cell (digits: 12 clients) on the batched engine, measured on
+the shared 2-core machine under load; :func:`estimate` multiplies them by the form's cells."""
+
+
+def estimate(form: Form) -> dict[str, Any]:
+    """Cells and serial wall time of ``form`` (:data:`SECONDS_PER_ROUND`; grid extensions not counted)."""
+    tune = len(form.tune_generators)
+    steps = len(form.lr_grid)
+    cells: dict[str, int] = {
+        "fedavg": tune * steps + len(form.generators) * form.seeds + len(form.testgraph) * form.seeds,
+        "fesem": tune * (steps + len(FESEM_WARMUPS) - 1) + 3 * len(form.generators) * form.seeds
+        + len(form.testgraph) * form.seeds,
+        "local": tune * steps + len(form.generators) * form.seeds + len(form.testgraph) * form.seeds,
+        "dfl": tune * steps + len(form.generators) * form.seeds + len(form.testgraph) * form.seeds,
+        "bigfl": (0 if form.bigfl_settings is not None else
+                  tune * (len(form.bigfl_kappas) * steps + len(form.bigfl_lambdas) * len(form.bigfl_alphas) - 1))
+        + len(form.generators) * form.seeds,
+        "bigfl-frozen": 2 * len(form.testgraph) * form.seeds,
+    }
+    seconds = {m: n * form.rounds * SECONDS_PER_ROUND[m] for m, n in cells.items()}
+    if form.digits:
+        cells["digits"] = len(REAL_METHODS) * (len(form.real_lr_grid) + form.seeds)
+        seconds["digits"] = cells["digits"] * form.real_rounds * SECONDS_PER_ROUND["digits"]
+    total = float(sum(seconds.values()))
+    parallel = total - seconds["bigfl"] + seconds["bigfl"] / max(1, form.workers) if form.bigfl_settings else total
+    text = (f"{sum(cells.values())} cells of {form.rounds} rounds, about {total / 60:.0f} min serial"
+            + (f", about {parallel / 60:.0f} min with {form.workers} BiG-FL workers" if parallel != total else "")
+            + " (" + ", ".join(f"{m} {seconds[m] / 60:.0f} min" for m in seconds) + ")")
+    return {"cells": cells, "seconds": seconds, "serial_seconds": total, "seconds_with_workers": parallel,
+            "text": text}
+
+
+def precompute_method(form: Form, method: str, seed: int = 0) -> None:
+    """One method's tuning and evaluation cells (and FeSEM's planted diagnostics) into the run cache.
+
+    Run beside :func:`run` in other processes sharing its ``<out>/cache`` (``--only``), it splits the
+    form's cells by method; the cells a process computes are claimed, so no cell runs twice.
+    """
+    seeds = [seed + k for k in range(form.seeds)]
+    tuning = {gen: tune_generator(gen, form, seed, methods=(method,)) for gen in form.tune_generators}
+    settings_of = {gen: tuning[gen if gen in tuning else form.tune_generators[0]]["settings"] for gen in GENERATORS}
+    precompute_others(form, settings_of, seeds, methods=(method,))
+
+
+def precompute_others(form: Form, settings_of: dict[str, dict[str, Any]], seeds: list[int],
+                      methods: tuple[str, ...] = METHODS) -> None:
+    """Every cell that needs no BiG-FL result (the other methods on the train and test graphs, the
+    planted FeSEM diagnostics), into the run cache, before the loops that also need BiG-FL's cells:
+    an interrupted run then holds complete comparisons of the other methods.
+    """
+    for gen in form.generators:
+        st = settings_of[gen]
+        tasks = [GENERATORS[gen]] + ([GENERATORS[gen] + TESTGRAPH_SUFFIX] if gen in form.testgraph else [])
+        for task in tasks:
+            for m in methods:
+                if m != "bigfl":
+                    for s in seeds:
+                        logger.info("B2 %s %s seed %d (%d rounds)", task, m, s, form.rounds)
+                        run_any(m, task, NODES, form.rounds, s, st[m], TRAIN)
+            if "fesem" in methods and not task.endswith(TESTGRAPH_SUFFIX):
+                for extra in ({}, {"fesem.recluster-every": FROZEN}):
+                    for s in seeds:
+                        run_any("fesem", task, NODES, form.rounds, s, {**st["fesem"], **extra}, TRAIN,
+                                hook=planted_hook, hook_key="planted")
+
+
+CLAIM_POLL_SECONDS = 10.0
+"""How often a process waits for a cell that another process (a BiG-FL worker) is computing."""
+
+
+def _claim_file(key: dict[str, Any]) -> Path | None:
+    """``<cache>/<key hash>.running``: the ids of the processes computing ``key``'s cell."""
+    if _cache.folder is None:
+        return None
+    return _cache._path(key).with_suffix(".running")
+
+
+def _alive(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)  # signal 0: existence check only
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _claim_pids(key: dict[str, Any]) -> list[int]:
+    import os
+
+    claim = _claim_file(key)
+    if claim is None or not claim.is_file():
+        return []
+    return [int(x) for x in claim.read_text().split() if x.strip().isdigit() and int(x) != os.getpid()]
+
+
+def claimed(key: dict[str, Any]) -> bool:
+    """Whether a live process other than this one has claimed ``key``'s cell."""
+    return any(_alive(p) for p in _claim_pids(key))
+
+
+@contextlib.contextmanager
+def claim(key: dict[str, Any]) -> Iterator[None]:
+    """Mark ``key``'s cell as being computed by this process (another process sharing the cache waits)."""
+    import os
+
+    path = _claim_file(key)
+    if path is not None:
+        atomic_write_text(path, f"{os.getpid()}\n")
+    try:
+        yield
+    finally:
+        if path is not None:
+            path.unlink(missing_ok=True)
+
+
+def wait_for_claim(key: dict[str, Any], poll: float = CLAIM_POLL_SECONDS) -> None:
+    """Wait while another live process has claimed ``key``'s cell and its result is not yet cached."""
+    pids = _claim_pids(key)
+    if _cache.has(key) or not any(_alive(p) for p in pids):
+        return
+    logger.info("B2 waiting for process(es) %s computing %s %s seed %s", pids, key["method"], key["task"],
+                key["seed"])
+    while not _cache.has(key) and any(_alive(p) for p in pids):
+        time.sleep(poll)
+    if not _cache.has(key):
+        logger.warning("B2 process(es) %s ended without a result for %s seed %s; computing it here",
+                       pids, key["method"], key["seed"])
+
+
+def _prewarm_job(args: tuple[Any, ...]) -> None:
+    """One BiG-FL train-graph cell in a worker process, into the shared run cache (not returned)."""
+    global _cache
+    cache_dir, task, rounds, seed, settings = args
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(process)d %(name)s %(message)s")
+    _cache = RunCache(Path(cache_dir))
+    import os
+
+    logger.info("B2 worker %d: bigfl %s seed %d (%d rounds)", os.getpid(), task, seed, rounds)
+    run_any("bigfl", task, NODES, rounds, seed, settings, TRAIN)
+
+
+def prewarm_bigfl(form: Form, seeds: list[int], cache_dir: Path) -> tuple[Any, list[Any]]:
+    """Start BiG-FL's train-graph cells in ``form.workers`` processes when their settings are known
+    (``form.bigfl_settings``); returns the pool and the futures (none when ``workers <= 1``).
+    """
+    if form.bigfl_settings is None or form.workers <= 1:
+        return None, []
+    from concurrent.futures import ProcessPoolExecutor
+
+    jobs = [(str(cache_dir), GENERATORS[g], form.rounds, s, dict(form.bigfl_settings))
+            for g in form.generators for s in seeds]
+    jobs = [j for j in jobs if not _cache.has(k := _cell_key("bigfl", j[1], NODES, j[2], j[3], j[4], TRAIN))
+            and not claimed(k)]
+    if not jobs:
+        return None, []
+    pool = ProcessPoolExecutor(min(form.workers, len(jobs)))
+    return pool, [pool.submit(_prewarm_job, j) for j in jobs]
+
+
 def phi_key(phi: Any) -> str:
     """Cache-key name of a φ (a hash of its values)."""
     import hashlib
@@ -601,7 +838,7 @@ def phi_hook(phi: Any) -> Hook:
 
 
 def run(quick: bool = False, seed: int = 0, out: Path | str = Path("runs/bench"),
-        form: Form | None = None) -> dict[str, Any]:
+        form: Form | None = None, cache_only: bool = False) -> dict[str, Any]:
     """Run B2 (+ the digits planted-cluster study) and write ``<out>/multicenter.*``.
 
     Parameters
@@ -616,38 +853,59 @@ def run(quick: bool = False, seed: int = 0, out: Path | str = Path("runs/bench")
         Output folder.
     form
         Replaces the quick/full form (a cut-down check; written to the result's ``config.form``).
+    cache_only
+        Report what ``<out>/cache`` holds and run nothing: a cell not there leaves its method out of
+        its comparison, named in the result's ``unfinished`` (a PARTIAL result).
     """
     from graphfl.common.envinfo import env_info
-    from graphfl.common.results import atomic_write_text, write_json
+    from graphfl.common.results import write_json
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     form = form or (QUICK if quick else FULL)
     seeds = [seed + k for k in range(form.seeds)]
     t_start = time.perf_counter()
-    global _cache
+    global _cache, _CACHE_ONLY
     _cache = RunCache(out / "cache")
+    _CACHE_ONLY = cache_only
+    unfinished: list[str] = []
 
+    logger.info("B2 form %s: %s", "quick" if quick else "full", estimate(form)["text"])
+    pool, pending = (None, []) if cache_only else prewarm_bigfl(form, seeds, out / "cache")
     tuning: dict[str, Any] = {}
     for gen in form.tune_generators:
         tuning[gen] = tune_generator(gen, form, seed)
     settings_of = {gen: tuning[gen if gen in tuning else form.tune_generators[0]]["settings"] for gen in GENERATORS}
 
+    if not cache_only:
+        precompute_others(form, settings_of, seeds)
+    for f in pending:  # the cells are then in the cache; a failed one is computed again below (and fails there)
+        try:
+            f.result()
+        except Exception:  # reported again when the main loop runs the cell itself
+            logger.exception("B2 BiG-FL cell in a worker failed")
+    if pool is not None:
+        pool.shutdown()
     results: dict[str, Any] = {}
     phis: dict[tuple[str, int], Any] = {}
     b2_runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
-    for gen, task in GENERATORS.items():
+    for gen in form.generators:
+        task = GENERATORS[gen]
         st = settings_of[gen]
         res: dict[str, Any] = {"task": task, "graph": "train", "methods": {}}
         b2_runs[gen] = {}
         for m in METHODS:
             runs = []
-            for s in seeds:
-                logger.info("B2 %s %s seed %d (%d rounds)", gen, m, s, form.rounds)
-                r = run_any(m, task, NODES, form.rounds, s, st[m], TRAIN)
-                if m == "bigfl":
+            try:
+                for s in seeds:
+                    logger.info("B2 %s %s seed %d (%d rounds)", gen, m, s, form.rounds)
+                    runs.append(run_any(m, task, NODES, form.rounds, s, st[m], TRAIN))
+            except MissingCell as exc:
+                unfinished.append(f"{gen} generator, train graph: {m} ({exc})")
+                continue
+            if m == "bigfl":
+                for s, r in zip(seeds, runs):
                     phis[(gen, s)] = r.pop("phi")
-                runs.append(r)
             b2_runs[gen][m] = runs
             res["methods"][m] = {**_combine(runs, "test_loss"), "settings": st[m]}
             if m == "bigfl":
@@ -656,19 +914,19 @@ def run(quick: bool = False, seed: int = 0, out: Path | str = Path("runs/bench")
         diag: dict[str, Any] = {}
         for label, extra in (("planted, EM continues", {}), ("planted, assignment frozen",
                                                             {"fesem.recluster-every": FROZEN})):
-            runs = [run_any("fesem", task, NODES, form.rounds, s, {**st["fesem"], **extra}, TRAIN, hook=planted_hook,
-                            hook_key="planted") for s in seeds]
+            try:
+                runs = [run_any("fesem", task, NODES, form.rounds, s, {**st["fesem"], **extra}, TRAIN,
+                                hook=planted_hook, hook_key="planted") for s in seeds]
+            except MissingCell as exc:
+                unfinished.append(f"{gen} generator, train graph: FeSEM diagnostic {label} ({exc})")
+                continue
             diag[label] = _combine(runs, "test_loss")
         res["fesem_planted"] = diag
         res["constant_predictors"] = constant_predictors(task, NODES, seeds)
         res["at_constant_level"] = at_constant_level(res["methods"], res["constant_predictors"],
                                                      f"{gen} generator, train graph")
         mm = res["methods"]
-        res["paired"] = {"bigfl_minus_fesem": _paired(mm["bigfl"], mm["fesem"]),
-                         "fesem_minus_fedavg": _paired(mm["fesem"], mm["fedavg"]),
-                         "bigfl_minus_fedavg": _paired(mm["bigfl"], mm["fedavg"]),
-                         "bigfl_minus_local": _paired(mm["bigfl"], mm["local"]),
-                         "fesem_minus_dfl": _paired(mm["fesem"], mm["dfl"])}
+        res["paired"] = paired_table(mm, TRAIN_PAIRS)
         results[gen] = res
 
     testgraph: dict[str, Any] = {}
@@ -679,35 +937,44 @@ def run(quick: bool = False, seed: int = 0, out: Path | str = Path("runs/bench")
         for m in METHODS:
             if m == "bigfl":
                 continue
-            runs = [run_any(m, task, NODES, form.rounds, s, st[m], TRAIN) for s in seeds]
+            try:
+                runs = [run_any(m, task, NODES, form.rounds, s, st[m], TRAIN) for s in seeds]
+            except MissingCell as exc:
+                unfinished.append(f"{gen} generator, test graph: {m} ({exc})")
+                continue
             res["methods"][m] = {**_combine(runs, "test_loss"), "settings": st[m]}
         frozen = {**st["bigfl"], "bigfl.alpha": 0.0, "bigfl.hypergrad-mode": "first_order"}
-        runs = [run_any("bigfl", task, NODES, form.rounds, s, frozen, TRAIN, hook=phi_hook(phis[(gen, s)]),
-                        hook_key=phi_key(phis[(gen, s)])) for s in seeds]
-        for r in runs:
-            r.pop("phi", None)
-        res["methods"]["bigfl"] = {**_combine(runs, "test_loss"), "settings": frozen,
-                                   "protocol": "phi learned on the train graph (same seed), frozen"}
-        runs = [run_any("bigfl", task, NODES, form.rounds, s, frozen, TRAIN) for s in seeds]
-        for r in runs:
-            r.pop("phi", None)
-        res["methods"]["bigfl (phi = I)"] = {**_combine(runs, "test_loss"), "settings": frozen,
-                                             "protocol": "control: phi = I frozen"}
+        try:
+            if any((gen, s) not in phis for s in seeds):
+                raise MissingCell("needs BiG-FL's train-graph phi of every seed")
+            runs = [run_any("bigfl", task, NODES, form.rounds, s, frozen, TRAIN, hook=phi_hook(phis[(gen, s)]),
+                            hook_key=phi_key(phis[(gen, s)])) for s in seeds]
+            for r in runs:
+                r.pop("phi", None)
+            res["methods"]["bigfl"] = {**_combine(runs, "test_loss"), "settings": frozen,
+                                       "protocol": "phi learned on the train graph (same seed), frozen"}
+        except MissingCell as exc:
+            unfinished.append(f"{gen} generator, test graph: bigfl, learned phi ({exc})")
+        try:
+            runs = [run_any("bigfl", task, NODES, form.rounds, s, frozen, TRAIN) for s in seeds]
+            for r in runs:
+                r.pop("phi", None)
+            res["methods"]["bigfl (phi = I)"] = {**_combine(runs, "test_loss"), "settings": frozen,
+                                                 "protocol": "control: phi = I frozen"}
+        except MissingCell as exc:
+            unfinished.append(f"{gen} generator, test graph: bigfl, phi = I ({exc})")
         res["constant_predictors"] = constant_predictors(task, NODES, seeds)
         res["at_constant_level"] = at_constant_level(res["methods"], res["constant_predictors"],
                                                      f"{gen} generator, test graph")
         mm = res["methods"]
-        res["paired"] = {"bigfl_minus_fesem": _paired(mm["bigfl"], mm["fesem"]),
-                         "bigfl_minus_fedavg": _paired(mm["bigfl"], mm["fedavg"]),
-                         "bigfl_learned_minus_identity": _paired(mm["bigfl"], mm["bigfl (phi = I)"]),
-                         "bigfl_minus_local": _paired(mm["bigfl"], mm["local"])}
+        res["paired"] = paired_table(mm, TEST_PAIRS)
         testgraph[gen] = res
 
     # Part 2: digits with permuted-label groups
     real_val = validation_task(REAL_TASK)
     real_tuning: dict[str, Any] = {}
     real: dict[str, Any] = {}
-    for m in REAL_METHODS:
+    for m in REAL_METHODS if form.digits else ():
         t = tune_lr(m, real_val, REAL_NODES, form.real_rounds, seed, form.real_lr_grid, REAL_TRAIN, {},
                     classification=True, params=REAL_PARAMS)
         real_tuning[m] = {"lr_grid_val_acc": t["grid"], "lr": t["lr"], "lr_at_grid_edge": t["at_grid_edge"],
@@ -721,17 +988,7 @@ def run(quick: bool = False, seed: int = 0, out: Path | str = Path("runs/bench")
         real[m]["final"]["test_loss"] = loss["final"]["test_loss"]
         real[m]["final"]["test_loss_sd"] = loss["final"]["test_loss_sd"]
 
-    bigfl_runs = b2_runs["smooth"]["bigfl"]
-    fedavg_runs = b2_runs["smooth"]["fedavg"]
-    timing = {
-        "n": NODES, "d": 512, "generator": "smooth",
-        "bigfl_server_seconds_per_round": results["smooth"]["methods"]["bigfl"]["final"]["aggregate_seconds_per_round"],
-        "fedavg_aggregate_seconds_per_round":
-            results["smooth"]["methods"]["fedavg"]["final"]["aggregate_seconds_per_round"],
-        "fesem_server_seconds_per_round": results["smooth"]["methods"]["fesem"]["final"]["aggregate_seconds_per_round"],
-        "bigfl_round_wall_seconds": _stats([row.get("seconds") for r in bigfl_runs for row in r["curve"][1:]])[0],
-        "fedavg_round_wall_seconds": _stats([row.get("seconds") for r in fedavg_runs for row in r["curve"][1:]])[0],
-    }
+    timing = timing_table(results.get("smooth", {}).get("methods", {}), b2_runs.get("smooth", {}))
     doc: dict[str, Any] = {
         "name": NAME,
         "config": {
@@ -758,10 +1015,14 @@ def run(quick: bool = False, seed: int = 0, out: Path | str = Path("runs/bench")
         "testgraph": testgraph,
         "real_data": {"task": REAL_TASK, "metric": "test_acc", "tuning": real_tuning, "methods": real},
         "timing": timing,
+        "estimate": estimate(form),
+        "partial": bool(unfinished),
+        "unfinished": unfinished,
         "env": env_info(),
         "wall_seconds": time.perf_counter() - t_start,
     }
     doc["verdict"] = verdict(doc)
+    doc["verdicts"] = claim_verdicts(doc)
     write_json(out / f"{NAME}.json", doc)
     atomic_write_text(out / f"{NAME}.md", render_markdown(doc))
     try:
@@ -771,29 +1032,64 @@ def run(quick: bool = False, seed: int = 0, out: Path | str = Path("runs/bench")
     return doc
 
 
+class MissingCell(LookupError):
+    """A cell that a cache-only report (``run(cache_only=True)``) does not find in the run cache."""
+
+
+_CACHE_ONLY = False
+"""Set by ``run(cache_only=True)``: :func:`run_any` raises :class:`MissingCell` instead of computing."""
+
+TRAIN_PAIRS = (("bigfl", "fesem"), ("fesem", "fedavg"), ("fesem", "dfl"), ("bigfl", "fedavg"), ("bigfl", "dfl"),
+               ("bigfl", "local"), ("fesem", "local"), ("dfl", "fedavg"))
+TEST_PAIRS = (("bigfl", "fesem"), ("bigfl", "fedavg"), ("bigfl", "dfl"), ("bigfl", "bigfl (phi = I)"),
+              ("bigfl", "local"), ("fesem", "fedavg"), ("fesem", "dfl"), ("fesem", "local"))
+
+
+def _pair_name(a: str, b: str) -> str:
+    if b == "bigfl (phi = I)":
+        return "bigfl_learned_minus_identity"
+    return f"{a}_minus_{b}"
+
+
+def paired_table(methods: dict[str, Any], pairs: tuple[tuple[str, str], ...]) -> dict[str, Any]:
+    """Per-seed paired differences ``a − b`` for each pair whose two methods have results."""
+    return {_pair_name(a, b): _paired(methods[a], methods[b]) for a, b in pairs if a in methods and b in methods}
+
+
+def timing_table(methods: dict[str, Any], runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Server seconds per round (aggregation) and round wall seconds of the smooth generator's runs."""
+    def agg(m: str) -> float | None:
+        return methods.get(m, {}).get("final", {}).get("aggregate_seconds_per_round")
+
+    def wall(m: str) -> float | None:
+        return _stats([row.get("seconds") for r in runs.get(m, []) for row in r["curve"][1:]])[0]
+
+    return {"n": NODES, "d": 512, "generator": "smooth",
+            "bigfl_server_seconds_per_round": agg("bigfl"), "fedavg_aggregate_seconds_per_round": agg("fedavg"),
+            "fesem_server_seconds_per_round": agg("fesem"), "bigfl_round_wall_seconds": wall("bigfl"),
+            "fedavg_round_wall_seconds": wall("fedavg")}
+
+
 def _order(methods: dict[str, Any], names: tuple[str, ...]) -> list[str]:
     have = [m for m in names if methods.get(m, {}).get("final", {}).get("test_loss") is not None]
     return sorted(have, key=lambda m: methods[m]["final"]["test_loss"])
 
 
 def verdict(doc: dict[str, Any]) -> list[str]:
-    """Does the paper's ordering (BiG-FL < FeSEM < FedAvg, DFL) appear? With numbers."""
+    """Does the paper's ordering (BiG-FL < FeSEM < FedAvg, DFL) appear? One line per block, with numbers."""
     lines = []
     for where, block in (("train graph", doc["results"]), ("test graph", doc["testgraph"])):
         for gen, res in block.items():
             mm = res["methods"]
-            order = _order(mm, tuple(m for m in METHODS if m in mm))
+            order = _order(mm, tuple(mm))
             fin = {m: mm[m]["final"]["test_loss"] for m in order}
             paper = (fin.get("bigfl", np.inf) < fin.get("fesem", np.inf)
                      < min(fin.get("fedavg", np.inf), fin.get("dfl", np.inf)))
-            p = res["paired"]
+            missing = [m for m in METHODS if m not in fin]
             text = (f"{gen}, {where}: " + " < ".join(f"{m} {fin[m]:.4f}" for m in order)
-                    + f"; paper order BiG-FL < FeSEM < FedAvg/DFL {'holds' if paper else 'does not hold'}"
-                    + f"; BiG-FL − FeSEM per seed {_fmt_d(p['bigfl_minus_fesem'])}")
-            if "fesem_minus_fedavg" in p:
-                text += f"; FeSEM − FedAvg {_fmt_d(p['fesem_minus_fedavg'])}"
-            if "bigfl_learned_minus_identity" in p:
-                text += f"; learned φ − φ=I {_fmt_d(p['bigfl_learned_minus_identity'])}"
+                    + (f"; paper order BiG-FL < FeSEM < FedAvg/DFL {'holds' if paper else 'does not hold'}"
+                       if not missing else f"; no result for {', '.join(missing)}"))
+            text += "".join(f"; {k} {_fmt_d(v)}" for k, v in res["paired"].items())
             if "fesem" in mm and mm["fesem"]["final"].get("local_test_loss") is not None:
                 f = mm["fesem"]["final"]
                 text += (f"; FeSEM last local model {f['local_test_loss']:.4f} (center {f['test_loss']:.4f}), "
@@ -804,6 +1100,139 @@ def verdict(doc: dict[str, Any]) -> list[str]:
                 if res.get("at_constant_level"):
                     text += f", at its level: {', '.join(res['at_constant_level'])}"
             lines.append(text)
+    return lines
+
+
+CLAIMS = {
+    "fesem-beats-consensus": ("FeSEM (K = 3) has a lower local test loss than the consensus methods FedAvg and DFL "
+                              "(seed 000 Fig. 10.3)", (("fesem", "fedavg"), ("fesem", "dfl"))),
+    "bigfl-beats-fesem": ("BiG-FL has a lower local test loss than FeSEM (seed 000 Fig. 10.3)", (("bigfl", "fesem"),)),
+    "bigfl-beats-consensus": ("BiG-FL has a lower local test loss than FedAvg and DFL (seed 000 Fig. 10.3)",
+                              (("bigfl", "fedavg"), ("bigfl", "dfl"))),
+}
+"""Paper claims of B2: name -> (statement, pairs ``(a, b)`` that must all show ``a`` better on every seed)."""
+TRANSFER_CLAIM = ("bigfl-transfers", "the φ BiG-FL learned on the train graph, frozen, gives the homologous test "
+                  "graph's clients a lower local test loss than φ = I (seed 000 §10.5: train and test graphs)")
+
+
+def _holds(p: dict[str, Any] | None) -> bool | None:
+    """``a`` better than ``b`` on every seed (paired difference < 0 each); ``None`` without a result."""
+    if not p or p.get("mean") is None or not p.get("seeds"):
+        return None
+    return bool(p["mean"] < 0 and p["first_better"] == p["seeds"])
+
+
+def _blocks(doc: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    return ([(f"{g}, train graph", r) for g, r in doc["results"].items()]
+            + [(f"{g}, test graph", r) for g, r in doc["testgraph"].items()])
+
+
+def _reasons(name: str, doc: dict[str, Any], where: str, res: dict[str, Any], failed: list[str]) -> list[str]:
+    """The most likely reasons a claim fails in one block, read off the block's own numbers."""
+    mm, out = res["methods"], []
+    fin = {m: r["final"]["test_loss"] for m, r in mm.items() if r["final"].get("test_loss") is not None}
+    subject = "fesem" if name.startswith("fesem") else "bigfl"
+    if "local" in fin and subject in fin and fin["local"] < fin[subject]:
+        out.append(f"{where}: local-only training ({fin['local']:.4f}) beats {subject} ({fin[subject]:.4f}): each "
+                   "client's task is learnable from its own data, so pooling with other clients adds bias")
+    if subject == "fesem" and "fesem" in mm:
+        f = mm["fesem"]["final"]
+        if f.get("ari") is not None and f["ari"] < 0.9:
+            out.append(f"{where}: FeSEM's clusters do not match the generator's (ARI {f['ari']:.2f})")
+        for label, r in res.get("fesem_planted", {}).items():
+            v = r["final"].get("test_loss")
+            if v is not None:
+                out.append(f"{where}: FeSEM started from the true clusters ({label}) reaches {v:.4f}")
+    if subject == "bigfl" and "bigfl_phi" in res:
+        bp = res["bigfl_phi"]
+        if bp["degenerate"]:
+            out.append(f"{where}: BiG-FL's φ did not move (‖φ − I‖_F {bp['final_phi_minus_identity']}): a bug, "
+                       "not a result")
+    if subject in res.get("at_constant_level", []):
+        out.append(f"{where}: {subject} is at the constant-predictor level")
+    form = doc["config"].get("form", {})
+    if subject == "bigfl" and form.get("bigfl_settings") is not None:
+        out.append("BiG-FL's settings were chosen on validation by an earlier, shorter run "
+                   f"({form.get('bigfl_settings_source')}), not at this form's rounds")
+    if not out and failed:
+        out.append(f"{where}: the difference is not consistent across seeds")
+    return out
+
+
+def claim_verdicts(doc: dict[str, Any]) -> dict[str, Any]:
+    """One verdict per paper claim: ``reproduced`` / ``not reproduced`` / ``not testable``, with evidence.
+
+    A claim ``a < b`` is reproduced when, in every block (generator × train/test graph) that has both
+    methods, ``a``'s final local test MSE is lower on every seed (paired per seed); not reproduced when
+    a block contradicts it; not testable when no block has both methods (unfinished cells), or when
+    the claim is about BiG-FL and its φ stayed at the identity (a degenerate run: a bug to fix first).
+    """
+    out: dict[str, Any] = {}
+    for name, (statement, pairs) in CLAIMS.items():
+        evidence: list[str] = []
+        reasons: list[str] = []
+        verdicts: list[bool] = []
+        degenerate = []
+        for where, res in _blocks(doc):
+            mm = res["methods"]
+            failed = []
+            for a, b in pairs:
+                p = res["paired"].get(_pair_name(a, b))
+                h = _holds(p)
+                if h is None or p is None:
+                    continue
+                fa, fb = mm[a]["final"], mm[b]["final"]
+                evidence.append(f"{where}: {a} {_pm(fa['test_loss'], fa['test_loss_sd'])} vs {b} "
+                                f"{_pm(fb['test_loss'], fb['test_loss_sd'])}; {a} − {b} {_fmt_d(p)}")
+                verdicts.append(h)
+                if not h:
+                    failed.append(f"{a} < {b}")
+            if "bigfl" in name and res.get("bigfl_phi", {}).get("degenerate"):
+                degenerate.append(where)
+            if failed:
+                reasons += _reasons(name, doc, where, res, failed)
+        if "bigfl" in name:
+            for where, res in _blocks(doc):
+                if "bigfl_phi" in res:
+                    bp = res["bigfl_phi"]
+                    evidence.append(f"{where}: BiG-FL final ‖φ − I‖_F per seed "
+                                    + ", ".join("–" if v is None else f"{v:.3f}" for v in bp["final_phi_minus_identity"])
+                                    + f" (threshold {bp['threshold']:g})")
+        if degenerate:
+            v = "not testable"
+            reasons = [f"BiG-FL's φ stayed within {PHI_MOVED:g} of I in {', '.join(degenerate)}: the upper level "
+                       "did not act, a bug to fix before any BiG-FL verdict"] + reasons
+        elif not verdicts:
+            v = "not testable"
+            reasons = ["no block has results for both methods (unfinished cells: see 'unfinished')"]
+        else:
+            v = "reproduced" if all(verdicts) else "not reproduced"
+        out[name] = {"claim": statement, "verdict": v, "evidence": evidence,
+                     "reason": "; ".join(dict.fromkeys(reasons)) if v != "reproduced" else ""}
+    name, statement = TRANSFER_CLAIM
+    evidence, verdicts = [], []
+    for where, res in _blocks(doc):
+        p = res["paired"].get("bigfl_learned_minus_identity")
+        h = _holds(p)
+        if h is not None and p is not None:
+            evidence.append(f"{where}: learned φ − φ = I {_fmt_d(p)}")
+            verdicts.append(h)
+    v = "not testable" if not verdicts else ("reproduced" if all(verdicts) else "not reproduced")
+    out[name] = {"claim": statement, "verdict": v, "evidence": evidence,
+                 "reason": "" if v == "reproduced" else ("no test-graph result for both φ (unfinished cells)"
+                                                         if not verdicts else "the difference is not consistent "
+                                                         "across seeds or favours φ = I")}
+    return out
+
+
+def verdict_lines(verdicts: dict[str, Any]) -> list[str]:
+    """The verdicts as markdown (one bullet per claim, its evidence and reason below)."""
+    lines = []
+    for name, v in verdicts.items():
+        lines.append(f"- **{name}: {v['verdict']}** — {v['claim']}.")
+        lines += [f"  - {e}" for e in v["evidence"]]
+        if v["reason"]:
+            lines.append(f"  - most likely reason: {v['reason']}")
     return lines
 
 
@@ -849,8 +1278,19 @@ def _phi_lines(bp: dict[str, Any], curve: list[dict[str, Any]]) -> list[str]:
 
 def render_markdown(doc: dict[str, Any]) -> str:
     cfg = doc["config"]
-    lines = [f"# {NAME} (B2, seed 000 Fig. 10.3)", "",
-             f"Seeds {cfg['seeds']} (mean ± sd), {cfg['rounds']} rounds, {cfg['nodes']} clients, plain SGD (10 local steps, "
+    title = f"# {NAME} (B2, seed 000 Fig. 10.3)" + (" — PARTIAL" if doc.get("partial") else "")
+    lines = [title, ""]
+    if doc.get("partial"):
+        lines += ["**PARTIAL result**: these cells were not finished when the run was stopped, so their methods "
+                  "are missing from their comparisons: " + "; ".join(doc["unfinished"]) + ".", ""]
+    red = reductions_of(doc)
+    if red:
+        lines += ["**Reduced form** (what differs from the full form):", ""] + [f"- {r}" for r in red] + [""]
+    if "verdicts" in doc:
+        lines += ["## Verdicts (one per paper claim)", ""] + verdict_lines(doc["verdicts"]) + [""]
+    if doc.get("estimate"):
+        lines += [f"Estimate before the start: {doc['estimate']['text']}.", ""]
+    lines += [f"Seeds {cfg['seeds']} (mean ± sd), {cfg['rounds']} rounds, {cfg['nodes']} clients, plain SGD (10 local steps, "
              f"batch 20) with each method's step tuned on validation (seed {cfg['tuning_seed']}). "
              "Local test MSE (lower is better).", ""]
     for where, block in (("train graph", doc["results"]), ("test graph", doc["testgraph"])):
@@ -891,6 +1331,11 @@ def render_markdown(doc: dict[str, Any]) -> str:
             lines.append(f"| {m} | " + ", ".join(f"{k}: {'–' if v is None else f'{v:.4f}'}" for k, v in g.items())
                          + f" | {t[m]['lr']:g}{_edge_note(t[m])} |")
         b = t["bigfl"]
+        if b.get("from_earlier") is not None:
+            lines += ["", f"BiG-FL: settings chosen on validation by an earlier result ({b['from_earlier']}), "
+                          "not tuned in this run (see the reductions).", ""]
+            lines += _fesem_sweep_lines(t["fesem"])
+            continue
         alphas = b["grid"]["alpha"]
         if "kappa_step_grid_val_mse" in b:
             lines += ["", f"BiG-FL κ (proximal ridge) with its own step (val MSE per step; chosen κ = {b['kappa']:g}): "
@@ -906,15 +1351,36 @@ def render_markdown(doc: dict[str, Any]) -> str:
             lines.append(f"| {lam.split('=')[1]} | " + " | ".join(
                 ("–" if v is None else f"{v:.4f}") + ("" if pv is None else f" (‖φ − I‖ {pv:.3f})")
                 for v, pv in zip(row.values(), prow.values())) + " |")
-        f = t["fesem"]
-        lines += ["", f"FeSEM warm-up sweep (val, step {f['lr']:g}; chosen {f['warmup_steps']}):", "",
-                  "| warm-up steps | val MSE (center) | val MSE (local model) | ARI |", "|---|---|---|---|"]
-        for w, row in f["warmup_sweep"].items():
-            lines.append(f"| {w} | {_pm(row['val_mse'], None)} | {_pm(row['val_local_mse'], None)} | "
-                         f"{_pm(row['ari'], None, '{:.2f}')} |")
-        lines += [""]
+        lines += _fesem_sweep_lines(t["fesem"])
     rd = doc["real_data"]
-    lines += ["## Digits with permuted-label client groups: mean local test accuracy", "",
+    if rd["methods"]:
+        lines += _digits_lines(doc)
+    t = doc["timing"]
+    lines += ["", f"## Server time per round (n = {t['n']}, d = {t['d']}, smooth generator, same runs)", "",
+              "| quantity | seconds |", "|---|---|"]
+    for key in ("bigfl_server_seconds_per_round", "fedavg_aggregate_seconds_per_round",
+                "fesem_server_seconds_per_round", "bigfl_round_wall_seconds", "fedavg_round_wall_seconds"):
+        v = t.get(key)
+        lines.append(f"| {key} | {'–' if v is None else f'{v:.4f}'} |")
+    lines += ["", "## Per block (Fig. 10.3: consensus worst, FeSEM better, BiG-FL best)", ""]
+    lines += [f"- {v}" for v in doc["verdict"]]
+    lines += ["", "## Settings the paper does not give", ""] + [f"- {u}" for u in doc["unspecified_settings"]]
+    lines += ["", f"Total wall time: {doc['wall_seconds']:.0f} s. Environment: {doc['env']}", ""]
+    return "\n".join(lines)
+
+
+def _fesem_sweep_lines(f: dict[str, Any]) -> list[str]:
+    lines = ["", f"FeSEM warm-up sweep (val, step {f['lr']:g}; chosen {f['warmup_steps']}):", "",
+             "| warm-up steps | val MSE (center) | val MSE (local model) | ARI |", "|---|---|---|---|"]
+    for w, row in f["warmup_sweep"].items():
+        lines.append(f"| {w} | {_pm(row['val_mse'], None)} | {_pm(row['val_local_mse'], None)} | "
+                     f"{_pm(row['ari'], None, '{:.2f}')} |")
+    return lines + [""]
+
+
+def _digits_lines(doc: dict[str, Any]) -> list[str]:
+    rd = doc["real_data"]
+    lines = ["## Digits with permuted-label client groups: mean local test accuracy", "",
               "| method | step (val) | final test acc | final test loss | per seed acc | ARI |", "|---|---|---|---|---|---|"]
     for m, res in rd["methods"].items():
         f = res["final"]
@@ -923,18 +1389,7 @@ def render_markdown(doc: dict[str, Any]) -> str:
         step = f"{rd['tuning'][m]['lr']:g}{_edge_note(rd['tuning'][m])}"
         lines.append(f"| {m} | {step} | {_pm(f['test_acc'], f['test_acc_sd'], '{:.3f}')} | "
                      f"{_pm(f.get('test_loss'), f.get('test_loss_sd'))} | {per} | {ari} |")
-    t = doc["timing"]
-    lines += ["", f"## Server time per round (n = {t['n']}, d = {t['d']}, smooth generator, same runs)", "",
-              "| quantity | seconds |", "|---|---|"]
-    for key in ("bigfl_server_seconds_per_round", "fedavg_aggregate_seconds_per_round",
-                "fesem_server_seconds_per_round", "bigfl_round_wall_seconds", "fedavg_round_wall_seconds"):
-        v = t.get(key)
-        lines.append(f"| {key} | {'–' if v is None else f'{v:.4f}'} |")
-    lines += ["", "## Against the paper (Fig. 10.3: consensus worst, FeSEM better, BiG-FL best)", ""]
-    lines += [f"- {v}" for v in doc["verdict"]]
-    lines += ["", "## Settings the paper does not give", ""] + [f"- {u}" for u in doc["unspecified_settings"]]
-    lines += ["", f"Total wall time: {doc['wall_seconds']:.0f} s. Environment: {doc['env']}", ""]
-    return "\n".join(lines)
+    return lines
 
 
 def plot(doc: dict[str, Any], path: Path) -> None:
@@ -947,9 +1402,10 @@ def plot(doc: dict[str, Any], path: Path) -> None:
             panels.append({"x": "round", "y": "test_loss", "band": "test_loss_sd", "logy": True,
                            "title": f"{gen}, {where}: local test MSE",
                            "series": {m: r["curve"] for m, r in res["methods"].items()}})
-    panels.append({"x": "round", "y": "test_acc", "band": "test_acc_sd",
-                   "title": "digits, permuted-label groups: test accuracy",
-                   "series": {m: r["curve"] for m, r in doc["real_data"]["methods"].items()}})
+    if doc["real_data"]["methods"]:
+        panels.append({"x": "round", "y": "test_acc", "band": "test_acc_sd",
+                       "title": "digits, permuted-label groups: test accuracy",
+                       "series": {m: r["curve"] for m, r in doc["real_data"]["methods"].items()}})
     plot_panels(path, panels)
 
 
@@ -961,5 +1417,27 @@ if __name__ == "__main__":  # pragma: no cover
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=Path("runs/bench"))
+    ap.add_argument("--generators", default=None, help="comma-separated train-graph (and test-graph) generators")
+    ap.add_argument("--no-digits", action="store_true", help="leave out part 2 (digits)")
+    ap.add_argument("--bigfl-from", type=Path, default=None,
+                    help="a multicenter-bigfl JSON whose validation-tuned BiG-FL settings are used (not re-tuned)")
+    ap.add_argument("--workers", type=int, default=1, help="processes for BiG-FL's train-graph cells")
+    ap.add_argument("--only", choices=[m for m in METHODS if m != "bigfl"], default=None,
+                    help="compute one method's cells into <out>/cache (beside a run sharing it) and stop")
     args = ap.parse_args()
-    run(args.quick, args.seed, args.out)
+    base = QUICK if args.quick else FULL
+    changes: dict[str, Any] = {"workers": args.workers, "digits": not args.no_digits}
+    if args.generators:
+        gens = tuple(g for g in args.generators.split(",") if g)
+        changes.update(generators=gens, tune_generators=gens, testgraph=gens)
+    if args.bigfl_from is not None:
+        import json
+
+        changes.update(bigfl_settings=json.loads(args.bigfl_from.read_text())["tuning"]["settings"],
+                       bigfl_settings_source=str(args.bigfl_from))
+    chosen = dataclasses.replace(base, **changes)
+    if args.only:
+        _cache = RunCache(args.out / "cache")
+        precompute_method(chosen, args.only, args.seed)
+    else:
+        run(args.quick, args.seed, args.out, chosen)
