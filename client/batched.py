@@ -400,8 +400,9 @@ def _train_chunk(
     steps = idx.shape[1]
     gathered = idx.numel() * (stacked.x_train[0, 0].numel() + stacked.y_train[0, 0].numel()) * 4
     if gathered <= PREGATHER_BYTES:    # every step's minibatch in one gather: steps × clients × batch × ...
-        xs = stacked.x_train[rows, idx].transpose(0, 1).contiguous()
-        ys = stacked.y_train[rows, idx].transpose(0, 1).contiguous()
+        by_step, rows_t = idx.transpose(0, 1), rows.transpose(0, 1)     # steps × clients × batch
+        xs = stacked.x_train[rows_t, by_step]
+        ys = stacked.y_train[rows_t, by_step]
 
         def minibatch(s: int) -> tuple[torch.Tensor, torch.Tensor]:
             return xs[s], ys[s]

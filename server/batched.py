@@ -223,13 +223,14 @@ class BatchedExchange(InProcessExchange):
         assert self._stacked is not None
         items: list[tuple[_Job, str, Arrays | OutputMix]] = []
         kept: list[_Job] = []
+        checked: set[int] = set()
         for job in jobs:
             try:
                 trainer: Any = job.runtime.trainer
                 named = trainer.evaluation_arrays(job.payload, job.state)
                 for item in named.values():
                     for arrays in ((item.v, item.w) if isinstance(item, OutputMix) else (item,)):
-                        check_arrays(self._shapes, arrays)
+                        self._check(arrays, checked)
                 scalars = getattr(trainer, "evaluation_scalars", None)
                 job.scalars = scalars(job.payload, job.state) if callable(scalars) else {}
             except Exception as exc:  # noqa: BLE001 - a failing client is a failed reply (logged)
@@ -253,6 +254,14 @@ class BatchedExchange(InProcessExchange):
             job.metrics.update(prefixed(job.evaluation))
         return kept
 
+    def _check(self, arrays: Arrays, checked: set[int]) -> None:
+        """``check_arrays`` against the model, once per arrays object of a request (a broadcast
+        payload is one object for every client).
+        """
+        if id(arrays) not in checked:
+            check_arrays(self._shapes, arrays)
+            checked.add(id(arrays))
+
     def _classification(self) -> bool:
         return str(self.runtime(0).ctx.task.kind) == "classification"
 
@@ -261,11 +270,12 @@ class BatchedExchange(InProcessExchange):
         assert self._stacked is not None
         tc = self.cfg.train
         groups: dict[Any, list[_Job]] = defaultdict(list)
+        checked: set[int] = set()
         for job in jobs:
             trainer: Any = job.runtime.trainer
             try:
                 job.objective = trainer.objective(request.server_round, job.payload, job.state)
-                check_arrays(self._shapes, job.objective.start)
+                self._check(job.objective.start, checked)
                 job.indices = draw_indices(job.objective, job.runtime.ctx.data.num_train, tc.batch_size)
             except Exception as exc:  # noqa: BLE001 - a failing client is a failed reply (logged)
                 replies[job.pid] = self.error_reply(request, job.pid, exc)
