@@ -345,6 +345,10 @@ class GraphflStrategy(Strategy):
         """Arrays of :data:`keys.ANCHOR` from the core's non-model payload arrays (none by default)."""
         return {}
 
+    def reply_arrays(self, reply: ClientReply, content: RecordDict) -> Arrays:
+        """The arrays of a train reply the core folds in: its ``"arrays"`` (BiG-FL adds its Hessian)."""
+        return record_to_numpy(content.array_records[keys.ARRAYS])
+
     def train_contents(self, server_round: int, node_ids: Sequence[int], arrays: Arrays,
                        config: ConfigRecord) -> list[tuple[int, RecordDict]]:
         """``(node_id, content)`` of every train message of ``server_round`` (Flower-free half of
@@ -438,7 +442,7 @@ class GraphflStrategy(Strategy):
                 why = f"no non-negative metric {keys.NUM_EXAMPLES!r} in the reply's MetricRecord"
             arrays: Arrays = {}
             if why is None:
-                arrays = record_to_numpy(reply.content.array_records[keys.ARRAYS])
+                arrays = self.reply_arrays(reply, reply.content)
                 why = validate_update(arrays, self.core.update_template(pid))
             if why is not None:
                 logger.warning("round %d: reply of node %d (client %d) left out: %s",

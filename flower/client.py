@@ -43,12 +43,12 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message
 from torch import nn
 
-from graphfl.client.bigfl_trainer import ll_term
+from graphfl.client.bigfl_trainer import data_loss_hessian, ll_term
 from graphfl.client.gate_trainer import OutputMixture, personal_step
 from graphfl.client.objective import Penalty, cosine_term, linear_term, proximal_term
 from graphfl.flower import keys
 from graphfl.strategies.apfl_math import client_update, delta_update
-from graphfl.strategies.bigfl import A_II_KEY, M_KEY, PHI_KEY
+from graphfl.strategies.bigfl import A_II_KEY, HESS_KEY, M_KEY, PHI_KEY, WANT_HESS_KEY
 from graphfl.strategies.fedgate import ACCEPTED_KEY, ROUND_KEY
 
 _APPLIED: contextvars.ContextVar[set[str] | None] = contextvars.ContextVar("graphfl_applied", default=None)
@@ -163,6 +163,26 @@ def _bigfl_term(msg: Message, config: ConfigRecord) -> Regulariser:
                          f"but theta ({', '.join(theta_keys)}) has {flat.size} entries")
     penalty = Penalty(ll_term, tensors, (theta_keys, float(config[keys.LAM]), float(config[keys.KAPPA])))  # type: ignore[arg-type]
     return _lazy_keys(lambda ks: penalty)
+
+
+def bigfl_hessian(msg: Message, model: nn.Module, loss_fn: Callable[..., torch.Tensor], x: Any,
+                  y: Any) -> ArrayRecord | None:
+    """BiG-FL's ``implicit`` hypergradient: the Hessian of ``loss_fn(model(x), y)`` in ``θ``, or ``None``.
+
+    ``θ`` is the concatenation of the parameters ``graphfl.theta-keys``; computed at ``model`` (the
+    trained model: call it after training, on the client's training data) by graphfl's own client
+    function (:func:`graphfl.client.bigfl_trainer.data_loss_hessian`, on a copy of ``model``).
+    Returns the ArrayRecord to put into the train reply as ``"graphfl.hessian"``
+    (:data:`~graphfl.flower.keys.HESSIAN`) when the message's config asks for it (``bigfl.hessian``),
+    else ``None``.
+    """
+    config = msg.content.config_records.get(keys.CONFIG)
+    if config is None or keys.BIGFL not in requested_terms(msg) or not bool(config.get(WANT_HESS_KEY, False)):
+        return None
+    theta_keys = tuple(str(k) for k in config[keys.THETA_KEYS])  # type: ignore[union-attr]
+    device = str(next(model.parameters()).device)
+    hess = data_loss_hessian(copy.deepcopy(model), theta_keys, x, y, loss_fn, device=device)  # type: ignore[arg-type]
+    return ArrayRecord({HESS_KEY: Array(hess)})
 
 
 class Personal:

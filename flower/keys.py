@@ -62,6 +62,10 @@ APFL_STATE = "graphfl.apfl"
 """Prefix of APFL's records in the ClientApp's ``context.state``: ``graphfl.apfl.v`` (the personal
 model ``v_i``), ``graphfl.apfl.w-local`` (the locally trained ``w_i`` of the last round) and
 ``graphfl.apfl.meta`` (``alpha``)."""
+HESSIAN = "graphfl.hessian"
+"""ArrayRecord of a BiG-FL train reply when the config's ``bigfl.hessian`` asks for it (``implicit``
+hypergradient): ``bigfl/hessian``, the ``d×d`` Hessian of the client's data loss in ``θ`` at the
+trained model (:func:`graphfl.flower.client.bigfl_hessian`)."""
 APPLIED = "graphfl.applied"
 """Reply metric set by :func:`graphfl.flower.client.graphfl_mod`: 1 when the train function
 added the requested regulariser to its loss, 0 when it did not."""

@@ -26,14 +26,14 @@ from typing import Any
 
 import numpy as np
 
-from graphfl.common.config import ConfigError, TrainConfig
+from graphfl.common.config import TrainConfig
 from graphfl.common.types import Arrays
 from graphfl.flower import keys
-from graphfl.flower.adapter import GraphflStrategy
+from graphfl.flower.adapter import ClientReply, CooperationError, GraphflStrategy, record_to_numpy
 from graphfl.strategies.apfl import APFLParams
 from graphfl.strategies.apfl_math import effective_tau
 from graphfl.strategies.apflgate import APFLGateParams
-from graphfl.strategies.bigfl import M_KEY, PHI_KEY, BiGFLParams
+from graphfl.strategies.bigfl import HESS_KEY, M_KEY, PHI_KEY, BiGFLParams
 from graphfl.strategies.cfl import CFLConfig
 from graphfl.strategies.fedamp import FedAMPConfig
 from graphfl.strategies.fedavg import FedAvgParams, FedProxParams
@@ -354,9 +354,13 @@ class BiGFL(GraphflStrategy):
         As ``[bigfl]`` in docs/strategies.md (``lam`` > 0 weighs both levels; ``ridge``
         ``proximal`` centres the ridge on the received model, ``origin`` on 0).
     hypergrad_mode
-        ``reg_only`` (the default here: the regulariser's curvature and ``κ``) or ``first_order``.
-        ``implicit`` needs each client's data-loss Hessian in its reply, which the Flower client
-        helpers do not upload: refused (run it with graphfl's own runner).
+        ``implicit`` (default, the full hypergradient: each client also returns its data loss's
+        ``d×d`` Hessian at the trained model, :func:`graphfl.flower.client.bigfl_hessian`, as the
+        ArrayRecord ``"graphfl.hessian"``; above ``max_hessian_dim`` the core uses ``reg_only``),
+        ``reg_only`` (the regulariser's curvature and ``κ``) or ``first_order``.
+    max_hessian_dim, hessian_samples, curvature_every
+        As ``[bigfl]`` (``hessian_samples`` must be 0 here: the client helper uses all the
+        training data it is given).
     **kwargs
         Common arguments of :class:`~graphfl.flower.adapter.GraphflStrategy`.
 
@@ -368,18 +372,15 @@ class BiGFL(GraphflStrategy):
 
     def __init__(self, client_graph: np.ndarray | Sequence[Sequence[float]] | None = None, alpha: float = 2e-2,
                  kappa: float = 0.3, ridge: str = "proximal", lam: float = 0.1, q: int = 10,
-                 hypergrad_mode: str = "reg_only", solver: str = "gmres", solver_tol: float = 1e-6,
-                 solver_max_iter: int = 300, neumann_c: float = 0.0, layers: str = "",
-                 missing_graph: str = "complete", phi_dtype: str = "float32", **kwargs: Any) -> None:
-        if hypergrad_mode == "implicit":
-            raise ConfigError(
-                "bigfl.hypergrad-mode = 'implicit' needs each client's data-loss Hessian in its reply, which "
-                "graphfl.flower's client helpers do not upload; use hypergrad_mode='reg_only' or 'first_order' "
-                "here, or graphfl's own runner for implicit")
+                 hypergrad_mode: str = "implicit", solver: str = "gmres", solver_tol: float = 1e-6,
+                 solver_max_iter: int = 300, neumann_c: float = 0.0, curvature_every: int = 10, layers: str = "",
+                 missing_graph: str = "complete", max_hessian_dim: int = 2048, phi_dtype: str = "float32",
+                 **kwargs: Any) -> None:
         params = self.make_params(
             BiGFLParams, self.algorithm, alpha=alpha, kappa=kappa, ridge=ridge, lam=lam, q=q,
             hypergrad_mode=hypergrad_mode, solver=solver, solver_tol=solver_tol, solver_max_iter=solver_max_iter,
-            neumann_c=neumann_c, layers=layers, others="fedavg", missing_graph=missing_graph, phi_dtype=phi_dtype)
+            neumann_c=neumann_c, curvature_every=curvature_every, layers=layers, others="fedavg",
+            missing_graph=missing_graph, max_hessian_dim=max_hessian_dim, hessian_samples=0, phi_dtype=phi_dtype)
         super().__init__(params, **kwargs)
         self.graph = None if client_graph is None else np.asarray(client_graph, dtype=np.float64)
         if self.graph is not None and (self.graph.ndim != 2 or self.graph.shape[0] != self.graph.shape[1]):
@@ -395,6 +396,23 @@ class BiGFL(GraphflStrategy):
 
     def anchor_arrays(self, extra: Arrays) -> Arrays:
         return {k: extra[k] for k in (M_KEY, PHI_KEY)}
+
+    def reply_arrays(self, reply: ClientReply, content: Any) -> Arrays:
+        """The trained model plus, when the core asked for it, the Hessian of ``"graphfl.hessian"``;
+        a reply without the Hessian asked for stops the run (:class:`CooperationError`).
+        """
+        arrays = super().reply_arrays(reply, content)
+        if self.core is None or not self.core.want_hessian:  # type: ignore[attr-defined]
+            return arrays
+        record = content.array_records.get(keys.HESSIAN)
+        if record is None or HESS_KEY not in record:
+            raise CooperationError(
+                f"BiGFL (hypergrad_mode='implicit') needs each client's data-loss Hessian, but the reply of node "
+                f"{reply.node_id} has no ArrayRecord {keys.HESSIAN!r}. Add to the train function, after training: "
+                "`content['graphfl.hessian'] = graphfl.flower.client.bigfl_hessian(msg, model, loss_fn, x, y)` "
+                "(it is None when not asked for); or run hypergrad_mode='reg_only'.")
+        arrays[HESS_KEY] = record_to_numpy(record)[HESS_KEY]
+        return arrays
 
     def off_hint(self) -> str:
         return "BiG-FL has no stock form: its lower-level term is what couples the clients"

@@ -141,14 +141,18 @@ def test_apfl_and_apflgate_with_the_client_helpers_equal_graphfls_runner(name):
         assert {round(float(clients.state(p)[f"{keys.APFL_STATE}.meta"]["alpha"]), 6) for p in range(N)} != {0.5}
 
 
-def test_bigfl_with_the_client_term_equals_graphfls_runner_and_learns_phi():
+@pytest.mark.parametrize("mode", ["implicit", "reg_only"])
+def test_bigfl_with_the_client_term_equals_graphfls_runner_and_learns_phi(mode):
     graph = task.client_graph(N)
-    strategy = gf.BiGFL(client_graph=graph, alpha=0.05)
+    strategy = gf.BiGFL(client_graph=graph, alpha=0.05, hypergrad_mode=mode)
     run_app(strategy, App(client_app_terms.app, N), N, ROUNDS)
     core, _ = reference(strategy, N, ROUNDS, graph=graph)
     fn.assert_same_client_models(strategy, core, N)
     close(strategy.phi(), core.phi.numpy(), "phi")
     assert min(strategy.server_metrics[r]["hypergrad_norm"] for r in range(1, ROUNDS + 1)) > 1e-6   # a real signal
+    # implicit: the clients' Hessians reached the core (φ equal to the reference's needs them; the LL
+    # curvature check runs on them only)
+    assert ("ll_min_curvature" in strategy.server_metrics[1]) == (mode == "implicit")
     assert strategy.server_metrics[ROUNDS]["phi_minus_identity"] > 0.01       # the upper level moved φ
     contents = strategy.train_contents(ROUNDS + 1, [fn.node(p) for p in range(N)], fn.initial_arrays(), ConfigRecord())
     cfg = contents[0][1][keys.CONFIG]
@@ -164,13 +168,13 @@ def stock_reply(pid: int, metrics: dict[str, Any]) -> ClientReply:
                                                  keys.METRICS: MetricRecord({keys.NUM_EXAMPLES: n_ex, **metrics})}))
 
 
-def test_bigfl_without_the_client_term_stops_naming_it_and_implicit_is_refused():
+def test_bigfl_without_the_client_term_or_the_hessian_stops_naming_what_to_add():
     strategy = gf.BiGFL(client_graph=task.client_graph(2))
     strategy.train_contents(1, [fn.node(0), fn.node(1)], fn.initial_arrays(), ConfigRecord())
     with pytest.raises(gf.CooperationError, match=r"'bigfl-ll'.*graphfl_mod.*regulariser\(msg\)\(model\)"):
         strategy.fold_train(1, [stock_reply(0, {})])
-    with pytest.raises(ConfigError, match="implicit.*Hessian"):
-        gf.BiGFL(hypergrad_mode="implicit")
+    with pytest.raises(gf.CooperationError, match=r"implicit.*node 10000 has no ArrayRecord 'graphfl.hessian'.*bigfl_hessian"):
+        strategy.fold_train(1, [stock_reply(0, {keys.APPLIED: 1})])
     with pytest.raises(ValueError, match=r"client graph is \(3, 3\).*n = 2"):
         gf.BiGFL(client_graph=task.client_graph(3)).train_contents(1, [fn.node(0), fn.node(1)], fn.initial_arrays(),
                                                                    ConfigRecord())

@@ -12,7 +12,7 @@ from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from torch import nn
 
-from graphfl.flower.client import Personal, graphfl_mod, personal_model, regulariser
+from graphfl.flower.client import Personal, bigfl_hessian, graphfl_mod, personal_model, regulariser
 from graphfl_example.task import load_data, make_model, test, train
 
 app = ClientApp(mods=[graphfl_mod])
@@ -28,7 +28,11 @@ def train_fn(msg: Message, context: Context) -> Message:
     loss = train(model, x, y, int(context.run_config["local-steps"]), float(context.run_config["lr"]),
                  extra=regulariser(msg), after_step=lambda m, xb, yb: pers.step(m, xb, yb, nn.functional.mse_loss))
     metrics = MetricRecord({"train_loss": loss, "num-examples": len(x)})
-    return Message(RecordDict({"arrays": ArrayRecord(model.state_dict()), "metrics": metrics}), reply_to=msg)
+    content = RecordDict({"arrays": ArrayRecord(model.state_dict()), "metrics": metrics})
+    hessian = bigfl_hessian(msg, model, nn.functional.mse_loss, x, y)   # BiG-FL's implicit hypergradient only
+    if hessian is not None:
+        content["graphfl.hessian"] = hessian
+    return Message(content, reply_to=msg)
 
 
 @app.evaluate()
