@@ -172,7 +172,11 @@ def check_against_reference(work: Path, name: str, result: Mapping[str, Any], no
         if evaluated:
             ev = result["client_evaluations"][str(ROUNDS)][str(pid)]
             model = {k: v for k, v in want.items() if k in ("weight", "bias")}
-            assert ev["test_loss"] == pytest.approx(fn.client_eval(data_of[pid], model), rel=1e-5)
+            expected = fn.client_eval(data_of[pid], model)
+            if isinstance(exchange, TrainerExchange) and name in ("apfl", "apflgate"):   # the personal output
+                expected = exchange.trainers[pid].evaluate_phase("evaluate", core.evaluation_payload(pid),
+                                                                 exchange.states[pid])["test_loss"]
+            assert ev["test_loss"] == pytest.approx(expected, rel=1e-5)
             assert ev["num-examples"] == fn.task.TEST
 
 
@@ -221,6 +225,20 @@ def test_cooperative_strategies_fedgate_and_local_run_with_the_mod_and_the_dp_wr
         rounds = results[name]["evaluate_metrics"]
         assert sorted(rounds) == [str(r) for r in range(1, ROUNDS + 1)] and "test_loss" in rounds[str(ROUNDS)]
     assert results["fedavg"]["final_arrays"] == ["weight", "bias"]        # Result.arrays: the global model
+
+
+def test_apflgate_runs_with_the_personal_helpers_and_equals_graphfls_runner(federation, tmp_path):
+    """APFLGate's client state (v_i, α_i, the local copy, δ_i) lives in the SuperNodes' contexts across
+    rounds and one-process-per-message ClientApps; models and personal evaluations equal graphfl's runner."""
+    from graphfl_example.server_app import make_strategy
+
+    app = app_copy(tmp_path / "app", terms=True)
+    results = submit(federation, tmp_path, app, {"strategies": "apflgate"})
+    nodes = data_partitions(federation)
+    data_of = {pid: nodes[int(nid)] for nid, pid in results["apflgate"]["partition_of_node"].items()}
+    exchange = TrainerExchange("apflgate", make_strategy("apflgate", CFG).params, NODES, data_of)
+    check_against_reference(tmp_path, "apflgate", results["apflgate"], nodes, exchange, evaluated=True)
+    assert results["apflgate"]["final_arrays"] == ["weight", "bias"]       # Result.arrays: the global w
 
 
 def test_a_stock_clientapp_under_a_strategy_that_needs_the_client_term_fails_the_run(federation, tmp_path):
