@@ -4,20 +4,21 @@
 :class:`~graphfl.server.inprocess.InProcessExchange` (same round loop, server cores, client state,
 failure injection, compression and noisy uplink) but, for clients whose trainer runs a round as
 ``objective → SGD steps → finish`` (:class:`~graphfl.client.trainers.SGDTrainer` and the trainers
-built on it, FedGATE, BiG-FL), it
+built on it, the gate family FedGATE / APFL / APFLGate, BiG-FL), it
 
 1. asks each client's trainer for its :class:`~graphfl.client.objective.LocalObjective` and draws
    its minibatch indices from its own generator;
 2. trains the clients whose objectives have the same signature together
    (:func:`graphfl.client.batched.batched_sgd`), ``chunk`` clients at a time;
-3. hands each client's trained arrays back to its trainer's ``finish``, then encodes and
-   transmits the upload exactly as the per-client engine does.
+3. hands each client's trained arrays (and trained personal model, APFL's ``v_i`` and ``α_i``)
+   back to its trainer's ``finish``, then encodes and transmits the upload exactly as the
+   per-client engine does.
 
 Evaluation (join, piggy-backed and separate) runs batched the same way for trainers that evaluate
-named arrays (``evaluation_arrays``) on tasks without extra metrics. A request, trainer or task
+named arrays or output mixtures (``evaluation_arrays``, plus ``evaluation_scalars`` such as
+``α_i``) on tasks without extra metrics. A request, trainer or task
 that cannot be batched (PyG graph tasks, models with buffers, trainers with their own loop) is
-served client by client, and the reason is logged once. A personal model (APFL, APFLGate) trains
-in the same batch beside the uploaded one and its mixtures are evaluated batched too.
+served client by client, and the reason is logged once.
 The numbers equal the per-client engine up to floating-point summation order.
 """
 
