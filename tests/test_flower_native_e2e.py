@@ -206,6 +206,7 @@ def test_stock_clientapp_runs_each_fedavg_like_strategy_and_equals_graphfls_runn
     assert results["cfl"]["server_metrics"][str(ROUNDS)]["num_clusters"] >= 2
 
 
+@pytest.mark.timeout(1500)   # five strategies under flwr run: near pytest's 600 s on a loaded 2-core machine
 def test_cooperative_strategies_fedgate_and_local_run_with_the_mod_and_the_dp_wrapper_composes_with_fedavg(federation, tmp_path):
     from graphfl_example.server_app import make_strategy
 
@@ -227,6 +228,7 @@ def test_cooperative_strategies_fedgate_and_local_run_with_the_mod_and_the_dp_wr
     assert results["fedavg"]["final_arrays"] == ["weight", "bias"]        # Result.arrays: the global model
 
 
+@pytest.mark.timeout(1500)   # the run's own bound is RUN_TIMEOUT_S; pytest's 600 s is too near on a loaded machine
 def test_apflgate_runs_with_the_personal_helpers_and_equals_graphfls_runner(federation, tmp_path):
     """APFLGate's client state (v_i, α_i, the local copy, δ_i) lives in the SuperNodes' contexts across
     rounds and one-process-per-message ClientApps; models and personal evaluations equal graphfl's runner."""
