@@ -51,6 +51,17 @@ own steps — and its result layout is the one docs/results/multicenter-* hold. 
 over the shared run cache (:class:`~graphfl.bench.runcache.RunCache`, every run resumes) and step
 search (:func:`~graphfl.bench.tuning.search_grid`).
 
+Compute: every server-based cell runs on the batched engine (:data:`ENGINE`; a strategy whose
+trainer cannot be batched is served client by client by that engine itself), DFL on the p2p
+in-process driver. The form logs its estimated time (:func:`estimate`) before it starts. A killed run
+continues from ``<out>/cache`` (finished cells are read back, an interrupted cell runs again).
+Several processes may share one cache: ``workers`` processes run BiG-FL's train-graph cells when its
+settings are known in advance (``bigfl_settings``), ``--only <method>`` processes run one method's
+tuning and evaluation cells, and a cell being computed is claimed (``<hash>.running``) so the others
+wait for it instead of running it twice. ``--cache-only`` reports what the cache holds without
+running anything: the result is then marked PARTIAL and names every missing cell. Each paper claim
+gets a verdict computed from the per-seed paired differences (:func:`claim_verdicts`).
+
 FeSEM's ``local_test_loss`` is read from the run's curve rows when the round recorder keeps it;
 otherwise the bench evaluates the final models once more through the same client exchange.
 """
@@ -327,9 +338,9 @@ def run_any(method: str, task: str, nodes: int, rounds: int, seed: int, settings
     ``hook_key`` names what ``hook`` does (part of the cache key).
     """
     key = _cell_key(method, task, nodes, rounds, seed, settings, train, params, hook_key)
-    wait_for_claim(key)
     if _CACHE_ONLY and not _cache.has(key):
         raise MissingCell(f"{method} seed {seed} on {task} not in the cache")
+    wait_for_claim(key)
     lr = float(settings["lr"])
     overrides = key["overrides"]
     if _cache.has(key):
@@ -532,45 +543,49 @@ def tune_generator(gen: str, form: Form, seed: int, methods: tuple[str, ...] = M
             logger.info("B2 BiG-FL settings from an earlier validation tuning (%s): %s",
                         form.bigfl_settings_source, st)
             continue
-        logger.info("B2 tuning %s on %s (%d rounds)", m, task, rounds)
-        if m == "bigfl":  # the step for each κ (κ bounds how far a round moves), the best pair
-            per_kappa = {k: tune_lr(m, task, NODES, rounds, seed, form.lr_grid, TRAIN, {**base, "bigfl.kappa": k})
-                         for k in form.bigfl_kappas}
-            kappa = min(per_kappa, key=lambda k: val_score(per_kappa[k]["run"], False))
-            base["bigfl.kappa"] = kappa
-            t = per_kappa[kappa]
-        else:
-            t = tune_lr(m, task, NODES, rounds, seed, form.lr_grid, TRAIN, base)
-        out[m] = {"lr_grid_val_mse": t["grid"], "lr": t["lr"], "lr_at_grid_edge": t["at_grid_edge"],
-                  "lr_grid_extended": t["extended"]}
-        settings[m] = {"lr": t["lr"], **base}
-        lr = t["lr"]
-        if m == "bigfl":
-            grid = tune_bigfl_grid(task, rounds, seed, lr, form, t["run"], kappa=base["bigfl.kappa"])
-            out[m].update(grid)
-            out[m]["kappa"] = base["bigfl.kappa"]
-            out[m]["kappa_step_grid_val_mse"] = {f"kappa={k:g}": {"lr_grid_val_mse": v["grid"], "lr": v["lr"]}
-                                                 for k, v in per_kappa.items()}
-            settings[m] = {"lr": t["lr"], "bigfl.lam": grid["lam"], "bigfl.alpha": grid["alpha"],
-                           "bigfl.kappa": base["bigfl.kappa"]}
-        if m == "fesem":
-            sweep: dict[str, dict[str, float | None]] = {}
-            best_w = (val_score(t["run"], False), int(TRAIN["train.local-steps"]))
-            for warm in FESEM_WARMUPS:
-                if warm == int(TRAIN["train.local-steps"]):
-                    r = t["run"]
-                else:
-                    r = _try(f"tuning fesem warm-up {warm}", "fesem", task, NODES, rounds, seed,
-                             {"lr": lr, "fesem.warmup-steps": warm}, TRAIN)
-                s = float("inf") if r is None else val_score(r, False)
-                ari = None if r is None else (r["curve"][-1].get("server") or {}).get("ari")
-                sweep[str(warm)] = {"val_mse": s if np.isfinite(s) else None, "ari": ari,
-                                    "val_local_mse": None if r is None else r.get("local_test_loss")}
-                if s < best_w[0]:
-                    best_w = (s, warm)
-            out[m]["warmup_sweep"] = sweep
-            out[m]["warmup_steps"] = best_w[1]
-            settings[m] = {"lr": t["lr"], "fesem.warmup-steps": best_w[1]}
+        try:
+            logger.info("B2 tuning %s on %s (%d rounds)", m, task, rounds)
+            if m == "bigfl":  # the step for each κ (κ bounds how far a round moves), the best pair
+                per_kappa = {k: tune_lr(m, task, NODES, rounds, seed, form.lr_grid, TRAIN, {**base, "bigfl.kappa": k})
+                             for k in form.bigfl_kappas}
+                kappa = min(per_kappa, key=lambda k: val_score(per_kappa[k]["run"], False))
+                base["bigfl.kappa"] = kappa
+                t = per_kappa[kappa]
+            else:
+                t = tune_lr(m, task, NODES, rounds, seed, form.lr_grid, TRAIN, base)
+            out[m] = {"lr_grid_val_mse": t["grid"], "lr": t["lr"], "lr_at_grid_edge": t["at_grid_edge"],
+                      "lr_grid_extended": t["extended"]}
+            settings[m] = {"lr": t["lr"], **base}
+            lr = t["lr"]
+            if m == "bigfl":
+                grid = tune_bigfl_grid(task, rounds, seed, lr, form, t["run"], kappa=base["bigfl.kappa"])
+                out[m].update(grid)
+                out[m]["kappa"] = base["bigfl.kappa"]
+                out[m]["kappa_step_grid_val_mse"] = {f"kappa={k:g}": {"lr_grid_val_mse": v["grid"], "lr": v["lr"]}
+                                                     for k, v in per_kappa.items()}
+                settings[m] = {"lr": t["lr"], "bigfl.lam": grid["lam"], "bigfl.alpha": grid["alpha"],
+                               "bigfl.kappa": base["bigfl.kappa"]}
+            if m == "fesem":
+                sweep: dict[str, dict[str, float | None]] = {}
+                best_w = (val_score(t["run"], False), int(TRAIN["train.local-steps"]))
+                for warm in FESEM_WARMUPS:
+                    if warm == int(TRAIN["train.local-steps"]):
+                        r = t["run"]
+                    else:
+                        r = _try(f"tuning fesem warm-up {warm}", "fesem", task, NODES, rounds, seed,
+                                 {"lr": lr, "fesem.warmup-steps": warm}, TRAIN)
+                    s = float("inf") if r is None else val_score(r, False)
+                    ari = None if r is None else (r["curve"][-1].get("server") or {}).get("ari")
+                    sweep[str(warm)] = {"val_mse": s if np.isfinite(s) else None, "ari": ari,
+                                        "val_local_mse": None if r is None else r.get("local_test_loss")}
+                    if s < best_w[0]:
+                        best_w = (s, warm)
+                out[m]["warmup_sweep"] = sweep
+                out[m]["warmup_steps"] = best_w[1]
+                settings[m] = {"lr": t["lr"], "fesem.warmup-steps": best_w[1]}
+        except MissingCell as exc:  # a cache-only report: the method is left out, named
+            out[m] = {"unfinished": str(exc)}
+            settings.pop(m, None)
     out["settings"] = settings
     return out
 
@@ -896,6 +911,9 @@ def run(quick: bool = False, seed: int = 0, out: Path | str = Path("runs/bench")
         b2_runs[gen] = {}
         for m in METHODS:
             runs = []
+            if m not in st:
+                unfinished.append(f"{gen} generator, train graph: {m} (its tuning is unfinished)")
+                continue
             try:
                 for s in seeds:
                     logger.info("B2 %s %s seed %d (%d rounds)", gen, m, s, form.rounds)
@@ -914,6 +932,8 @@ def run(quick: bool = False, seed: int = 0, out: Path | str = Path("runs/bench")
         diag: dict[str, Any] = {}
         for label, extra in (("planted, EM continues", {}), ("planted, assignment frozen",
                                                             {"fesem.recluster-every": FROZEN})):
+            if "fesem" not in st:
+                break
             try:
                 runs = [run_any("fesem", task, NODES, form.rounds, s, {**st["fesem"], **extra}, TRAIN,
                                 hook=planted_hook, hook_key="planted") for s in seeds]
@@ -936,6 +956,9 @@ def run(quick: bool = False, seed: int = 0, out: Path | str = Path("runs/bench")
         res = {"task": task, "graph": "test", "methods": {}}
         for m in METHODS:
             if m == "bigfl":
+                continue
+            if m not in st:
+                unfinished.append(f"{gen} generator, test graph: {m} (its tuning is unfinished)")
                 continue
             try:
                 runs = [run_any(m, task, NODES, form.rounds, s, st[m], TRAIN) for s in seeds]
@@ -1327,6 +1350,9 @@ def render_markdown(doc: dict[str, Any]) -> str:
     for gen, t in doc["tuning"].items():
         lines += [f"### {gen} generator ({t['task']})", "", "| method | val MSE per step | chosen |", "|---|---|---|"]
         for m in METHODS:
+            if "unfinished" in t.get(m, {"unfinished": "not tuned"}):
+                lines.append(f"| {m} | unfinished: {t.get(m, {}).get('unfinished', 'not tuned')} | – |")
+                continue
             g = t[m]["lr_grid_val_mse"]
             lines.append(f"| {m} | " + ", ".join(f"{k}: {'–' if v is None else f'{v:.4f}'}" for k, v in g.items())
                          + f" | {t[m]['lr']:g}{_edge_note(t[m])} |")
@@ -1370,6 +1396,8 @@ def render_markdown(doc: dict[str, Any]) -> str:
 
 
 def _fesem_sweep_lines(f: dict[str, Any]) -> list[str]:
+    if "warmup_sweep" not in f:
+        return [""]
     lines = ["", f"FeSEM warm-up sweep (val, step {f['lr']:g}; chosen {f['warmup_steps']}):", "",
              "| warm-up steps | val MSE (center) | val MSE (local model) | ARI |", "|---|---|---|---|"]
     for w, row in f["warmup_sweep"].items():
@@ -1422,6 +1450,8 @@ if __name__ == "__main__":  # pragma: no cover
     ap.add_argument("--bigfl-from", type=Path, default=None,
                     help="a multicenter-bigfl JSON whose validation-tuned BiG-FL settings are used (not re-tuned)")
     ap.add_argument("--workers", type=int, default=1, help="processes for BiG-FL's train-graph cells")
+    ap.add_argument("--cache-only", action="store_true",
+                    help="report what <out>/cache holds, run nothing (a PARTIAL result names the missing cells)")
     ap.add_argument("--only", choices=[m for m in METHODS if m != "bigfl"], default=None,
                     help="compute one method's cells into <out>/cache (beside a run sharing it) and stop")
     args = ap.parse_args()
@@ -1440,4 +1470,4 @@ if __name__ == "__main__":  # pragma: no cover
         _cache = RunCache(args.out / "cache")
         precompute_method(chosen, args.only, args.seed)
     else:
-        run(args.quick, args.seed, args.out, chosen)
+        run(args.quick, args.seed, args.out, chosen, cache_only=args.cache_only)

@@ -62,6 +62,15 @@ def test_an_interrupted_run_resumes_from_its_cache(cache: RunCache, monkeypatch:
 
 def test_cache_only_raises_for_a_missing_cell(cache: RunCache, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(mc, "_CACHE_ONLY", True)
+    key = mc._cell_key("fedavg", TASK, 6, 2, 0, {"lr": 1.0}, mc.TRAIN)
+    path = mc._claim_file(key)
+    assert path is not None
+    path.write_text(f"{os.getppid()}\n")  # claimed by a live process: a report does not wait for it
+
+    def waits(key: dict[str, Any], poll: float = 0.0) -> None:
+        raise AssertionError("a cache-only report waited for a claimed cell")
+
+    monkeypatch.setattr(mc, "wait_for_claim", waits)
     with pytest.raises(mc.MissingCell, match="fedavg seed 0"):
         mc.run_any("fedavg", TASK, 6, 2, 0, {"lr": 1.0}, mc.TRAIN)
 
