@@ -233,7 +233,7 @@ def test_bigfl_equals_the_per_client_engine(mode):
     _same_curves("bigfl", task="synthetic-multicenter", **{"bigfl.hypergrad-mode": mode})
 
 
-@pytest.mark.parametrize("strategy", ["local", "fesem", "fedgate", "bigfl"])
+@pytest.mark.parametrize("strategy", ["local", "fesem", "fedgate", "bigfl", "apflgate"])
 def test_a_resumed_batched_run_equals_the_uninterrupted_one(tmp_path, strategy):
     """Client state (personal models, δ, the last upload) is mirrored and restored by the batched
     engine as by the per-client one: round 1 + resume to round 3 gives the uninterrupted run's numbers.
