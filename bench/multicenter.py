@@ -230,31 +230,45 @@ def cell_config(strategy: str, task: str, nodes: int, rounds: int, seed: int,
 
 
 def run_method(strategy: str, task: str, nodes: int, rounds: int, seed: int,
-               overrides: dict[str, Any], hook: Hook | None = None) -> dict[str, Any]:
+               overrides: dict[str, Any], hook: Hook | None = None, work_dir: Path | None = None) -> dict[str, Any]:
     """One run on :data:`ENGINE`: curve, per-round server seconds, final core state of interest.
 
     ``hook(core)`` is called on the freshly built server core (diagnostics: a planted FeSEM
-    assignment, a transferred BiG-FL φ).
+    assignment, a transferred BiG-FL φ). With ``work_dir`` (no hook: a hooked core need not
+    pickle) the run checkpoints every round there (:mod:`graphfl.server.checkpoint`, client state
+    in ``client-state``) and continues from that checkpoint when one is there: a cell killed in
+    round r resumes after r. The folder is removed once the run has finished.
     """
+    import shutil
+
     import torch
 
     import graphfl.strategies.bigfl
     import graphfl.strategies.fesem  # noqa: F401
+    from graphfl.client.state_store import CLIENT_STATE_DIR
     from graphfl.common import registry
     from graphfl.common.envinfo import env_info
+    from graphfl.server import checkpoint
     from graphfl.server.batched import BatchedExchange
     from graphfl.server.inprocess import InProcessExchange, server_inputs
     from graphfl.server.rounds import RunRecorder, run_federated
 
-    cfg = cell_config(strategy, task, nodes, rounds, seed, overrides)
+    if work_dir is not None and hook is not None:
+        raise ValueError("run_method: a hooked run is not checkpointed (work_dir must be None)")
+    resume = work_dir is not None and (checkpoint.checkpoint_dir(work_dir) / checkpoint.META).is_file()
+    extra: dict[str, Any] = {} if work_dir is None else {"run-key": work_dir.stem[:64], "resume": resume}
+    cfg = cell_config(strategy, task, nodes, rounds, seed, {**overrides, **extra})
+    if resume:
+        logger.info("B2 %s seed %d on %s: continuing from %s", strategy, seed, task, work_dir)
     torch.set_num_threads(1)
     spec = registry.get(strategy)
     agg_seconds: list[float] = []
 
     def core_factory(ctx: Any) -> Any:
         core = spec.server_core(ctx)
-        if hook is not None:
-            hook(core)
+        if hook is None:
+            return core
+        hook(core)
         inner = core.aggregate_train
 
         def aggregate_train(server_round: int, updates: Any) -> Any:
@@ -267,12 +281,18 @@ def run_method(strategy: str, task: str, nodes: int, rounds: int, seed: int,
         return core
 
     timed_spec = dataclasses.replace(spec, server_core=core_factory)
-    exchange = BatchedExchange(cfg) if cfg.engine == "batched" else InProcessExchange(cfg)
-    recorder = RunRecorder(cfg, strategy, None, name=f"{NAME}-{strategy}", env={**env_info(), "engine": cfg.engine})
+    state_dir = None if work_dir is None else work_dir / CLIENT_STATE_DIR
+    exchange = (BatchedExchange(cfg, state_dir=state_dir) if cfg.engine == "batched"
+                else InProcessExchange(cfg, state_dir=state_dir))
+    recorder = RunRecorder(cfg, strategy, work_dir, name=f"{NAME}-{strategy}",
+                           env={**env_info(), "engine": cfg.engine})
     t0 = time.perf_counter()
     core: Any = run_federated(cfg, timed_spec, exchange, server_inputs(cfg), recorder)
     wall = time.perf_counter() - t0
     curve = recorder.document()["methods"][strategy]["curve"]
+    if hook is None:  # the round loop's own aggregation seconds (the core is not wrapped: it must pickle)
+        agg_seconds = [float(sum(ph.get("server_seconds") or 0.0 for ph in row.get("phases", [])))
+                       for row in curve if row.get("round", 0) > 0 and row.get("phases")]
     out: dict[str, Any] = {"curve": curve, "aggregate_seconds": agg_seconds, "wall_seconds": wall,
                            "config": cfg.to_json(), "engine": cfg.engine}
     if isinstance(exchange, BatchedExchange):
@@ -283,6 +303,9 @@ def run_method(strategy: str, task: str, nodes: int, rounds: int, seed: int,
         out["local_test_loss"] = local
     if strategy == "bigfl":
         out["phi"] = core.phi.clone()
+    if work_dir is not None:
+        out["resumed"] = resume
+        shutil.rmtree(work_dir, ignore_errors=True)
     return out
 
 
@@ -348,7 +371,8 @@ def run_any(method: str, task: str, nodes: int, rounds: int, seed: int, settings
     with claim(key):
         if method == "dfl":
             return _cache(key, lambda: run_dfl(task, nodes, rounds, seed, lr))
-        return _cache(key, lambda: run_method(method, task, nodes, rounds, seed, overrides, hook))
+        work = None if hook is not None or _cache.folder is None else _cache._path(key).with_suffix(".run")
+        return _cache(key, lambda: run_method(method, task, nodes, rounds, seed, overrides, hook, work))
 
 
 def final_metric(run: dict[str, Any], key: str) -> float | None:

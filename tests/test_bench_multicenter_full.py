@@ -149,3 +149,50 @@ def test_missing_methods_make_a_claim_not_testable() -> None:
     assert v["fesem-beats-consensus"]["verdict"] == "reproduced"
     lines = "\n".join(mc.verdict_lines(v))
     assert "**bigfl-beats-fesem: not testable**" in lines
+
+
+_KILLED_CELL = """
+import sys
+from pathlib import Path
+from graphfl.bench import multicenter as mc
+from graphfl.bench.runcache import RunCache
+mc._cache = RunCache(Path(sys.argv[1]))
+mc.run_any("local", "synthetic-multicenter-smooth", 6, int(sys.argv[2]), 0, {"lr": 1.0}, mc.TRAIN)
+"""
+
+
+def test_a_cell_killed_mid_run_continues_after_its_last_round(cache: RunCache, tmp_path: Path) -> None:
+    import json
+    import signal
+    import time
+
+    from graphfl.server import checkpoint
+
+    rounds = 200
+    assert cache.folder is not None
+    key = mc._cell_key("local", TASK, 6, rounds, 0, {"lr": 1.0}, mc.TRAIN)
+    work = cache._path(key).with_suffix(".run")
+    meta = checkpoint.checkpoint_dir(work) / checkpoint.META
+    proc = subprocess.Popen([sys.executable, "-c", _KILLED_CELL, str(cache.folder), str(rounds)])
+    try:
+        deadline = time.monotonic() + 240
+        done = 0
+        while time.monotonic() < deadline and proc.poll() is None:
+            if meta.is_file():
+                done = int(json.loads(meta.read_text())["round"])
+                if done >= 2:
+                    break
+            time.sleep(0.2)
+        assert done >= 2, "the cell wrote no checkpoint within 240 s"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    assert not cache.has(key)
+    resumed = mc.run_any("local", TASK, 6, rounds, 0, {"lr": 1.0}, mc.TRAIN)
+    assert resumed["resumed"] is True and not work.exists()
+    assert [row["round"] for row in resumed["curve"]] == list(range(rounds + 1))
+    whole = mc.run_method("local", TASK, 6, rounds, 0, {**mc.TRAIN, "train.lr": 1.0})
+    assert resumed["curve"][-1]["test_loss"] == pytest.approx(whole["curve"][-1]["test_loss"], rel=1e-5)
