@@ -834,7 +834,10 @@ def run(quick: bool, seed: int, out: Path, plan: Plan | None = None, form: str |
     doc["seconds"] = time.perf_counter() - t_start
     intro = [f"**{form_name} form** (`graphfl bench admm{'' if form_name == 'full' else ' --form ' + form_name}`): "
              f"{len(plan.settings())} settings (V, n, ϱ) x {len(plan.seeds)} seeds; estimate before the start "
-             f"{config['expected_seconds_before_start'] / 60:.0f} min, wall time {doc['seconds'] / 60:.0f} min.", "",
+             f"{config['expected_seconds_before_start'] / 60:.0f} min; this invocation's wall time "
+             f"{doc['seconds'] / 60:.1f} min with {outcome.estimate.get('cells_cached', 0)} of {len(results)} draws "
+             f"from the run cache; the draws' own compute time {grid_seconds / 60:.0f} min summed over "
+             f"{plan.workers} worker(s).", "",
              "## Verdicts (one per claim of seed 001 / the original paper §5, ALGORITHMS §6.12; rules in the JSON's "
              "verdict_rules)", "", *render_verdicts(verdict), ""]
     write_report(out, doc, intro=intro, sections=render_markdown(doc, plan, table, conv).split("\n"))

@@ -15,11 +15,12 @@ The rules (:data:`VERDICT_RULES`, written to the result):
 * "does not fall with V": the mean error at the largest V is at least :data:`NOT_FALLING` times
   the error at the smallest V, per (n, ϱ) of the V panel; "falls with V": below it;
 * "approaches Oracle for large n": the ratio ES / Oracle of the means is smaller at the largest n
-  than at the smallest, at every (V, ϱ) run at both;
+  than at the smallest, or already within :data:`AT_ORACLE` of 1 there, at every (V, ϱ) run at both;
 * the edge test "keeps the true edges": at least :data:`TRUE_KEPT_SHARE` of the true edges tested,
   summed over seeds and settings, are kept with the covariance the fits use;
 * "converges much faster": FedADMM reaches a distance to Θ̂ of 1 % of Oracle's estimation error in
-  fewer iterations than the subgradient method (full batch), or ends closer to Θ̂ (batch 10).
+  at most ``1 / MUCH_FASTER`` of the iterations D-GD needs (full batch), or ends closer to Θ̂ than
+  D-SGD (batch 10).
 """
 
 from __future__ import annotations
@@ -35,6 +36,10 @@ Table = Mapping[Setting, Mapping[str, Any]]
 FLAT_RATIO = 2.0
 NOT_FALLING = 0.9
 TRUE_KEPT_SHARE = 0.95
+AT_ORACLE = 1.05
+"""ES counts as having reached Oracle when its mean error is within this factor of Oracle's."""
+MUCH_FASTER = 2.0
+"""'Much faster': at most 1 / MUCH_FASTER of the other method's iterations to the same level."""
 
 CLAIMS = {
     "es-beats-fedadmm-and-local": "FedADMM-ES beats FedADMM (at every ϱ > 0) and Local in all settings "
@@ -58,11 +63,13 @@ VERDICT_RULES = {
     "flat": f"max / min of the mean error over the ϱ grid < {FLAT_RATIO:g}, per (V, n) with at least 3 ϱ values",
     "V": f"mean error at the largest V / at the smallest V ≥ {NOT_FALLING:g} ('does not fall'), < it ('falls'), "
          "per (n, ϱ) of the V panel",
-    "large n": "ES / Oracle (means) smaller at the largest n than at the smallest, at every (V, ϱ) run at both",
+    "large n": f"ES / Oracle (means) smaller at the largest n than at the smallest, or ≤ {AT_ORACLE:g} there (ES "
+               "already at Oracle), at every (V, ϱ) run at both",
     "edge test": f"true edges kept / tested ≥ {TRUE_KEPT_SHARE:g}, summed over seeds and settings, covariance of "
                  "the fits, both ES (edges of G) and Local-ES (every pair)",
-    "convergence": "full batch: fewer iterations to a distance ‖Θ(t) − Θ̂‖²/V ≤ 1 % of Oracle's mean error; "
-                   "batch 10: smaller final distance (the better of FedADMM's last iterate and its average Θ̄)",
+    "convergence": f"full batch: at most 1/{MUCH_FASTER:g} of D-GD's iterations to a distance ‖Θ(t) − Θ̂‖²/V ≤ 1 % "
+                   "of Oracle's mean error ('much faster'); batch 10: smaller final distance than D-SGD (the better "
+                   "of FedADMM's last iterate and its average Θ̄)",
 }
 
 
@@ -208,10 +215,14 @@ def verdicts(table: Table, flip_settings: Sequence[Setting], v_settings: Sequenc
                 ev.append(f"{m}, n={n}, ϱ={f:g}: " + ", ".join(f"V={s[0]}: {_pm(table[s][m])}" for s in ss)
                           + f"; V={hi[0]} / V={lo[0]} = {ratio:.2f} (the oracle rate 1/V gives {lo[0] / hi[0]:.2f})")
         if want_flat:
-            lams = "; ".join(f"{_where(s)}: {sorted({float(x) for x in table[s]['fedadmm']['lambda']})}"
-                             for ss in v_groups.values() for s in ss)
-            reason = (f"at ϱ ≤ 0.2 G's true edges still outnumber its false ones and CV adapts λ (chosen: {lams}), "
-                      "so FedADMM gains from the larger cliques as V grows")
+            falling = [ss for ss in v_groups.values()
+                       if table[ss[-1]]["fedadmm"]["error"] / table[ss[0]]["fedadmm"]["error"] < NOT_FALLING]
+            graphs = "; ".join(
+                f"{_where(s)}: G has {table[s]['fedadmm']['edges'] - table[s]['fedadmm']['false_edges']:.0f} true and "
+                f"{table[s]['fedadmm']['false_edges']:.0f} false edges, CV λ "
+                f"{sorted({float(x) for x in table[s]['fedadmm']['lambda']})}" for ss in falling for s in (ss[0], ss[-1]))
+            reason = ("where FedADMM's error falls with V, G's false edges are too few for the λ that CV picks to "
+                      f"pull unlike clusters together, while every true edge pools more devices as V grows: {graphs}")
         else:
             reason = "the selected graph loses true edges as V grows (see the graph table)"
         out[claim] = _verdict(claim, ok if v_groups else None, ev or ["fewer than 2 values of V per (n, ϱ)"], reason)
@@ -230,8 +241,9 @@ def verdicts(table: Table, flip_settings: Sequence[Setting], v_settings: Sequenc
             r_lo = table[s]["fedadmm-es"]["error"] / table[s]["oracle"]["error"]
             s_hi = (s[0], hi_n, s[2])
             r_hi = table[s_hi]["fedadmm-es"]["error"] / table[s_hi]["oracle"]["error"]
-            ok &= r_hi < r_lo
-            if r_hi >= r_lo:
+            good = r_hi < r_lo or r_hi <= AT_ORACLE
+            ok &= good
+            if not good:
                 failing.append(f"V={s[0]}, ϱ={s[2]:g} (ES misses {table[s_hi]['fedadmm-es']['true_edges_missing']:.0f} "
                                f"true edges at n={hi_n})")
             ev.append(f"V={s[0]}, ϱ={s[2]:g}: ES/Oracle {r_lo:.2f} at n={lo_n} ({_pm(table[s]['fedadmm-es'])}) → "
@@ -278,14 +290,16 @@ def verdicts(table: Table, flip_settings: Sequence[Setting], v_settings: Sequenc
             return next((int(p["round"]) for p in conv[m] if p["dist_to_estimator"] <= level), None)
 
         t_fa, t_gd = first("fedadmm"), first("d-gd")
-        ok_full = t_fa is not None and (t_gd is None or t_fa < t_gd)
+        ok_full = t_fa is not None and (t_gd is None or MUCH_FASTER * t_fa <= t_gd)
         final = {m: float(c[-1]["dist_to_estimator"]) for m, c in conv.items() if c}
         out["convergence-full-batch"] = _verdict(
             "convergence-full-batch", ok_full,
-            [f"iterations to ‖Θ(t) − Θ̂‖²/V ≤ {level:.2e}: FedADMM {t_fa}, D-GD (tuned step) {t_gd}",
+            [f"iterations to ‖Θ(t) − Θ̂‖²/V ≤ {level:.2e}: FedADMM {t_fa}, D-GD (tuned step) {t_gd}"
+             + (f" (D-GD / FedADMM = {t_gd / t_fa:.2f})" if t_fa and t_gd else ""),
              f"final distance: FedADMM {final['fedadmm']:.3e}, D-GD {final['d-gd']:.3e}"],
             f"FedADMM did not reach the level in {int(conv['fedadmm'][-1]['round'])} iterations" if t_fa is None else
-            "D-GD with its step tuned on the final objective reached the level first")
+            f"D-GD with its step (rule and constant) tuned per seed on the final objective needs {t_gd} iterations, "
+            f"less than {MUCH_FASTER:g}x FedADMM's {t_fa} (the paper does not give its GD step rule)")
         b10 = min(final["fedadmm-b10"], final.get("fedadmm-b10-avg", np.inf))
         ok_b = b10 < final["d-sgd"]
         out["convergence-mini-batch"] = _verdict(
