@@ -215,6 +215,16 @@ def verdicts(table: Table, flip_settings: Sequence[Setting], v_settings: Sequenc
                 ev.append(f"{m}, n={n}, ϱ={f:g}: " + ", ".join(f"V={s[0]}: {_pm(table[s][m])}" for s in ss)
                           + f"; V={hi[0]} / V={lo[0]} = {ratio:.2f} (the oracle rate 1/V gives {lo[0] / hi[0]:.2f})")
         if want_flat:
+            for lam_f in fixed_lambdas:
+                key = repr(float(lam_f))
+                ratios = []
+                for (n, f), ss in v_groups.items():
+                    ends = [table[x]["fedadmm"].get("fixed_lambda", {}).get(key) for x in (ss[0], ss[-1])]
+                    if ends[0] and ends[1]:
+                        ratios.append(f"n={n}, ϱ={f:g}: {ends[1]['error'] / ends[0]['error']:.2f}")
+                if ratios:
+                    ev.append(f"beside CV, at fixed λ = {lam_f:g}: FedADMM's V_max / V_min error ratio "
+                              + ", ".join(ratios))
             falling = [ss for ss in v_groups.values()
                        if table[ss[-1]]["fedadmm"]["error"] / table[ss[0]]["fedadmm"]["error"] < NOT_FALLING]
             graphs = "; ".join(
