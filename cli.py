@@ -38,6 +38,7 @@ BENCHMARKS = {
     "heterogeneity": "graphfl.bench.heterogeneity",
     "multicenter": "graphfl.bench.multicenter",
     "dfl": "graphfl.bench.dfl",
+    "dfl-regime": "graphfl.bench.dfl_regime",
     "engine": "graphfl.bench.engine",
     "p2p-throughput": "graphfl.bench.p2p_throughput",
     "deploy": "graphfl.bench.deploy",

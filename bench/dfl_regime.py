@@ -1,0 +1,419 @@
+"""Benchmark ``dfl-regime``: where DFL-GT beats DFL-SGD on the global model (seed 000 §10.2).
+
+Theory (seed 000 §10.2 via its ref. [21]; ALGORITHMS §2–§3): with a **constant** step ``α`` the
+fixed point of DFL-SGD (``θ_i = Σ_j W_ij θ_j − α ∇f_i(θ_i)``) keeps the nodes apart by
+``O(α ζ / (1 − λ₂(W)))`` (``ζ``: spread of the local gradients at the optimum); averaging the
+fixed-point equation gives ``Σ_i ∇f_i(θ_i) = 0``, so the node average ``θ̄`` is off the optimum
+only where the local Hessians ``H_i`` differ (``θ̄ − θ* = −(Σ H_i)⁻¹ Σ H_i (θ_i − θ̄)``); gradient
+tracking's fixed point has ``θ_i = θ*`` exactly. With a decaying step both biases vanish.
+
+Problem (least squares, one linear model, no intercept). Seed ``s`` draws ``w* ~ N(0, I_d)``;
+node ``i`` has its own true parameter ``w_i = w* + h u_i`` (``u_i ~ N(0, I_d)``; ``h`` the
+heterogeneity level) and its own input scales ``x_k ~ N(0, s_ik²)``, ``s_ik = exp(SCALE_SPREAD
+z_ik)`` (different Hessians, so DFL-SGD's node spread reaches ``θ̄``); ``y = xᵀ w_i + N(0,
+NOISE²)``; :data:`TRAIN_ROWS` training and :data:`TEST_ROWS` test rows per node. Validation
+split: the first 80 % of the training rows train, the last 20 % evaluate (the test rows are
+never used for a choice).
+
+Methods (all through the registered p2p step functions on the vectorised engine,
+:func:`graphfl.p2p.vectorised.run_vectorised`; ``tau = 1``): DFL-SGD and DFL-GT on the
+topology's Metropolis matrix, FedAvg = DFL-SGD with ``W = (1/n) 1 1ᵀ``, local-only = DFL-SGD with
+``W = I``. Batch ``full`` = every training row every step (deterministic gradients), ``small`` =
+:data:`SMALL_BATCH` rows drawn with replacement.
+
+Step (ALGORITHMS §0.1 C1). Per cell (heterogeneity, topology, step rule, batch) one ``α0`` for
+DFL-SGD and DFL-GT together, chosen from :data:`GRID` by the mean of the two methods'
+global-model validation MSE (first seed; a value where either leaves the finite range is not
+eligible); FedAvg and local-only are tuned on the same grid each on its own (baselines).
+
+Metrics (test split, chosen step, seeds, mean ± sd): the global model ``θ̄``'s test MSE on all
+nodes' test rows (final = mean over the last 10 % of evaluation points; over run = mean over all
+evaluation points), its excess training objective ``F(θ̄) − F(θ*)`` (``F = (1/n) Σ f_i``,
+``θ*`` its exact minimiser), the consensus violation ``(1/n) Σ ‖θ_i − θ̄‖²`` at the end; paired
+per-seed differences GT − SGD. Verdict per cell (:func:`cell_verdict`): ``GT wins`` when GT's
+final global test MSE is lower on every seed and the mean difference exceeds
+:data:`TIE_BAND` of DFL-SGD's mean, ``GT loses`` symmetrically, ``tie`` otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from graphfl.p2p.algorithms import registry
+from graphfl.p2p.oracles import TabularOracle
+from graphfl.p2p.topology import make_topology
+from graphfl.p2p.vectorised import run_vectorised
+
+from .runcache import RunCache
+from .stats import mean_sd, paired_difference
+
+logger = logging.getLogger(__name__)
+
+NAME = "dfl_regime"
+METHODS = ("dfl-sgd", "dfl-gt", "fedavg", "local")
+SHARED = ("dfl-sgd", "dfl-gt")
+"""The methods that share one step per cell (C1)."""
+TOPOLOGIES = {"ring5": ("ring", 5), "ring20": ("ring", 20), "complete20": ("complete", 20)}
+RULES = ("constant", "inv-sqrt")
+BATCHES = ("full", "small")
+HET_BASE = 0.05
+HET_LEVELS = (0.0, 0.5, 2.0, 8.0)
+"""Multiples of :data:`HET_BASE`: ``h`` = level × base."""
+DIM = 10
+TRAIN_ROWS = 100
+TEST_ROWS = 200
+NOISE = 0.5
+SCALE_SPREAD = 0.5
+SMALL_BATCH = 5
+VAL_FRACTION = 0.2
+GRID = (0.002, 0.005, 0.01, 0.02, 0.05, 0.1)
+TAIL = 0.1
+TIE_BAND = 0.001
+"""Relative band of DFL-SGD's mean final global test MSE inside which a difference is a tie."""
+RESUMABLE = True
+KEY_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Form:
+    """What ``--quick`` and the full form run."""
+
+    iterations: int
+    seeds: int
+    eval_points: int
+    het_levels: tuple[float, ...] = HET_LEVELS
+    topologies: tuple[str, ...] = tuple(TOPOLOGIES)
+
+
+FULL = Form(iterations=1000, seeds=3, eval_points=20)
+QUICK = Form(iterations=300, seeds=3, eval_points=10, het_levels=(0.0, 8.0), topologies=("ring5", "ring20"))
+
+
+def node_data(seed: int, n: int, het: float) -> list[dict[str, np.ndarray]]:
+    """Every node's raw arrays (module docstring): ``x``/``y`` training, ``x_test``/``y_test``, ``w``."""
+    rng = np.random.default_rng([seed, 71])
+    w_star = rng.normal(size=DIM)
+    out = []
+    for i in range(n):
+        r = np.random.default_rng([seed, 72, i])
+        w = w_star + het * HET_BASE * r.normal(size=DIM)
+        scale = np.exp(SCALE_SPREAD * r.normal(size=DIM))
+        x = r.normal(size=(TRAIN_ROWS, DIM)) * scale
+        xt = r.normal(size=(TEST_ROWS, DIM)) * scale
+        out.append({"x": x, "y": x @ w + NOISE * r.normal(size=TRAIN_ROWS), "x_test": xt,
+                    "y_test": xt @ w + NOISE * r.normal(size=TEST_ROWS), "w": w, "scale": scale})
+    return out
+
+
+def use_full_batch(oracle: TabularOracle) -> TabularOracle:
+    """Make ``oracle.sample`` return every training row (deterministic full-batch gradients)."""
+    rows = np.arange(len(oracle.y_train))
+    # an instance attribute: the oracle stays a TabularOracle, so the vectorised engine still stacks it
+    oracle.sample = lambda: rows  # type: ignore[method-assign]
+    return oracle
+
+
+def make_oracles(seed: int, n: int, het: float, batch: str, split: str) -> list[TabularOracle]:
+    """The nodes' least-squares oracles; ``split = "val"`` trains on 80 % and evaluates on the other 20 %."""
+    cut = int(round(TRAIN_ROWS * (1 - VAL_FRACTION)))
+    oracles = []
+    for i, d in enumerate(node_data(seed, n, het)):
+        if split == "val":
+            xs, ys, xe, ye = d["x"][:cut], d["y"][:cut], d["x"][cut:], d["y"][cut:]
+        else:
+            xs, ys, xe, ye = d["x"], d["y"], d["x_test"], d["y_test"]
+        o = TabularOracle(i, "dfl-regime", xs, ys, xe, ye, seed=seed,
+                          batch_size=len(ys) if batch == "full" else SMALL_BATCH)
+        oracles.append(use_full_batch(o) if batch == "full" else o)
+    return oracles
+
+
+def optimum(oracles: list[TabularOracle]) -> tuple[np.ndarray, float]:
+    """``θ* = argmin F``, ``F(θ) = (1/n) Σ_i ‖X_i θ − y_i‖²/(2 m_i)``, and ``F(θ*)``."""
+    h = sum(o.x_train.T @ o.x_train / len(o.y_train) for o in oracles)
+    g = sum(o.x_train.T @ o.y_train / len(o.y_train) for o in oracles)
+    theta = np.linalg.solve(h, g)
+    return theta, objective(oracles, theta)
+
+
+def objective(oracles: list[TabularOracle], theta: np.ndarray) -> float:
+    """``F(θ)`` on the training rows."""
+    return float(np.mean([0.5 * np.mean((o.x_train @ theta - o.y_train) ** 2) for o in oracles]))
+
+
+def population_risk(seed: int, n: int, het: float, theta: np.ndarray) -> float:
+    """The global model's expected test MSE over the data distribution (an infinite test set):
+    ``(1/n) Σ_i ½ [Σ_k s_ik² (θ − w_i)_k² + NOISE²]``.
+    """
+    return float(np.mean([0.5 * (np.sum(d["scale"] ** 2 * (theta - d["w"]) ** 2) + NOISE ** 2)
+                          for d in node_data(seed, n, het)]))
+
+
+def mixing(method: str, topology: str) -> np.ndarray:
+    """FedAvg ``(1/n) 1 1ᵀ``, local-only ``I``, the DFL methods the topology's Metropolis matrix."""
+    kind, n = TOPOLOGIES[topology]
+    if method == "fedavg":
+        return np.full((n, n), 1.0 / n)
+    if method == "local":
+        return np.eye(n)
+    w: np.ndarray = make_topology(kind, n).mixing_matrix()
+    return w
+
+
+def spectral_factor(topology: str) -> float:
+    """``1/(1 − λ₂(W))`` of the topology's mixing matrix (λ₂: second largest eigenvalue modulus)."""
+    ev = np.sort(np.abs(np.linalg.eigvalsh(mixing("dfl-sgd", topology))))
+    return float(1.0 / max(1e-12, 1.0 - ev[-2]))
+
+
+def run_one(method: str, topology: str, het: float, rule: str, batch: str, alpha0: float, seed: int,
+            split: str, iterations: int, eval_points: int) -> dict[str, Any]:
+    """One run; ``{"diverged": why}`` when a recorded loss leaves the finite range (or exceeds 1e6)."""
+    n = TOPOLOGIES[topology][1]
+    oracles = make_oracles(seed, n, het, batch, split)
+    algo = registry.create("dfl-gt" if method == "dfl-gt" else "dfl-sgd", tau=1, alpha0=alpha0, step_rule=rule)
+    eval_every = max(1, iterations // eval_points)
+    t0 = time.perf_counter()
+    with np.errstate(all="ignore"):
+        states, curve, _, _ = run_vectorised(algo, oracles, mixing(method, topology), iterations,
+                                             eval_every=eval_every)
+    pts = [c for c in curve if "avg_model_test_loss" in c]
+    glob = [c["avg_model_test_loss"] for c in pts]
+    if not all(np.isfinite(v) and v < 1e6 for v in glob + [c["consensus"] for c in pts]):
+        return {"diverged": f"{method} {topology} h={het} {rule} {batch} alpha0={alpha0}: loss non-finite"}
+    thetas = np.stack([s.theta for s in states])
+    theta_bar = thetas.mean(axis=0)
+    theta_star, f_star = optimum(oracles)
+    k = max(1, int(round(len(glob) * TAIL)))
+    return {"final": {"global": float(np.mean(glob[-k:])), "global_over_run": float(np.mean(glob)),
+                      "own": float(np.mean([c["test_loss"] for c in pts[-k:]])),
+                      "excess": objective(oracles, theta_bar) - f_star,
+                      "population": population_risk(seed, n, het, theta_bar),
+                      "dist_opt": float(np.linalg.norm(theta_bar - theta_star)),
+                      "consensus": float(pts[-1]["consensus"])},
+            "curve": [{"t": c["t"], "global": c["avg_model_test_loss"], "consensus": c["consensus"]} for c in pts],
+            "seconds": time.perf_counter() - t0}
+
+
+def cell_verdict(gt: list[float], sgd: list[float]) -> str:
+    """``GT wins`` / ``GT loses`` / ``tie`` from the per-seed final global test MSE (rule: module docstring)."""
+    d = paired_difference(gt, sgd)
+    if d["mean"] is None or not sgd:
+        return "not run"
+    band = TIE_BAND * float(np.mean(sgd))
+    if d["first_better"] == d["seeds"] and d["mean"] < -band:
+        return "GT wins"
+    if d["first_better"] == 0 and d["mean"] > band and all(x > 0 for x in d["per_seed"]):
+        return "GT loses"
+    return "tie"
+
+
+def cells(form: Form) -> list[dict[str, Any]]:
+    """The plan: every (heterogeneity level, topology, step rule, batch)."""
+    return [{"het": lvl * 1.0, "topology": t, "rule": r, "batch": b}
+            for lvl in form.het_levels for t in form.topologies for r in RULES for b in BATCHES]
+
+
+def _runner(cache: RunCache, form: Form) -> Any:
+    def go(method: str, cell: dict[str, Any], alpha0: float, seed: int, split: str) -> dict[str, Any]:
+        key = {"bench": NAME, "v": KEY_VERSION, "method": method, **cell, "alpha0": alpha0, "seed": seed,
+               "split": split, "iterations": form.iterations, "eval_points": form.eval_points}
+        return cache(key, lambda: run_one(method, cell["topology"], cell["het"] * 1.0, cell["rule"], cell["batch"],
+                                          alpha0, seed, split, form.iterations, form.eval_points))
+    return go
+
+
+def tune(go: Any, cell: dict[str, Any], methods: tuple[str, ...], seed: int) -> dict[str, Any]:
+    """The grid value minimising the mean over ``methods`` of the validation global MSE (all finite)."""
+    scores: dict[str, float | None] = {}
+    per: dict[str, dict[str, float | None]] = {m: {} for m in methods}
+    for a in GRID:
+        vals = []
+        for m in methods:
+            r = go(m, cell, a, seed, "val")
+            v = None if "diverged" in r else float(r["final"]["global"])
+            per[m][f"{a:g}"] = v
+            vals.append(v)
+        scores[f"{a:g}"] = None if any(v is None for v in vals) else float(np.mean(vals))  # type: ignore[arg-type]
+    ok = {a: s for a, s in scores.items() if s is not None}
+    chosen = float(min(ok, key=lambda a: ok[a])) if ok else None
+    return {"chosen": chosen, "scores": scores, "per_method": per}
+
+
+def run_cell(go: Any, cell: dict[str, Any], seeds: list[int]) -> dict[str, Any]:
+    """Tuning and test runs of one cell; the paired GT − SGD differences and the verdict."""
+    tuning = {"shared": tune(go, cell, SHARED, seeds[0])}
+    for m in ("fedavg", "local"):
+        tuning[m] = tune(go, cell, (m,), seeds[0])
+    res: dict[str, Any] = {}
+    for m in METHODS:
+        a = tuning["shared" if m in SHARED else m]["chosen"]
+        runs: list[dict[str, Any]] = [go(m, cell, a, s, "test") if a is not None
+                                      else {"diverged": "no eligible step"} for s in seeds]
+        finals: list[dict[str, Any] | None] = [None if "diverged" in r else r["final"] for r in runs]
+        res[m] = {"alpha0": a, "metrics": {k: mean_sd([f[k] if f else None for f in finals])
+                                           for k in ("global", "global_over_run", "own", "excess", "population",
+                                                     "dist_opt", "consensus")},
+                  "curve": [r.get("curve") for r in runs]}
+    pairs = {k: paired_difference(res["dfl-gt"]["metrics"][k]["per_seed"], res["dfl-sgd"]["metrics"][k]["per_seed"])
+             for k in ("global", "global_over_run", "excess", "population", "consensus")}
+    verdict = cell_verdict(res["dfl-gt"]["metrics"]["global"]["per_seed"],
+                           res["dfl-sgd"]["metrics"]["global"]["per_seed"])
+    verdict_pop = cell_verdict(res["dfl-gt"]["metrics"]["population"]["per_seed"],
+                               res["dfl-sgd"]["metrics"]["population"]["per_seed"])
+    verdict_speed = cell_verdict(res["dfl-gt"]["metrics"]["global_over_run"]["per_seed"],
+                                 res["dfl-sgd"]["metrics"]["global_over_run"]["per_seed"])
+    return {"cell": cell, "tuning": tuning, "results": res, "gt_minus_sgd": pairs, "verdict": verdict,
+            "verdict_population": verdict_pop, "verdict_speed": verdict_speed}
+
+
+def _pm(m: dict[str, Any], fmt: str = ".4g") -> str:
+    if m.get("mean") is None:
+        return "–"
+    return f"{m['mean']:{fmt}}" + ("" if m.get("sd") is None else f" ± {m['sd']:.2g}")
+
+
+def summary_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Verdict lines computed from the cells: where GT wins, ties and loses (test MSE, then population risk)."""
+    out = []
+    for key, what in (("verdict", "final global test MSE"), ("verdict_population", "global population risk"),
+                      ("verdict_speed", "global test MSE averaged over the run (speed)")):
+        out.append(f"- on the {what}:")
+        for v in ("GT wins", "tie", "GT loses"):
+            hit = [r["cell"] for r in rows if r[key] == v]
+            desc = "; ".join(f"h={c['het'] * HET_BASE:g} {c['topology']} {c['rule']} {c['batch']}" for c in hit)
+            out.append(f"  - **{v}** in {len(hit)}/{len(rows)} cells" + (f": {desc}" if hit else ""))
+        for rule in RULES:
+            for batch in BATCHES:
+                sel = [r for r in rows if r["cell"]["rule"] == rule and r["cell"]["batch"] == batch]
+                wins = sum(r[key] == "GT wins" for r in sel)
+                loses = sum(r[key] == "GT loses" for r in sel)
+                out.append(f"  - {rule} step, {batch} batch: GT wins {wins}, ties {len(sel) - wins - loses}, "
+                           f"loses {loses} of {len(sel)} cells")
+    return out
+
+
+def report(doc: dict[str, Any]) -> str:
+    """The Markdown report."""
+    cfg = doc["config"]
+    lines = ["# dfl-regime: where DFL-GT beats DFL-SGD on the global model", "",
+             f"T = {cfg['iterations']} iterations, tau = 1, seeds {cfg['seeds']}, n×d = nodes×{DIM}, "
+             f"{TRAIN_ROWS} train / {TEST_ROWS} test rows per node, noise sd {NOISE}, input-scale spread "
+             f"{SCALE_SPREAD}, small batch {SMALL_BATCH}; heterogeneity h = level × {HET_BASE} (w_i = w* + h u_i); "
+             f"step grid {list(GRID)} (one alpha0 per cell shared by DFL-SGD and DFL-GT, chosen on validation of "
+             f"seed {cfg['seeds'][0]} by their mean global-model MSE; FedAvg and local-only tuned each on its own). "
+             "1/(1 − λ₂): " + ", ".join(f"{t} {f:.1f}" for t, f in cfg["spectral_factor"].items()) + ".", "",
+             "## Verdicts", "", f"Rule: {cfg['verdict_rule']}", ""] + summary_lines(doc["cells"]) + [
+             "", "## Cells (test split; global model θ̄; final = last 10 % of evaluation points)", "",
+             "| h | topology | step | batch | alpha0 (SGD=GT) | DFL-SGD global | DFL-GT global | GT − SGD (paired) "
+             "| GT better | GT − SGD over run | SGD excess F(θ̄)−F* | GT excess | SGD consensus | GT consensus "
+             "| GT − SGD population risk (paired) | FedAvg global | local-only global | verdict (test) "
+             "| verdict (population) | verdict (over run) |",
+             "|" + "---|" * 20]
+    for r in doc["cells"]:
+        c, res, p = r["cell"], r["results"], r["gt_minus_sgd"]
+        lines.append(
+            f"| {c['het'] * HET_BASE:g} | {c['topology']} | {c['rule']} | {c['batch']} | {res['dfl-gt']['alpha0']} "
+            f"| {_pm(res['dfl-sgd']['metrics']['global'])} | {_pm(res['dfl-gt']['metrics']['global'])} "
+            f"| {_pm(p['global'], '+.3g')} | {p['global']['first_better']}/{p['global']['seeds']} "
+            f"| {_pm(p['global_over_run'], '+.3g')} "
+            f"| {_pm(res['dfl-sgd']['metrics']['excess'], '.2g')} | {_pm(res['dfl-gt']['metrics']['excess'], '.2g')} "
+            f"| {_pm(res['dfl-sgd']['metrics']['consensus'], '.2g')} "
+            f"| {_pm(res['dfl-gt']['metrics']['consensus'], '.2g')} "
+            f"| {_pm(p['population'], '+.3g')} ({p['population']['first_better']}/{p['population']['seeds']}) "
+            f"| {_pm(res['fedavg']['metrics']['global'])} ({res['fedavg']['alpha0']}) "
+            f"| {_pm(res['local']['metrics']['global'])} ({res['local']['alpha0']}) | {r['verdict']} "
+            f"| {r['verdict_population']} | {r['verdict_speed']} |")
+    lines += ["", "## Validation scores (tuning seed; mean of DFL-SGD and DFL-GT; None = a method diverged)", ""]
+    for r in doc["cells"]:
+        c, t = r["cell"], r["tuning"]["shared"]
+        per = t["per_method"]
+        lines.append(f"- h={c['het'] * HET_BASE:g} {c['topology']} {c['rule']} {c['batch']}: chosen {t['chosen']}; "
+                     + ", ".join(f"{a}: SGD {_f(per['dfl-sgd'][a])} / GT {_f(per['dfl-gt'][a])}" for a in t["scores"]))
+    return "\n".join(lines) + "\n"
+
+
+def _f(v: float | None) -> str:
+    return "div" if v is None else f"{v:.4g}"
+
+
+def plot(doc: dict[str, Any], path: Path) -> None:
+    """Relative GT − SGD difference against h, one panel per (rule, batch): test MSE (top), population risk."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, grid = plt.subplots(2, len(RULES) * len(BATCHES), figsize=(16, 8), sharey="row")
+    combos = [(r, b) for r in RULES for b in BATCHES]
+    for row, metric in enumerate(("global", "population")):
+        for ax, (rule, batch) in zip(grid[row], combos):
+            _panel(ax, doc, rule, batch, metric)
+        grid[row][0].set_ylabel(f"(GT − SGD)/SGD, % of {'test MSE' if metric == 'global' else 'population risk'}"
+                                "\n(<0: GT better)")
+    grid[0][0].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _panel(ax: Any, doc: dict[str, Any], rule: str, batch: str, metric: str) -> None:
+    """One panel: relative paired GT − SGD difference of ``metric`` against h, one line per topology."""
+    for k, topo in enumerate(doc["config"]["topologies"]):
+        sel = [r for r in doc["cells"] if r["cell"]["rule"] == rule and r["cell"]["batch"] == batch
+               and r["cell"]["topology"] == topo]
+        xs, ys, es = [], [], []
+        for r in sel:
+            sgd = r["results"]["dfl-sgd"]["metrics"][metric]["mean"]
+            d = r["gt_minus_sgd"][metric]
+            if sgd and d["mean"] is not None:
+                xs.append(r["cell"]["het"] * HET_BASE)
+                ys.append(100 * d["mean"] / sgd)
+                es.append(100 * (d["sd"] or 0.0) / sgd)
+        ax.errorbar([x + 1e-3 * k for x in xs], ys, yerr=es, marker="o", label=topo, capsize=3)
+    ax.axhline(0, color="k", lw=0.8)
+    ax.set_xscale("symlog", linthresh=0.02)
+    ax.set_title(f"{rule} step, {batch} batch")
+    ax.set_xlabel("heterogeneity h")
+
+
+VERDICT_RULE = (f"per cell, 'GT wins' when DFL-GT's final global-model test MSE is lower than DFL-SGD's on every "
+                f"seed (paired, same data, same shared alpha0) and the mean difference exceeds {TIE_BAND:.1%} of "
+                "DFL-SGD's mean; 'GT loses' symmetrically; otherwise 'tie'; the same rule on the population risk "
+                "(exact expected test MSE) and on the test MSE averaged over the run's evaluation points (speed)")
+
+
+def run(quick: bool = False, seed: int = 0, out: Path | str = ".", form: Form | None = None) -> dict[str, Any]:
+    """Run the plan (:func:`cells`) into ``<out>`` (cache ``<out>/cache``) and write ``dfl_regime.{json,md,png}``."""
+    f = form or (QUICK if quick else FULL)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    go = _runner(RunCache(out / "cache"), f)
+    seeds = [seed + k for k in range(f.seeds)]
+    plan = cells(f)
+    rows = []
+    t0 = time.perf_counter()
+    for k, cell in enumerate(plan):
+        rows.append(run_cell(go, cell, seeds))
+        done = time.perf_counter() - t0
+        logger.info("dfl-regime cell %d/%d %s: %s (%.0f s, about %.0f s left)", k + 1, len(plan), cell,
+                    rows[-1]["verdict"], done, done / (k + 1) * (len(plan) - k - 1))
+    doc = {"bench": "dfl-regime",
+           "config": {"iterations": f.iterations, "seeds": seeds, "eval_points": f.eval_points, "tau": 1,
+                      "het_base": HET_BASE, "het_levels": list(f.het_levels), "topologies": list(f.topologies),
+                      "rules": list(RULES), "batches": list(BATCHES), "grid": list(GRID), "dim": DIM,
+                      "train_rows": TRAIN_ROWS, "test_rows": TEST_ROWS, "noise": NOISE,
+                      "scale_spread": SCALE_SPREAD, "small_batch": SMALL_BATCH, "tie_band": TIE_BAND,
+                      "verdict_rule": VERDICT_RULE,
+                      "spectral_factor": {t: spectral_factor(t) for t in f.topologies}},
+           "cells": rows, "summary": summary_lines(rows)}
+    (out / f"{NAME}.json").write_text(json.dumps(doc, indent=1))
+    (out / f"{NAME}.md").write_text(report(doc))
+    plot(doc, out / f"{NAME}.png")
+    return doc
