@@ -1209,10 +1209,11 @@ def _reasons(name: str, doc: dict[str, Any], where: str, res: dict[str, Any], fa
 def claim_verdicts(doc: dict[str, Any]) -> dict[str, Any]:
     """One verdict per paper claim: ``reproduced`` / ``not reproduced`` / ``not testable``, with evidence.
 
-    A claim ``a < b`` is reproduced when, in every block (generator × train/test graph) that has both
-    methods, ``a``'s final local test MSE is lower on every seed (paired per seed); not reproduced when
-    a block contradicts it; not testable when no block has both methods (unfinished cells), or when
-    the claim is about BiG-FL and its φ stayed at the identity (a degenerate run: a bug to fix first).
+    A claim ``a < b`` is reproduced when, in every block (generator × train/test graph), ``a``'s final
+    local test MSE is lower than ``b``'s on every seed (paired per seed); not reproduced when a block
+    contradicts it; not testable when a pair has no result in some block (unfinished cells) and none
+    contradicts it, or when the claim is about BiG-FL and its φ stayed at the identity (a degenerate
+    run: a bug to fix first).
     """
     out: dict[str, Any] = {}
     for name, (statement, pairs) in CLAIMS.items():
@@ -1220,6 +1221,7 @@ def claim_verdicts(doc: dict[str, Any]) -> dict[str, Any]:
         reasons: list[str] = []
         verdicts: list[bool] = []
         degenerate = []
+        missing: list[str] = []
         for where, res in _blocks(doc):
             mm = res["methods"]
             failed = []
@@ -1227,6 +1229,7 @@ def claim_verdicts(doc: dict[str, Any]) -> dict[str, Any]:
                 p = res["paired"].get(_pair_name(a, b))
                 h = _holds(p)
                 if h is None or p is None:
+                    missing.append(f"{a} − {b} in {where}")
                     continue
                 fa, fb = mm[a]["final"], mm[b]["final"]
                 evidence.append(f"{where}: {a} {_pm(fa['test_loss'], fa['test_loss_sd'])} vs {b} "
@@ -1252,8 +1255,13 @@ def claim_verdicts(doc: dict[str, Any]) -> dict[str, Any]:
         elif not verdicts:
             v = "not testable"
             reasons = ["no block has results for both methods (unfinished cells: see 'unfinished')"]
+        elif not all(verdicts):
+            v = "not reproduced"  # a contradiction stands whatever else is missing
+        elif missing:
+            v = "not testable"
+            reasons = [f"partial: no result for {', '.join(missing)} (unfinished cells); the pairs measured hold"]
         else:
-            v = "reproduced" if all(verdicts) else "not reproduced"
+            v = "reproduced"
         out[name] = {"claim": statement, "verdict": v, "evidence": evidence,
                      "reason": "; ".join(dict.fromkeys(reasons)) if v != "reproduced" else ""}
     name, statement = TRANSFER_CLAIM

@@ -38,11 +38,11 @@ def test_an_interrupted_run_resumes_from_its_cache(cache: RunCache, monkeypatch:
     calls: list[float] = []
 
     def counted(strategy: str, task: str, nodes: int, rounds: int, seed: int, overrides: dict[str, Any],
-                hook: Any = None) -> dict[str, Any]:
+                hook: Any = None, work_dir: Path | None = None) -> dict[str, Any]:
         calls.append(overrides["train.lr"])
         if overrides["train.lr"] == 0.3 and len(calls) == 2:
             raise KeyboardInterrupt  # the run is killed inside its second cell
-        return real(strategy, task, nodes, rounds, seed, overrides, hook)
+        return real(strategy, task, nodes, rounds, seed, overrides, hook, work_dir)
 
     monkeypatch.setattr(mc, "run_method", counted)
     first = mc.run_any("fedavg", TASK, 6, 2, 0, {"lr": 1.0}, mc.TRAIN)
@@ -147,6 +147,16 @@ def test_missing_methods_make_a_claim_not_testable() -> None:
     v = mc.claim_verdicts(doc)
     assert v["bigfl-beats-fesem"]["verdict"] == "not testable"
     assert v["fesem-beats-consensus"]["verdict"] == "reproduced"
+    # one of the two consensus methods missing: the pair that holds is not enough
+    del res["methods"]["dfl"]
+    res["paired"] = mc.paired_table(res["methods"], mc.TRAIN_PAIRS)
+    v = mc.claim_verdicts(doc)
+    assert v["fesem-beats-consensus"]["verdict"] == "not testable"
+    assert "fesem − dfl" in v["fesem-beats-consensus"]["reason"]
+    # a contradiction stands even when a pair is missing
+    res["methods"]["fesem"] = _method([0.40, 0.41, 0.42])
+    res["paired"] = mc.paired_table(res["methods"], mc.TRAIN_PAIRS)
+    assert mc.claim_verdicts(doc)["fesem-beats-consensus"]["verdict"] == "not reproduced"
     lines = "\n".join(mc.verdict_lines(v))
     assert "**bigfl-beats-fesem: not testable**" in lines
 
