@@ -362,7 +362,8 @@ def run_any(method: str, task: str, nodes: int, rounds: int, seed: int, settings
     """
     key = _cell_key(method, task, nodes, rounds, seed, settings, train, params, hook_key)
     if _CACHE_ONLY and not _cache.has(key):
-        raise MissingCell(f"{method} seed {seed} on {task} not in the cache")
+        note = _note_progress(key)
+        raise MissingCell(f"{method} seed {seed} on {task} not in the cache" + (f"; {note}" if note else ""))
     wait_for_claim(key)
     lr = float(settings["lr"])
     overrides = key["overrides"]
@@ -938,12 +939,15 @@ def run(quick: bool = False, seed: int = 0, out: Path | str = Path("runs/bench")
             if m not in st:
                 unfinished.append(f"{gen} generator, train graph: {m} (its tuning is unfinished)")
                 continue
-            try:
-                for s in seeds:
-                    logger.info("B2 %s %s seed %d (%d rounds)", gen, m, s, form.rounds)
+            missing: list[str] = []
+            for s in seeds:
+                logger.info("B2 %s %s seed %d (%d rounds)", gen, m, s, form.rounds)
+                try:
                     runs.append(run_any(m, task, NODES, form.rounds, s, st[m], TRAIN))
-            except MissingCell as exc:
-                unfinished.append(f"{gen} generator, train graph: {m} ({exc})")
+                except MissingCell as exc:  # every seed is looked at: the report shows each one's progress
+                    missing.append(str(exc))
+            if missing:
+                unfinished.append(f"{gen} generator, train graph: {m} ({'; '.join(missing)})")
                 continue
             if m == "bigfl":
                 for s, r in zip(seeds, runs):
@@ -1065,6 +1069,7 @@ def run(quick: bool = False, seed: int = 0, out: Path | str = Path("runs/bench")
         "estimate": estimate(form),
         "partial": bool(unfinished),
         "unfinished": unfinished,
+        "in_progress": list(IN_PROGRESS),
         "env": env_info(),
         "wall_seconds": time.perf_counter() - t_start,
     }
@@ -1077,6 +1082,57 @@ def run(quick: bool = False, seed: int = 0, out: Path | str = Path("runs/bench")
     except Exception:  # the JSON/MD are already written
         logger.exception("could not draw %s.png", NAME)
     return doc
+
+
+IN_PROGRESS: list[dict[str, Any]] = []
+"""Unfinished cells a cache-only report met that have a checkpoint: their last recorded round."""
+
+
+def _note_progress(key: dict[str, Any]) -> str:
+    """Record the last checkpointed round of ``key``'s unfinished cell in :data:`IN_PROGRESS`, if any."""
+    import json
+
+    if _cache.folder is None:
+        return ""
+    path = _cache._path(key).with_suffix(".run") / f"{NAME}-{key['method']}.json"
+    try:
+        curve = json.loads(path.read_text())["methods"][key["method"]]["curve"]
+    except (OSError, ValueError, KeyError):
+        return ""
+    rows = [row for row in curve if row.get("test_loss") is not None]
+    if not rows:
+        return ""
+    last = rows[-1]
+    entry = {"method": key["method"], "task": key["task"], "seed": key["seed"], "round": last["round"],
+             "rounds": key["rounds"], "test_loss": last["test_loss"],
+             "phi_minus_identity": _server_metric(last, "phi_minus_identity"),
+             "hypergrad_norm": _server_metric(last, "hypergrad_norm")}
+    if entry not in IN_PROGRESS:
+        IN_PROGRESS.append(entry)
+    return f"checkpointed at round {last['round']} of {key['rounds']}"
+
+
+def in_progress_lines(doc: dict[str, Any]) -> list[str]:
+    """Unfinished cells at their last checkpoint beside the finished methods' mean at that round (not results)."""
+    rows = doc.get("in_progress") or []
+    if not rows:
+        return []
+    lines = ["## Unfinished cells at their last checkpoint (interim, not results)", "",
+             "Each unfinished cell's local test MSE at its last checkpointed round, beside the finished methods' "
+             "mean over seeds at the same round of the same task.", "",
+             "| cell | round | test MSE | ‖φ − I‖_F | others at that round |", "|---|---|---|---|---|"]
+    for e in rows:
+        block = next((res for res in list(doc["results"].values()) + list(doc["testgraph"].values())
+                      if res["task"] == e["task"]), None)
+        others = []
+        for m, r in (block or {}).get("methods", {}).items():
+            v = next((row.get("test_loss") for row in r["curve"] if row["round"] == e["round"]), None)
+            if v is not None:
+                others.append(f"{m} {v:.4f}")
+        phi = "–" if e["phi_minus_identity"] is None else f"{e['phi_minus_identity']:.3f}"
+        lines.append(f"| {e['method']} seed {e['seed']} on {e['task']} | {e['round']} of {e['rounds']} | "
+                     f"{e['test_loss']:.4f} | {phi} | {', '.join(others)} |")
+    return lines + [""]
 
 
 class MissingCell(LookupError):
@@ -1343,6 +1399,7 @@ def render_markdown(doc: dict[str, Any]) -> str:
         lines += ["**Reduced form** (what differs from the full form):", ""] + [f"- {r}" for r in red] + [""]
     if "verdicts" in doc:
         lines += ["## Verdicts (one per paper claim)", ""] + verdict_lines(doc["verdicts"]) + [""]
+    lines += in_progress_lines(doc)
     if doc.get("estimate"):
         lines += [f"Estimate before the start: {doc['estimate']['text']}.", ""]
     lines += [f"Seeds {cfg['seeds']} (mean ± sd), {cfg['rounds']} rounds, {cfg['nodes']} clients, plain SGD (10 local steps, "

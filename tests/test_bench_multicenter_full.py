@@ -206,3 +206,24 @@ def test_a_cell_killed_mid_run_continues_after_its_last_round(cache: RunCache, t
     assert [row["round"] for row in resumed["curve"]] == list(range(rounds + 1))
     whole = mc.run_method("local", TASK, 6, rounds, 0, {**mc.TRAIN, "train.lr": 1.0})
     assert resumed["curve"][-1]["test_loss"] == pytest.approx(whole["curve"][-1]["test_loss"], rel=1e-5)
+
+
+def test_a_partial_report_shows_an_unfinished_cell_at_its_last_checkpoint(
+        cache: RunCache, monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    monkeypatch.setattr(mc, "_CACHE_ONLY", True)
+    monkeypatch.setattr(mc, "IN_PROGRESS", [])
+    key = mc._cell_key("bigfl", TASK, 6, 200, 1, {"lr": 1.0}, mc.TRAIN)
+    work = cache._path(key).with_suffix(".run")
+    work.mkdir()
+    curve = [{"round": 0, "test_loss": 0.3}, {"round": 37, "test_loss": 0.2283, "server": {"phi_minus_identity": 0.237}}]
+    (work / f"{mc.NAME}-bigfl.json").write_text(json.dumps({"methods": {"bigfl": {"curve": curve}}}))
+    with pytest.raises(mc.MissingCell, match="checkpointed at round 37 of 200"):
+        mc.run_any("bigfl", TASK, 6, 200, 1, {"lr": 1.0}, mc.TRAIN)
+    assert mc.IN_PROGRESS == [{"method": "bigfl", "task": TASK, "seed": 1, "round": 37, "rounds": 200,
+                               "test_loss": 0.2283, "phi_minus_identity": 0.237, "hypergrad_norm": None}]
+    doc = {"in_progress": mc.IN_PROGRESS, "testgraph": {},
+           "results": {"smooth": {"task": TASK, "methods": {"fedavg": {"curve": [{"round": 37, "test_loss": 0.2357}]}}}}}
+    text = "\n".join(mc.in_progress_lines(doc))
+    assert "| bigfl seed 1 on synthetic-multicenter-smooth | 37 of 200 | 0.2283 | 0.237 | fedavg 0.2357 |" in text
