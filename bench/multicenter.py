@@ -878,7 +878,7 @@ def phi_hook(phi: Any) -> Hook:
 
 
 def run(quick: bool = False, seed: int = 0, out: Path | str = Path("runs/bench"),
-        form: Form | None = None, cache_only: bool = False) -> dict[str, Any]:
+        form: Form | None = None, cache_only: bool = False, notes: tuple[str, ...] = ()) -> dict[str, Any]:
     """Run B2 (+ the digits planted-cluster study) and write ``<out>/multicenter.*``.
 
     Parameters
@@ -896,6 +896,8 @@ def run(quick: bool = False, seed: int = 0, out: Path | str = Path("runs/bench")
     cache_only
         Report what ``<out>/cache`` holds and run nothing: a cell not there leaves its method out of
         its comparison, named in the result's ``unfinished`` (a PARTIAL result).
+    notes
+        Lines on how the run went (machine load, where it was stopped), written into the result.
     """
     from graphfl.common.envinfo import env_info
     from graphfl.common.results import write_json
@@ -1070,6 +1072,7 @@ def run(quick: bool = False, seed: int = 0, out: Path | str = Path("runs/bench")
         "partial": bool(unfinished),
         "unfinished": unfinished,
         "in_progress": list(IN_PROGRESS),
+        "notes": list(notes),
         "env": env_info(),
         "wall_seconds": time.perf_counter() - t_start,
     }
@@ -1400,6 +1403,8 @@ def render_markdown(doc: dict[str, Any]) -> str:
     if "verdicts" in doc:
         lines += ["## Verdicts (one per paper claim)", ""] + verdict_lines(doc["verdicts"]) + [""]
     lines += in_progress_lines(doc)
+    if doc.get("notes"):
+        lines += ["## Notes on this run", ""] + [f"- {n}" for n in doc["notes"]] + [""]
     if doc.get("estimate"):
         lines += [f"Estimate before the start: {doc['estimate']['text']}.", ""]
     lines += [f"Seeds {cfg['seeds']} (mean ± sd), {cfg['rounds']} rounds, {cfg['nodes']} clients, plain SGD (10 local steps, "
@@ -1539,6 +1544,7 @@ if __name__ == "__main__":  # pragma: no cover
     ap.add_argument("--bigfl-from", type=Path, default=None,
                     help="a multicenter-bigfl JSON whose validation-tuned BiG-FL settings are used (not re-tuned)")
     ap.add_argument("--workers", type=int, default=1, help="processes for BiG-FL's train-graph cells")
+    ap.add_argument("--note", action="append", default=[], help="a line for the result's notes (repeatable)")
     ap.add_argument("--cache-only", action="store_true",
                     help="report what <out>/cache holds, run nothing (a PARTIAL result names the missing cells)")
     ap.add_argument("--only", choices=[m for m in METHODS if m != "bigfl"], default=None,
@@ -1559,4 +1565,4 @@ if __name__ == "__main__":  # pragma: no cover
         _cache = RunCache(args.out / "cache")
         precompute_method(chosen, args.only, args.seed)
     else:
-        run(args.quick, args.seed, args.out, chosen, cache_only=args.cache_only)
+        run(args.quick, args.seed, args.out, chosen, cache_only=args.cache_only, notes=tuple(args.note))
