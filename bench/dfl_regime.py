@@ -85,15 +85,16 @@ KEY_VERSION = 1
 class Form:
     """What ``--quick`` and the full form run."""
 
-    iterations: int
+    budgets: tuple[int, ...]
+    """Iteration budgets ``T`` (a cell axis: a short budget makes the validation-best step larger)."""
     seeds: int
     eval_points: int
     het_levels: tuple[float, ...] = HET_LEVELS
     topologies: tuple[str, ...] = tuple(TOPOLOGIES)
 
 
-FULL = Form(iterations=1000, seeds=3, eval_points=20)
-QUICK = Form(iterations=300, seeds=3, eval_points=10, het_levels=(0.0, 8.0), topologies=("ring5", "ring20"))
+FULL = Form(budgets=(1000, 200), seeds=3, eval_points=20)
+QUICK = Form(budgets=(300,), seeds=3, eval_points=10, het_levels=(0.0, 8.0), topologies=("ring5", "ring20"))
 
 
 def node_data(seed: int, n: int, het: float) -> list[dict[str, np.ndarray]]:
@@ -216,17 +217,18 @@ def cell_verdict(gt: list[float], sgd: list[float]) -> str:
 
 
 def cells(form: Form) -> list[dict[str, Any]]:
-    """The plan: every (heterogeneity level, topology, step rule, batch)."""
-    return [{"het": lvl * 1.0, "topology": t, "rule": r, "batch": b}
+    """The plan: every (budget, heterogeneity level, topology, step rule, batch)."""
+    return [{"T": big_t, "het": lvl * 1.0, "topology": t, "rule": r, "batch": b} for big_t in form.budgets
             for lvl in form.het_levels for t in form.topologies for r in RULES for b in BATCHES]
 
 
 def _runner(cache: RunCache, form: Form) -> Any:
     def go(method: str, cell: dict[str, Any], alpha0: float, seed: int, split: str) -> dict[str, Any]:
-        key = {"bench": NAME, "v": KEY_VERSION, "method": method, **cell, "alpha0": alpha0, "seed": seed,
-               "split": split, "iterations": form.iterations, "eval_points": form.eval_points}
+        where = {k: v for k, v in cell.items() if k != "T"}
+        key = {"bench": NAME, "v": KEY_VERSION, "method": method, **where, "alpha0": alpha0, "seed": seed,
+               "split": split, "iterations": cell["T"], "eval_points": form.eval_points}
         return cache(key, lambda: run_one(method, cell["topology"], cell["het"] * 1.0, cell["rule"], cell["batch"],
-                                          alpha0, seed, split, form.iterations, form.eval_points))
+                                          alpha0, seed, split, cell["T"], form.eval_points))
     return go
 
 
@@ -274,6 +276,32 @@ def run_cell(go: Any, cell: dict[str, Any], seeds: list[int]) -> dict[str, Any]:
             "verdict_population": verdict_pop, "verdict_speed": verdict_speed}
 
 
+def fixed_step_view(go: Any, form: Form, seeds: list[int]) -> list[dict[str, Any]]:
+    """GT − SGD on the test split at every grid step (not tuned): the strongest heterogeneity, constant step,
+    the longest budget, every topology and batch; a step where either method diverges on a seed is left out.
+
+    A diagnostic beside the tuned comparison: how the gap grows with the step (theory: DFL-SGD's bias is
+    ``O(α ζ / (1 − λ₂))``, DFL-GT's none).
+    """
+    rows = []
+    for topo in form.topologies:
+        for batch in BATCHES:
+            cell = {"T": max(form.budgets), "het": max(form.het_levels) * 1.0, "topology": topo, "rule": "constant",
+                    "batch": batch}
+            for a in GRID:
+                runs = {m: [go(m, cell, a, s, "test") for s in seeds] for m in SHARED}
+                if any("diverged" in r for rs in runs.values() for r in rs):
+                    continue
+                fin = {m: {k: [r["final"][k] for r in rs] for k in ("global", "population", "excess", "consensus")}
+                       for m, rs in runs.items()}
+                rows.append({"cell": cell, "alpha0": a,
+                             "sgd": {k: mean_sd(v) for k, v in fin["dfl-sgd"].items()},
+                             "gt": {k: mean_sd(v) for k, v in fin["dfl-gt"].items()},
+                             "gt_minus_sgd": {k: paired_difference(fin["dfl-gt"][k], fin["dfl-sgd"][k])
+                                              for k in ("global", "population")}})
+    return rows
+
+
 def _pm(m: dict[str, Any], fmt: str = ".4g") -> str:
     if m.get("mean") is None:
         return "–"
@@ -288,15 +316,17 @@ def summary_lines(rows: list[dict[str, Any]]) -> list[str]:
         out.append(f"- on the {what}:")
         for v in ("GT wins", "tie", "GT loses"):
             hit = [r["cell"] for r in rows if r[key] == v]
-            desc = "; ".join(f"h={c['het'] * HET_BASE:g} {c['topology']} {c['rule']} {c['batch']}" for c in hit)
+            desc = "; ".join(_where(c) for c in hit)
             out.append(f"  - **{v}** in {len(hit)}/{len(rows)} cells" + (f": {desc}" if hit else ""))
-        for rule in RULES:
-            for batch in BATCHES:
-                sel = [r for r in rows if r["cell"]["rule"] == rule and r["cell"]["batch"] == batch]
-                wins = sum(r[key] == "GT wins" for r in sel)
-                loses = sum(r[key] == "GT loses" for r in sel)
-                out.append(f"  - {rule} step, {batch} batch: GT wins {wins}, ties {len(sel) - wins - loses}, "
-                           f"loses {loses} of {len(sel)} cells")
+        for big_t in sorted({r["cell"]["T"] for r in rows}):
+            for rule in RULES:
+                for batch in BATCHES:
+                    sel = [r for r in rows if r["cell"]["rule"] == rule and r["cell"]["batch"] == batch
+                           and r["cell"]["T"] == big_t]
+                    wins = sum(r[key] == "GT wins" for r in sel)
+                    loses = sum(r[key] == "GT loses" for r in sel)
+                    out.append(f"  - T={big_t}, {rule} step, {batch} batch: GT wins {wins}, ties "
+                               f"{len(sel) - wins - loses}, loses {loses} of {len(sel)} cells")
     return out
 
 
@@ -304,7 +334,7 @@ def report(doc: dict[str, Any]) -> str:
     """The Markdown report."""
     cfg = doc["config"]
     lines = ["# dfl-regime: where DFL-GT beats DFL-SGD on the global model", "",
-             f"T = {cfg['iterations']} iterations, tau = 1, seeds {cfg['seeds']}, n×d = nodes×{DIM}, "
+             f"T = {cfg['budgets']} iterations (a cell axis), tau = 1, seeds {cfg['seeds']}, n×d = nodes×{DIM}, "
              f"{TRAIN_ROWS} train / {TEST_ROWS} test rows per node, noise sd {NOISE}, input-scale spread "
              f"{SCALE_SPREAD}, small batch {SMALL_BATCH}; heterogeneity h = level × {HET_BASE} (w_i = w* + h u_i); "
              f"step grid {list(GRID)} (one alpha0 per cell shared by DFL-SGD and DFL-GT, chosen on validation of "
@@ -312,15 +342,15 @@ def report(doc: dict[str, Any]) -> str:
              "1/(1 − λ₂): " + ", ".join(f"{t} {f:.1f}" for t, f in cfg["spectral_factor"].items()) + ".", "",
              "## Verdicts", "", f"Rule: {cfg['verdict_rule']}", ""] + summary_lines(doc["cells"]) + [
              "", "## Cells (test split; global model θ̄; final = last 10 % of evaluation points)", "",
-             "| h | topology | step | batch | alpha0 (SGD=GT) | DFL-SGD global | DFL-GT global | GT − SGD (paired) "
+             "| T | h | topology | step | batch | alpha0 (SGD=GT) | DFL-SGD global | DFL-GT global | GT − SGD (paired) "
              "| GT better | GT − SGD over run | SGD excess F(θ̄)−F* | GT excess | SGD consensus | GT consensus "
              "| GT − SGD population risk (paired) | FedAvg global | local-only global | verdict (test) "
              "| verdict (population) | verdict (over run) |",
-             "|" + "---|" * 20]
+             "|" + "---|" * 21]
     for r in doc["cells"]:
         c, res, p = r["cell"], r["results"], r["gt_minus_sgd"]
         lines.append(
-            f"| {c['het'] * HET_BASE:g} | {c['topology']} | {c['rule']} | {c['batch']} | {res['dfl-gt']['alpha0']} "
+            f"| {c['T']} | {c['het'] * HET_BASE:g} | {c['topology']} | {c['rule']} | {c['batch']} | {res['dfl-gt']['alpha0']} "
             f"| {_pm(res['dfl-sgd']['metrics']['global'])} | {_pm(res['dfl-gt']['metrics']['global'])} "
             f"| {_pm(p['global'], '+.3g')} | {p['global']['first_better']}/{p['global']['seeds']} "
             f"| {_pm(p['global_over_run'], '+.3g')} "
@@ -331,13 +361,28 @@ def report(doc: dict[str, Any]) -> str:
             f"| {_pm(res['fedavg']['metrics']['global'])} ({res['fedavg']['alpha0']}) "
             f"| {_pm(res['local']['metrics']['global'])} ({res['local']['alpha0']}) | {r['verdict']} "
             f"| {r['verdict_population']} | {r['verdict_speed']} |")
+    fixed = doc.get("fixed_step") or []
+    if fixed:
+        lines += ["", "## Fixed steps (not tuned; test split; GT − SGD paired over seeds)", "",
+                  "| topology | batch | alpha0 | DFL-SGD global | DFL-GT global | GT − SGD global (GT better) "
+                  "| GT − SGD population (GT better) | SGD excess | GT excess | SGD consensus |", "|" + "---|" * 10]
+        for r in fixed:
+            c, g, p = r["cell"], r["gt_minus_sgd"]["global"], r["gt_minus_sgd"]["population"]
+            lines.append(f"| {c['topology']} | {c['batch']} | {r['alpha0']:g} | {_pm(r['sgd']['global'])} "
+                         f"| {_pm(r['gt']['global'])} | {_pm(g, '+.3g')} ({g['first_better']}/{g['seeds']}) "
+                         f"| {_pm(p, '+.3g')} ({p['first_better']}/{p['seeds']}) | {_pm(r['sgd']['excess'], '.2g')} "
+                         f"| {_pm(r['gt']['excess'], '.2g')} | {_pm(r['sgd']['consensus'], '.2g')} |")
     lines += ["", "## Validation scores (tuning seed; mean of DFL-SGD and DFL-GT; None = a method diverged)", ""]
     for r in doc["cells"]:
         c, t = r["cell"], r["tuning"]["shared"]
         per = t["per_method"]
-        lines.append(f"- h={c['het'] * HET_BASE:g} {c['topology']} {c['rule']} {c['batch']}: chosen {t['chosen']}; "
+        lines.append(f"- {_where(c)}: chosen {t['chosen']}; "
                      + ", ".join(f"{a}: SGD {_f(per['dfl-sgd'][a])} / GT {_f(per['dfl-gt'][a])}" for a in t["scores"]))
     return "\n".join(lines) + "\n"
+
+
+def _where(c: dict[str, Any]) -> str:
+    return f"T={c['T']} h={c['het'] * HET_BASE:g} {c['topology']} {c['rule']} {c['batch']}"
 
 
 def _f(v: float | None) -> str:
@@ -364,19 +409,21 @@ def plot(doc: dict[str, Any], path: Path) -> None:
 
 
 def _panel(ax: Any, doc: dict[str, Any], rule: str, batch: str, metric: str) -> None:
-    """One panel: relative paired GT − SGD difference of ``metric`` against h, one line per topology."""
+    """One panel: relative paired GT − SGD difference of ``metric`` against h, one line per (topology, T)."""
     for k, topo in enumerate(doc["config"]["topologies"]):
-        sel = [r for r in doc["cells"] if r["cell"]["rule"] == rule and r["cell"]["batch"] == batch
-               and r["cell"]["topology"] == topo]
-        xs, ys, es = [], [], []
-        for r in sel:
-            sgd = r["results"]["dfl-sgd"]["metrics"][metric]["mean"]
-            d = r["gt_minus_sgd"][metric]
-            if sgd and d["mean"] is not None:
-                xs.append(r["cell"]["het"] * HET_BASE)
-                ys.append(100 * d["mean"] / sgd)
-                es.append(100 * (d["sd"] or 0.0) / sgd)
-        ax.errorbar([x + 1e-3 * k for x in xs], ys, yerr=es, marker="o", label=topo, capsize=3)
+        for j, big_t in enumerate(doc["config"]["budgets"]):
+            sel = [r for r in doc["cells"] if r["cell"]["rule"] == rule and r["cell"]["batch"] == batch
+                   and r["cell"]["topology"] == topo and r["cell"]["T"] == big_t]
+            xs, ys, es = [], [], []
+            for r in sel:
+                sgd = r["results"]["dfl-sgd"]["metrics"][metric]["mean"]
+                d = r["gt_minus_sgd"][metric]
+                if sgd and d["mean"] is not None:
+                    xs.append(r["cell"]["het"] * HET_BASE)
+                    ys.append(100 * d["mean"] / sgd)
+                    es.append(100 * (d["sd"] or 0.0) / sgd)
+            ax.errorbar([x + 1e-3 * k for x in xs], ys, yerr=es, marker="o", label=f"{topo} T={big_t}", capsize=3,
+                        color=f"C{k}", linestyle=("-", "--", ":")[j % 3])
     ax.axhline(0, color="k", lw=0.8)
     ax.set_xscale("symlog", linthresh=0.02)
     ax.set_title(f"{rule} step, {batch} batch")
@@ -405,14 +452,14 @@ def run(quick: bool = False, seed: int = 0, out: Path | str = ".", form: Form | 
         logger.info("dfl-regime cell %d/%d %s: %s (%.0f s, about %.0f s left)", k + 1, len(plan), cell,
                     rows[-1]["verdict"], done, done / (k + 1) * (len(plan) - k - 1))
     doc = {"bench": "dfl-regime",
-           "config": {"iterations": f.iterations, "seeds": seeds, "eval_points": f.eval_points, "tau": 1,
+           "config": {"budgets": list(f.budgets), "seeds": seeds, "eval_points": f.eval_points, "tau": 1,
                       "het_base": HET_BASE, "het_levels": list(f.het_levels), "topologies": list(f.topologies),
                       "rules": list(RULES), "batches": list(BATCHES), "grid": list(GRID), "dim": DIM,
                       "train_rows": TRAIN_ROWS, "test_rows": TEST_ROWS, "noise": NOISE,
                       "scale_spread": SCALE_SPREAD, "small_batch": SMALL_BATCH, "tie_band": TIE_BAND,
                       "verdict_rule": VERDICT_RULE,
                       "spectral_factor": {t: spectral_factor(t) for t in f.topologies}},
-           "cells": rows, "summary": summary_lines(rows)}
+           "cells": rows, "summary": summary_lines(rows), "fixed_step": fixed_step_view(go, f, seeds)}
     (out / f"{NAME}.json").write_text(json.dumps(doc, indent=1))
     (out / f"{NAME}.md").write_text(report(doc))
     plot(doc, out / f"{NAME}.png")

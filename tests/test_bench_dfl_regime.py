@@ -13,8 +13,9 @@ from graphfl.cli import BENCHMARKS
 
 def test_plan_covers_every_cell_once() -> None:
     plan = d.cells(d.FULL)
-    keys = {(c["het"], c["topology"], c["rule"], c["batch"]) for c in plan}
-    assert len(plan) == len(keys) == len(d.HET_LEVELS) * len(d.TOPOLOGIES) * len(d.RULES) * len(d.BATCHES)
+    keys = {(c["T"], c["het"], c["topology"], c["rule"], c["batch"]) for c in plan}
+    assert len(plan) == len(keys) == (len(d.FULL.budgets) * len(d.HET_LEVELS) * len(d.TOPOLOGIES) * len(d.RULES)
+                                      * len(d.BATCHES))
     assert {c["topology"] for c in plan} == {"ring5", "ring20", "complete20"}
     assert {c["rule"] for c in plan} == {"constant", "inv-sqrt"} and 0.0 in {c["het"] for c in plan}
     assert BENCHMARKS["dfl-regime"] == "graphfl.bench.dfl_regime"
@@ -62,7 +63,7 @@ def test_constant_step_heterogeneity_gt_exact_sgd_biased() -> None:
 
 
 def test_run_writes_the_report(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    form = d.Form(iterations=40, seeds=2, eval_points=4, het_levels=(0.0, 8.0), topologies=("ring5",))
+    form = d.Form(budgets=(40,), seeds=2, eval_points=4, het_levels=(0.0, 8.0), topologies=("ring5",))
     doc = d.run(out=tmp_path, form=form)
     assert len(doc["cells"]) == 8
     for ext in ("json", "md", "png"):
@@ -74,6 +75,8 @@ def test_run_writes_the_report(tmp_path) -> None:  # type: ignore[no-untyped-def
         assert row["results"]["dfl-sgd"]["alpha0"] == row["results"]["dfl-gt"]["alpha0"] == shared
         assert shared is None or shared in d.GRID
     assert "GT wins" in (tmp_path / "dfl_regime.md").read_text()
+    fixed = saved["fixed_step"]
+    assert fixed and all(r["alpha0"] in d.GRID and r["cell"]["rule"] == "constant" for r in fixed)
     assert (tmp_path / "cache").is_dir()  # a second run reads the cells from here
     again = d.run(out=tmp_path, form=form)
     assert again["cells"][0]["gt_minus_sgd"] == doc["cells"][0]["gt_minus_sgd"]
