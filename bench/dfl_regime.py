@@ -262,8 +262,7 @@ def run_cell(go: Any, cell: dict[str, Any], seeds: list[int]) -> dict[str, Any]:
         finals: list[dict[str, Any] | None] = [None if "diverged" in r else r["final"] for r in runs]
         res[m] = {"alpha0": a, "metrics": {k: mean_sd([f[k] if f else None for f in finals])
                                            for k in ("global", "global_over_run", "own", "excess", "population",
-                                                     "dist_opt", "consensus")},
-                  "curve": [r.get("curve") for r in runs]}
+                                                     "dist_opt", "consensus")}}  # curves stay in the cache
     pairs = {k: paired_difference(res["dfl-gt"]["metrics"][k]["per_seed"], res["dfl-sgd"]["metrics"][k]["per_seed"])
              for k in ("global", "global_over_run", "excess", "population", "consensus")}
     verdict = cell_verdict(res["dfl-gt"]["metrics"]["global"]["per_seed"],
@@ -426,6 +425,7 @@ def _panel(ax: Any, doc: dict[str, Any], rule: str, batch: str, metric: str) -> 
                         color=f"C{k}", linestyle=("-", "--", ":")[j % 3])
     ax.axhline(0, color="k", lw=0.8)
     ax.set_xscale("symlog", linthresh=0.02)
+    ax.set_xlim(-0.002, 1.5 * max(doc["config"]["het_levels"]) * HET_BASE + 0.01)
     ax.set_title(f"{rule} step, {batch} batch")
     ax.set_xlabel("heterogeneity h")
 
