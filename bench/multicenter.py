@@ -1106,10 +1106,14 @@ def _note_progress(key: dict[str, Any]) -> str:
     if not rows:
         return ""
     last = rows[-1]
+    best = min(rows, key=lambda row: row["test_loss"])
+    curvature = [v for row in curve if (v := _server_metric(row, "ll_min_curvature")) is not None]
     entry = {"method": key["method"], "task": key["task"], "seed": key["seed"], "round": last["round"],
              "rounds": key["rounds"], "test_loss": last["test_loss"],
              "phi_minus_identity": _server_metric(last, "phi_minus_identity"),
-             "hypergrad_norm": _server_metric(last, "hypergrad_norm")}
+             "hypergrad_norm": _server_metric(last, "hypergrad_norm"),
+             "best_test_loss": best["test_loss"], "best_round": best["round"],
+             "min_ll_curvature": min(curvature) if curvature else None}
     if entry not in IN_PROGRESS:
         IN_PROGRESS.append(entry)
     return f"checkpointed at round {last['round']} of {key['rounds']}"
@@ -1123,7 +1127,8 @@ def in_progress_lines(doc: dict[str, Any]) -> list[str]:
     lines = ["## Unfinished cells at their last checkpoint (interim, not results)", "",
              "Each unfinished cell's local test MSE at its last checkpointed round, beside the finished methods' "
              "mean over seeds at the same round of the same task.", "",
-             "| cell | round | test MSE | ‖φ − I‖_F | others at that round |", "|---|---|---|---|---|"]
+             "| cell | round | test MSE | ‖φ − I‖_F | smallest ll_min_curvature | others at that round |",
+             "|---|---|---|---|---|---|"]
     for e in rows:
         block = next((res for res in list(doc["results"].values()) + list(doc["testgraph"].values())
                       if res["task"] == e["task"]), None)
@@ -1134,7 +1139,10 @@ def in_progress_lines(doc: dict[str, Any]) -> list[str]:
                 others.append(f"{m} {v:.4f}")
         phi = "–" if e["phi_minus_identity"] is None else f"{e['phi_minus_identity']:.3f}"
         lines.append(f"| {e['method']} seed {e['seed']} on {e['task']} | {e['round']} of {e['rounds']} | "
-                     f"{e['test_loss']:.4f} | {phi} | {', '.join(others)} |")
+                     f"{e['test_loss']:.4f} (best {e.get('best_test_loss', e['test_loss']):.4f} at round "
+                     f"{e.get('best_round', e['round'])}) | {phi} | "
+                     f"{'–' if e.get('min_ll_curvature') is None else format(e['min_ll_curvature'], '.3g')} | "
+                     f"{', '.join(others)} |")
     return lines + [""]
 
 
@@ -1307,6 +1315,16 @@ def claim_verdicts(doc: dict[str, Any]) -> dict[str, Any]:
                     evidence.append(f"{where}: BiG-FL final ‖φ − I‖_F per seed "
                                     + ", ".join("–" if v is None else f"{v:.3f}" for v in bp["final_phi_minus_identity"])
                                     + f" (threshold {bp['threshold']:g})")
+        interim = [e for e in doc.get("in_progress") or [] if e["method"] == "bigfl"] if "bigfl" in name else []
+        for e in interim:
+            evidence.append(f"unfinished BiG-FL seed {e['seed']} on {e['task']} at round {e['round']} of {e['rounds']} "
+                            f"(interim, not a result): test MSE {e['test_loss']:.4f}, best {e.get('best_test_loss', 0):.4f} "
+                            f"at round {e.get('best_round')}, ‖φ − I‖_F "
+                            + ("–" if e["phi_minus_identity"] is None else f"{e['phi_minus_identity']:.3f}")
+                            + ", smallest LL curvature "
+                            + ("–" if e.get("min_ll_curvature") is None else f"{e['min_ll_curvature']:.3g}"))
+        unstable = [e for e in interim if (e.get("min_ll_curvature") is not None and e["min_ll_curvature"] < 0
+                                           and e["test_loss"] > 1.5 * e.get("best_test_loss", e["test_loss"]))]
         if degenerate:
             v = "not testable"
             reasons = [f"BiG-FL's φ stayed within {PHI_MOVED:g} of I in {', '.join(degenerate)}: the upper level "
@@ -1314,6 +1332,11 @@ def claim_verdicts(doc: dict[str, Any]) -> dict[str, Any]:
         elif not verdicts:
             v = "not testable"
             reasons = ["no block has results for both methods (unfinished cells: see 'unfinished')"]
+            if unstable:
+                reasons.append(f"the unfinished BiG-FL cells of seed(s) {[e['seed'] for e in unstable]} were diverging at "
+                               "their last checkpoint: the lower level lost strong convexity (ll_min_curvature < 0, "
+                               "below -κ) and the test MSE rose well above its best; the settings chosen on a "
+                               "shorter validation run need re-tuning at this form's rounds (a larger κ)")
         elif not all(verdicts):
             v = "not reproduced"  # a contradiction stands whatever else is missing
         elif missing:

@@ -222,8 +222,23 @@ def test_a_partial_report_shows_an_unfinished_cell_at_its_last_checkpoint(
     with pytest.raises(mc.MissingCell, match="checkpointed at round 37 of 200"):
         mc.run_any("bigfl", TASK, 6, 200, 1, {"lr": 1.0}, mc.TRAIN)
     assert mc.IN_PROGRESS == [{"method": "bigfl", "task": TASK, "seed": 1, "round": 37, "rounds": 200,
-                               "test_loss": 0.2283, "phi_minus_identity": 0.237, "hypergrad_norm": None}]
+                               "test_loss": 0.2283, "phi_minus_identity": 0.237, "hypergrad_norm": None,
+                               "best_test_loss": 0.2283, "best_round": 37, "min_ll_curvature": None}]
     doc = {"in_progress": mc.IN_PROGRESS, "testgraph": {},
            "results": {"smooth": {"task": TASK, "methods": {"fedavg": {"curve": [{"round": 37, "test_loss": 0.2357}]}}}}}
     text = "\n".join(mc.in_progress_lines(doc))
-    assert "| bigfl seed 1 on synthetic-multicenter-smooth | 37 of 200 | 0.2283 | 0.237 | fedavg 0.2357 |" in text
+    assert ("| bigfl seed 1 on synthetic-multicenter-smooth | 37 of 200 | 0.2283 (best 0.2283 at round 37) | 0.237 | "
+            "– | fedavg 0.2357 |") in text
+
+
+def test_a_diverging_unfinished_bigfl_is_named_in_its_verdicts() -> None:
+    doc = _doc([0.05, 0.06, 0.07], [0.2, 0.3, 0.2])
+    res = doc["results"]["smooth"]
+    del res["methods"]["bigfl"], res["bigfl_phi"]
+    res["paired"] = mc.paired_table(res["methods"], mc.TRAIN_PAIRS)
+    doc["in_progress"] = [{"method": "bigfl", "task": TASK, "seed": 0, "round": 66, "rounds": 200, "test_loss": 0.85,
+                           "phi_minus_identity": 0.25, "hypergrad_norm": 0.17, "best_test_loss": 0.20,
+                           "best_round": 30, "min_ll_curvature": -0.34}]
+    v = mc.claim_verdicts(doc)["bigfl-beats-fesem"]
+    assert v["verdict"] == "not testable"
+    assert "round 66 of 200" in " ".join(v["evidence"]) and "diverging" in v["reason"]
