@@ -40,7 +40,6 @@ from pathlib import Path
 
 from graphfl.flowerx import clientapp_runtime, entrypoints
 from graphfl.flowerx.handshake_retry import install_on_fleet_connections
-from graphfl.flowerx.hash_once import install_supernode_store
 from graphfl.flowerx.object_io import widen_object_transfers
 from graphfl.flowerx.supernode_polls import PollPolicy, install_fast_polls
 
@@ -186,7 +185,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             install_fast_polls(PollPolicy(args.idle_min, args.idle_max, PollPolicy.growth, args.reply_poll),
                                on_message=child.notify if child is not None else None)
         widen_object_transfers()
-        install_supernode_store()   # the SuperLink checks every object id; this store does not re-hash
         install_on_fleet_connections()   # a TLS handshake the SuperLink cuts short is retried, not fatal
         if child is not None:
             entrypoints.add_exit_handler(child.stop)

@@ -283,8 +283,7 @@ def test_a_warm_supernode_on_an_unverified_flower_runs_stock_flower(fresh, caplo
     assert ran == [["flower-supernode", "--insecure", "--superlink", "x:9"]] and started == []
     assert {name: getattr(sci, name) for name in before} == before
     off = {line.split("'")[1] for line in _lines(caplog)}
-    assert {"warm-clientapp", "supernode-fast-polls", "object-io-threads", "object-hash-once",
-            "fleet-handshake-retry"} <= off
+    assert {"warm-clientapp", "supernode-fast-polls", "object-io-threads", "fleet-handshake-retry"} <= off
     assert any(wrapper.WARM_OFF_LINE in line for line in wrapper_lines), wrapper_lines
 
 

@@ -321,7 +321,7 @@ def _supernode_main_with(monkeypatch, flower_supernode, flower_args):
 
     for name in ("_pull_and_store_message", "pull_objects", "time"):   # install_fast_polls wraps these
         monkeypatch.setattr(sci, name, getattr(sci, name))
-    monkeypatch.setattr(ObjectStoreFactory, "store", ObjectStoreFactory.store)   # install_supernode_store wraps it
+    monkeypatch.setattr(ObjectStoreFactory, "store", ObjectStoreFactory.store)   # restored after the test
     monkeypatch.setattr(sys, "argv", list(sys.argv))
     monkeypatch.setattr(flower_cli, "flower_supernode", flower_supernode)
     return wrapper.main(["--clientapp-mode", "cold", "--polls", "fast", "--", *flower_args])
