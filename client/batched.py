@@ -398,7 +398,8 @@ def _train_chunk(
     rows = torch.as_tensor([stacked.row[p] for p in pids], device=device)[:, None, None]
     idx = torch.as_tensor(np.stack(indices)).to(device)          # clients × steps × batch
     steps = idx.shape[1]
-    gathered = idx.numel() * (stacked.x_train[0, 0].numel() + stacked.y_train[0, 0].numel()) * 4
+    gathered = idx.numel() * (stacked.x_train[0, 0].numel() * stacked.x_train.element_size()
+                              + stacked.y_train[0, 0].numel() * stacked.y_train.element_size())
     if gathered <= PREGATHER_BYTES:    # every step's minibatch in one gather: steps × clients × batch × ...
         by_step, rows_t = idx.transpose(0, 1), rows.transpose(0, 1)     # steps × clients × batch
         xs = stacked.x_train[rows_t, by_step]

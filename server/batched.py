@@ -277,6 +277,8 @@ class BatchedExchange(InProcessExchange):
             try:
                 job.objective = trainer.objective(request.server_round, job.payload, job.state)
                 self._check(job.objective.start, checked)
+                if job.objective.personal is not None:      # APFL's v_i comes from the client's state
+                    self._check(job.objective.personal.start, checked)
                 job.indices = draw_indices(job.objective, job.runtime.ctx.data.num_train, tc.batch_size)
             except Exception as exc:  # noqa: BLE001 - a failing client is a failed reply (logged)
                 replies[job.pid] = self.error_reply(request, job.pid, exc)
