@@ -16,8 +16,9 @@ Round t (seed 000, Algorithm 4; math in :mod:`graphfl.strategies.bigfl_math`):
 
 One ``λ`` weighs both levels' regularisers, as in the paper (eqs. 10.14 and 10.17); ``λ = 0``
 is refused: it removes φ from the lower level, so the run would be local training with
-``κ``, not BiG-FL (C2 e). ``κ`` defaults to 0.3, above the data Hessians' curvature deficits
-measured on the synthetic MLP (up to 0.16; C2 c); when the clients upload Hessians the server
+``κ``, not BiG-FL (C2 e). ``κ`` defaults to 0.3, chosen above the data Hessians' curvature
+deficit on the synthetic MLP (C2 c; the deficit grows as the models train, so a κ tuned on a
+short run must be checked against a long run's ``ll_min_curvature``); when the clients upload Hessians the server
 reports ``ll_min_curvature = min_i λ_min(∇²data_i + λ B_i B_iᵀ) + κ`` (``B_i = â_i φ − I``, the
 curvature of ``g_i`` in ``θ_i``) in round 1 and every ``curvature_every``
 rounds, and warns when it is not positive (the LL is then not strongly convex and the
