@@ -30,6 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from .stats import paired_difference
+
 Setting = tuple[int, int, float]
 Table = Mapping[Setting, Mapping[str, Any]]
 
@@ -74,14 +76,26 @@ VERDICT_RULES = {
 
 
 def paired(row: Mapping[str, Any], a: str, b: str, fixed: str | None = None) -> dict[str, Any]:
-    """Per-seed ``a − b`` of the error at one setting (``fixed``: a fixed-λ key for ``a`` and ``b`` where they have it)."""
-    def errs(m: str) -> list[float]:
+    """Per-seed ``a − b`` of the error at one setting (``fixed``: a fixed-λ key for ``a`` and ``b`` where they have it).
+
+    Both methods must have one finite error per seed of the row (``row["seeds"]`` where the row
+    names them): a :class:`ValueError` otherwise, never a comparison of unmatched seeds.
+    """
+    def errs(m: str) -> list[float | None]:
         entry = row[m]
         if fixed is not None and fixed in entry.get("fixed_lambda", {}):
             entry = entry["fixed_lambda"][fixed]
-        return [float(x) for x in entry["per_seed"]]
+        return list(entry["per_seed"])
 
-    diffs = [x - y for x, y in zip(errs(a), errs(b))]
+    ea, eb = errs(a), errs(b)
+    n = len(row["seeds"]) if "seeds" in row else max(len(ea), len(eb))
+    if len(ea) != n or len(eb) != n:
+        raise ValueError(f"paired {a} − {b}: {len(ea)} and {len(eb)} per-seed errors for {n} seeds")
+    d = paired_difference(ea, eb, expected=n)
+    if d["first_nonfinite"] or d["second_nonfinite"]:
+        raise ValueError(f"paired {a} − {b}: non-finite error at seed position(s) "
+                         f"{sorted(set(d['first_nonfinite'] + d['second_nonfinite']))}")
+    diffs = [float(x) - float(y) for x, y in zip(ea, eb)]  # type: ignore[arg-type]
     arr = np.asarray(diffs)
     return {"a": a, "b": b, "per_seed": diffs, "mean": float(arr.mean()),
             "sd": float(arr.std(ddof=1)) if arr.size > 1 else None, "a_better": int((arr < 0).sum()),

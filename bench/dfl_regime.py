@@ -32,7 +32,8 @@ evaluation points), its excess training objective ``F(θ̄) − F(θ*)`` (``F = 
 ``θ*`` its exact minimiser), the consensus violation ``(1/n) Σ ‖θ_i − θ̄‖²`` at the end; paired
 per-seed differences GT − SGD. Verdict per cell (:func:`cell_verdict`): ``GT wins`` when GT's
 final global test MSE is lower on every seed and the mean difference exceeds
-:data:`TIE_BAND` of DFL-SGD's mean, ``GT loses`` symmetrically, ``tie`` otherwise.
+:data:`TIE_BAND` of DFL-SGD's mean, ``GT loses`` symmetrically or when GT diverged on a seed,
+``not testable`` when DFL-SGD diverged on a seed (or a seed is missing), ``tie`` otherwise.
 """
 
 from __future__ import annotations
@@ -203,12 +204,21 @@ def run_one(method: str, topology: str, het: float, rule: str, batch: str, alpha
             "seconds": time.perf_counter() - t0}
 
 
-def cell_verdict(gt: list[float], sgd: list[float]) -> str:
-    """``GT wins`` / ``GT loses`` / ``tie`` from the per-seed final global test MSE (rule: module docstring)."""
-    d = paired_difference(gt, sgd)
-    if d["mean"] is None or not sgd:
+def cell_verdict(gt: list[float | None], sgd: list[float | None], expected: int | None = None) -> str:
+    """``GT wins`` / ``GT loses`` / ``tie`` from the per-seed final global test MSE (rule: module docstring).
+
+    ``gt[k]`` and ``sgd[k]`` belong to the same seed (``None`` or non-finite: that run diverged) of
+    ``expected`` seeds. ``not run`` when neither method has a finite value; ``GT loses`` when GT
+    diverged on some seed; ``not testable`` when a seed is missing or DFL-SGD diverged on some seed.
+    """
+    d = paired_difference(gt, sgd, expected=expected)
+    if d["first_nonfinite"] == list(range(len(gt))) and d["second_nonfinite"] == list(range(len(sgd))):
         return "not run"
-    band = TIE_BAND * float(np.mean(sgd))
+    if d["first_nonfinite"]:
+        return "GT loses"
+    if d["missing"] or d["second_nonfinite"] or d["mean"] is None:
+        return "not testable"
+    band = TIE_BAND * float(np.mean([float(x) for x in sgd if x is not None]))
     if d["first_better"] == d["seeds"] and d["mean"] < -band:
         return "GT wins"
     if d["first_better"] == 0 and d["mean"] > band and all(x > 0 for x in d["per_seed"]):
@@ -255,22 +265,21 @@ def run_cell(go: Any, cell: dict[str, Any], seeds: list[int]) -> dict[str, Any]:
     for m in ("fedavg", "local"):
         tuning[m] = tune(go, cell, (m,), seeds[0])
     res: dict[str, Any] = {}
+    keys = ("global", "global_over_run", "own", "excess", "population", "dist_opt", "consensus")
+    by_seed: dict[str, dict[str, list[float | None]]] = {}
     for m in METHODS:
         a = tuning["shared" if m in SHARED else m]["chosen"]
         runs: list[dict[str, Any]] = [go(m, cell, a, s, "test") if a is not None
                                       else {"diverged": "no eligible step"} for s in seeds]
         finals: list[dict[str, Any] | None] = [None if "diverged" in r else r["final"] for r in runs]
-        res[m] = {"alpha0": a, "metrics": {k: mean_sd([f[k] if f else None for f in finals])
-                                           for k in ("global", "global_over_run", "own", "excess", "population",
-                                                     "dist_opt", "consensus")}}  # curves stay in the cache
-    pairs = {k: paired_difference(res["dfl-gt"]["metrics"][k]["per_seed"], res["dfl-sgd"]["metrics"][k]["per_seed"])
+        by_seed[m] = {k: [f[k] if f else None for f in finals] for k in keys}  # None: diverged on that seed
+        res[m] = {"alpha0": a, "metrics": {k: mean_sd(v) for k, v in by_seed[m].items()}}  # curves stay in the cache
+    gt, sgd = by_seed["dfl-gt"], by_seed["dfl-sgd"]
+    pairs = {k: paired_difference(gt[k], sgd[k], expected=len(seeds))
              for k in ("global", "global_over_run", "excess", "population", "consensus")}
-    verdict = cell_verdict(res["dfl-gt"]["metrics"]["global"]["per_seed"],
-                           res["dfl-sgd"]["metrics"]["global"]["per_seed"])
-    verdict_pop = cell_verdict(res["dfl-gt"]["metrics"]["population"]["per_seed"],
-                               res["dfl-sgd"]["metrics"]["population"]["per_seed"])
-    verdict_speed = cell_verdict(res["dfl-gt"]["metrics"]["global_over_run"]["per_seed"],
-                                 res["dfl-sgd"]["metrics"]["global_over_run"]["per_seed"])
+    verdict = cell_verdict(gt["global"], sgd["global"], len(seeds))
+    verdict_pop = cell_verdict(gt["population"], sgd["population"], len(seeds))
+    verdict_speed = cell_verdict(gt["global_over_run"], sgd["global_over_run"], len(seeds))
     return {"cell": cell, "tuning": tuning, "results": res, "gt_minus_sgd": pairs, "verdict": verdict,
             "verdict_population": verdict_pop, "verdict_speed": verdict_speed}
 
@@ -313,8 +322,10 @@ def summary_lines(rows: list[dict[str, Any]]) -> list[str]:
     for key, what in (("verdict", "final global test MSE"), ("verdict_population", "global population risk"),
                       ("verdict_speed", "global test MSE averaged over the run (speed)")):
         out.append(f"- on the {what}:")
-        for v in ("GT wins", "tie", "GT loses"):
+        for v in ("GT wins", "tie", "GT loses", "not testable", "not run"):
             hit = [r["cell"] for r in rows if r[key] == v]
+            if not hit and v in ("not testable", "not run"):
+                continue
             desc = "; ".join(_where(c) for c in hit)
             out.append(f"  - **{v}** in {len(hit)}/{len(rows)} cells" + (f": {desc}" if hit else ""))
         for big_t in sorted({r["cell"]["T"] for r in rows}):
@@ -324,8 +335,11 @@ def summary_lines(rows: list[dict[str, Any]]) -> list[str]:
                            and r["cell"]["T"] == big_t]
                     wins = sum(r[key] == "GT wins" for r in sel)
                     loses = sum(r[key] == "GT loses" for r in sel)
+                    ties = sum(r[key] == "tie" for r in sel)
                     out.append(f"  - T={big_t}, {rule} step, {batch} batch: GT wins {wins}, ties "
-                               f"{len(sel) - wins - loses}, loses {loses} of {len(sel)} cells")
+                               f"{ties}, loses {loses} of {len(sel)} cells"
+                               + (f" ({len(sel) - wins - ties - loses} not testable or not run)"
+                                  if len(sel) > wins + ties + loses else ""))
     return out
 
 
@@ -432,7 +446,8 @@ def _panel(ax: Any, doc: dict[str, Any], rule: str, batch: str, metric: str) -> 
 
 VERDICT_RULE = (f"per cell, 'GT wins' when DFL-GT's final global-model test MSE is lower than DFL-SGD's on every "
                 f"seed (paired, same data, same shared alpha0) and the mean difference exceeds {TIE_BAND:.1%} of "
-                "DFL-SGD's mean; 'GT loses' symmetrically; otherwise 'tie'; the same rule on the population risk "
+                "DFL-SGD's mean; 'GT loses' symmetrically or when DFL-GT diverged on a seed; 'not testable' when DFL-SGD "
+                "diverged on a seed; otherwise 'tie'; the same rule on the population risk "
                 "(exact expected test MSE) and on the test MSE averaged over the run's evaluation points (speed)")
 
 

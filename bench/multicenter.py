@@ -57,10 +57,14 @@ in-process driver. The form logs its estimated time (:func:`estimate`) before it
 continues from ``<out>/cache`` (finished cells are read back, an interrupted cell runs again).
 Several processes may share one cache: ``workers`` processes run BiG-FL's train-graph cells when its
 settings are known in advance (``bigfl_settings``), ``--only <method>`` processes run one method's
-tuning and evaluation cells, and a cell being computed is claimed (``<hash>.running``) so the others
-wait for it instead of running it twice. ``--cache-only`` reports what the cache holds without
-running anything: the result is then marked PARTIAL and names every missing cell. Each paper claim
-gets a verdict computed from the per-seed paired differences (:func:`claim_verdicts`).
+tuning and evaluation cells, and a cell being computed is claimed (``<hash>.running``, created with
+``O_EXCL``, naming the holder's host, pid and start time) so the others wait for it, at most
+:func:`claim_wait_limit`, instead of running it twice. A resumed cell's wall time covers only its
+last part and is left out of the mean wall time. ``--cache-only`` reports what the cache holds
+without running anything: the result is then marked PARTIAL and names every missing cell. Each paper
+claim gets a verdict computed from the per-seed paired differences (:func:`claim_verdicts`): a seed
+on which the method claimed better has no finite final loss is a loss; a missing seed, or one on
+which the other method has none, makes the claim not testable.
 
 FeSEM's ``local_test_loss`` is read from the run's curve rows when the round recorder keeps it;
 otherwise the bench evaluates the final models once more through the same client exchange.
@@ -68,6 +72,7 @@ otherwise the bench evaluates the final models once more through the same client
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import logging
@@ -83,6 +88,7 @@ from graphfl.common.results import atomic_write_text
 from graphfl.tasks.holdout import VALIDATION_FRACTION, validation_task
 
 from .runcache import RunCache
+from .stats import first_better_on_every_seed, paired_difference
 from .tuning import search_grid
 
 logger = logging.getLogger(__name__)
@@ -364,16 +370,25 @@ def run_any(method: str, task: str, nodes: int, rounds: int, seed: int, settings
     if _CACHE_ONLY and not _cache.has(key):
         note = _note_progress(key)
         raise MissingCell(f"{method} seed {seed} on {task} not in the cache" + (f"; {note}" if note else ""))
-    wait_for_claim(key)
     lr = float(settings["lr"])
     overrides = key["overrides"]
-    if _cache.has(key):
-        return _cache.get(key) or {}
-    with claim(key):
-        if method == "dfl":
-            return _cache(key, lambda: run_dfl(task, nodes, rounds, seed, lr))
-        work = None if hook is not None or _cache.folder is None else _cache._path(key).with_suffix(".run")
-        return _cache(key, lambda: run_method(method, task, nodes, rounds, seed, overrides, hook, work))
+    t0 = time.monotonic()
+    while True:  # a process that loses the race for the claim waits for the winner
+        wait_for_claim(key)
+        if _cache.has(key):
+            return _cache.get(key) or {}
+        with claim(key) as held:
+            if not held:
+                if time.monotonic() - t0 > claim_wait_limit(method, rounds):
+                    raise TimeoutError(f"B2: could not claim {method} {task} seed {seed} "
+                                       f"(claim file {_claim_file(key)})")
+                time.sleep(1.0)
+                continue
+            if method == "dfl":
+                return _cache(key, lambda: run_dfl(task, nodes, rounds, seed, lr))
+            work = None if hook is not None or _cache.folder is None else _cache._path(key).with_suffix(".run")
+            return _cache(key, lambda: run_method(method, task, nodes, rounds, seed, overrides, hook,
+                                                  work))  # noqa: B023 (called before the loop goes on)
 
 
 def final_metric(run: dict[str, Any], key: str) -> float | None:
@@ -650,9 +665,11 @@ def _combine(runs: list[dict[str, Any]], metric: str) -> dict[str, Any]:
     finals = [final_metric(r, metric) for r in runs]
     mean, sd = _stats(finals)
     agg = [s for r in runs for s in r["aggregate_seconds"]]
+    walls = [r["wall_seconds"] for r in runs if not r.get("resumed")]  # a resumed run timed only its last part
     final: dict[str, Any] = {metric: mean, f"{metric}_sd": sd, "per_seed": finals,
                              "aggregate_seconds_per_round": float(np.mean(agg)) if agg else None,
-                             "wall_seconds": float(np.mean([r["wall_seconds"] for r in runs]))}
+                             "wall_seconds": float(np.mean(walls)) if walls else None,
+                             "wall_seconds_resumed_excluded": len(runs) - len(walls)}
     if any("local_test_loss" in r for r in runs):
         locs = [r.get("local_test_loss") for r in runs]
         final["local_test_loss"], final["local_test_loss_sd"] = _stats(locs)
@@ -665,11 +682,11 @@ def _combine(runs: list[dict[str, Any]], metric: str) -> dict[str, Any]:
     return {"final": final, "curve": curve}
 
 
-def _paired(a: dict[str, Any], b: dict[str, Any], key: str = "test_loss") -> dict[str, Any]:
-    """Per-seed ``a − b`` of the final ``key`` (negative = ``a`` better) and the sign count."""
-    d = [x - y for x, y in zip(a["final"]["per_seed"], b["final"]["per_seed"]) if x is not None and y is not None]
-    mean, sd = _stats(d)
-    return {"per_seed": d, "mean": mean, "sd": sd, "first_better": int(sum(v < 0 for v in d)), "seeds": len(d)}
+def _paired(a: dict[str, Any], b: dict[str, Any], expected: int | None = None) -> dict[str, Any]:
+    """Per-seed ``a − b`` of the final test loss (negative = ``a`` better), the sign count, and which
+    seeds are missing or non-finite (:func:`bench.stats.paired_difference` over ``expected`` seeds).
+    """
+    return paired_difference(a["final"]["per_seed"], b["final"]["per_seed"], expected=expected)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -766,13 +783,42 @@ def precompute_others(form: Form, settings_of: dict[str, dict[str, Any]], seeds:
 
 CLAIM_POLL_SECONDS = 10.0
 """How often a process waits for a cell that another process (a BiG-FL worker) is computing."""
+CLAIM_WAIT_FACTOR = 20.0
+"""A wait for another process's cell ends in an error after this many times the cell's estimate
+(:data:`SECONDS_PER_ROUND` × rounds), and never before :data:`CLAIM_WAIT_MIN_SECONDS`."""
+CLAIM_WAIT_MIN_SECONDS = 3600.0
+
+
+def claim_wait_limit(method: str, rounds: int) -> float:
+    """Seconds to wait for another process computing a ``method`` cell of ``rounds`` rounds."""
+    per_round = SECONDS_PER_ROUND.get(method, max(SECONDS_PER_ROUND.values()))
+    return max(CLAIM_WAIT_MIN_SECONDS, CLAIM_WAIT_FACTOR * per_round * max(int(rounds), 1))
 
 
 def _claim_file(key: dict[str, Any]) -> Path | None:
-    """``<cache>/<key hash>.running``: the ids of the processes computing ``key``'s cell."""
+    """``<cache>/<key hash>.running``: the identity of the process computing ``key``'s cell."""
     if _cache.folder is None:
         return None
     return _cache._path(key).with_suffix(".running")
+
+
+def _proc_start(pid: int) -> str | None:
+    """The start time of process ``pid`` (field 22 of ``/proc/<pid>/stat``, clock ticks since boot); None if unknown."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2:].split()  # field 3 onwards (the name, field 2, may hold spaces)
+    return fields[19] if len(fields) > 19 else None
+
+
+def _identity(pid: int | None = None) -> str:
+    """``"<hostname> <pid> <start time>"`` of ``pid`` (this process by default): what a claim file holds."""
+    import os
+    import socket
+
+    pid = os.getpid() if pid is None else pid
+    return f"{socket.gethostname()} {pid} {_proc_start(pid) or '-'}"
 
 
 def _alive(pid: int) -> bool:
@@ -787,47 +833,118 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _claim_pids(key: dict[str, Any]) -> list[int]:
-    import os
+def _holder_alive(holder: str) -> bool:
+    """Whether the process a claim file names still runs: same host, pid alive and the same start time
+    (a reused pid has another); a holder on another host cannot be checked and counts as alive.
+    """
+    import socket
 
-    claim = _claim_file(key)
-    if claim is None or not claim.is_file():
-        return []
-    return [int(x) for x in claim.read_text().split() if x.strip().isdigit() and int(x) != os.getpid()]
+    parts = holder.split()
+    try:
+        if len(parts) == 1:  # a bare pid
+            return _alive(int(parts[0]))
+        host, pid, start = parts[0], int(parts[1]), (parts[2] if len(parts) > 2 else "-")
+    except (IndexError, ValueError):
+        return False
+    if host != socket.gethostname():
+        return True
+    if pid <= 0 or not _alive(pid):
+        return False
+    now = _proc_start(pid)
+    return start == "-" or now is None or now == start
+
+
+def _holder(key: dict[str, Any]) -> str | None:
+    """The live process (its identity) other than this one that has claimed ``key``'s cell, or None."""
+    path = _claim_file(key)
+    if path is None:
+        return None
+    try:
+        holder = path.read_text().strip()
+    except OSError:
+        return None
+    return holder if holder and holder != _identity() and _holder_alive(holder) else None
 
 
 def claimed(key: dict[str, Any]) -> bool:
     """Whether a live process other than this one has claimed ``key``'s cell."""
-    return any(_alive(p) for p in _claim_pids(key))
+    return _holder(key) is not None
+
+
+def _try_claim(path: Path) -> bool:
+    """Create ``path`` with this process's identity (``O_CREAT | O_EXCL``: one creator wins).
+
+    An existing file whose holder has ended (or is this process) is taken over; False when a live
+    holder has it. Two processes taking over the same dead claim at once can at worst both compute
+    the cell (the cache write is atomic).
+    """
+    import os
+
+    me = _identity()
+    for _ in range(3):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            try:
+                holder = path.read_text().strip()
+            except OSError:
+                continue  # removed meanwhile
+            if holder and holder != me and _holder_alive(holder):
+                return False
+            logger.warning("B2 taking over the claim %s of the ended process %r", path, holder)
+            try:
+                if path.read_text().strip() == holder:
+                    path.unlink()
+            except OSError:
+                pass
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(me + "\n")
+        return True
+    return False
 
 
 @contextlib.contextmanager
-def claim(key: dict[str, Any]) -> Iterator[None]:
-    """Mark ``key``'s cell as being computed by this process (another process sharing the cache waits)."""
-    import os
+def claim(key: dict[str, Any]) -> Iterator[bool]:
+    """Mark ``key``'s cell as being computed by this process (another process sharing the cache waits).
 
+    Yields whether this process holds the claim (False: a live process claimed it first; the
+    caller waits for it with :func:`wait_for_claim`). The claim file is removed on exit if it is ours.
+    """
     path = _claim_file(key)
-    if path is not None:
-        atomic_write_text(path, f"{os.getpid()}\n")
+    held = True if path is None else _try_claim(path)
     try:
-        yield
+        yield held
     finally:
-        if path is not None:
-            path.unlink(missing_ok=True)
+        if path is not None and held:
+            try:
+                if path.read_text().strip() == _identity():
+                    path.unlink()
+            except OSError:
+                pass
 
 
-def wait_for_claim(key: dict[str, Any], poll: float = CLAIM_POLL_SECONDS) -> None:
-    """Wait while another live process has claimed ``key``'s cell and its result is not yet cached."""
-    pids = _claim_pids(key)
-    if _cache.has(key) or not any(_alive(p) for p in pids):
+def wait_for_claim(key: dict[str, Any], poll: float = CLAIM_POLL_SECONDS, limit: float | None = None) -> None:
+    """Wait while another live process has claimed ``key``'s cell and its result is not yet cached.
+
+    Raises :class:`TimeoutError` (naming the cell, the holder and the claim file) after ``limit``
+    seconds (default :func:`claim_wait_limit` of the cell).
+    """
+    holder = _holder(key)
+    if _cache.has(key) or holder is None:
         return
-    logger.info("B2 waiting for process(es) %s computing %s %s seed %s", pids, key["method"], key["task"],
-                key["seed"])
-    while not _cache.has(key) and any(_alive(p) for p in pids):
+    limit = claim_wait_limit(key["method"], key["rounds"]) if limit is None else limit
+    what = f"{key['method']} {key['task']} seed {key['seed']}"
+    logger.info("B2 waiting (at most %.0f s) for process %s computing %s", limit, holder, what)
+    t0 = time.monotonic()
+    while not _cache.has(key) and (holder := _holder(key)) is not None:
+        if time.monotonic() - t0 > limit:
+            raise TimeoutError(f"B2: {what} is still claimed by process {holder!r} after {limit:.0f} s "
+                               f"(claim file {_claim_file(key)}); stop that process or remove the file if it "
+                               "is stale, then run again")
         time.sleep(poll)
     if not _cache.has(key):
-        logger.warning("B2 process(es) %s ended without a result for %s seed %s; computing it here",
-                       pids, key["method"], key["seed"])
+        logger.warning("B2 the process computing %s ended without a result; computing it here", what)
 
 
 def _prewarm_job(args: tuple[Any, ...]) -> None:
@@ -921,9 +1038,18 @@ def run(quick: bool = False, seed: int = 0, out: Path | str = Path("runs/bench")
 
     if not cache_only:
         precompute_others(form, settings_of, seeds)
+    waves = -(-len(pending) // max(form.workers, 1))  # the workers run the cells this many at a time
+    deadline = time.monotonic() + waves * claim_wait_limit("bigfl", form.rounds)
     for f in pending:  # the cells are then in the cache; a failed one is computed again below (and fails there)
         try:
-            f.result()
+            f.result(timeout=max(0.0, deadline - time.monotonic()))
+        except concurrent.futures.TimeoutError as exc:
+            for proc in list(getattr(pool, "_processes", {}).values()):  # the workers this run started
+                proc.terminate()
+            raise TimeoutError(f"B2: the BiG-FL train-graph cells in worker processes did not finish within "
+                               f"{waves * claim_wait_limit('bigfl', form.rounds):.0f} s ({waves} wave(s) of "
+                               f"{claim_wait_limit('bigfl', form.rounds):.0f} s); their progress is checkpointed "
+                               "in the run cache, run again to resume") from exc
         except Exception:  # reported again when the main loop runs the cell itself
             logger.exception("B2 BiG-FL cell in a worker failed")
     if pool is not None:
@@ -976,7 +1102,7 @@ def run(quick: bool = False, seed: int = 0, out: Path | str = Path("runs/bench")
         res["at_constant_level"] = at_constant_level(res["methods"], res["constant_predictors"],
                                                      f"{gen} generator, train graph")
         mm = res["methods"]
-        res["paired"] = paired_table(mm, TRAIN_PAIRS)
+        res["paired"] = paired_table(mm, TRAIN_PAIRS, len(seeds))
         results[gen] = res
 
     testgraph: dict[str, Any] = {}
@@ -1020,7 +1146,7 @@ def run(quick: bool = False, seed: int = 0, out: Path | str = Path("runs/bench")
         res["at_constant_level"] = at_constant_level(res["methods"], res["constant_predictors"],
                                                      f"{gen} generator, test graph")
         mm = res["methods"]
-        res["paired"] = paired_table(mm, TEST_PAIRS)
+        res["paired"] = paired_table(mm, TEST_PAIRS, len(seeds))
         testgraph[gen] = res
 
     # Part 2: digits with permuted-label groups
@@ -1165,9 +1291,11 @@ def _pair_name(a: str, b: str) -> str:
     return f"{a}_minus_{b}"
 
 
-def paired_table(methods: dict[str, Any], pairs: tuple[tuple[str, str], ...]) -> dict[str, Any]:
-    """Per-seed paired differences ``a − b`` for each pair whose two methods have results."""
-    return {_pair_name(a, b): _paired(methods[a], methods[b]) for a, b in pairs if a in methods and b in methods}
+def paired_table(methods: dict[str, Any], pairs: tuple[tuple[str, str], ...],
+                 expected: int | None = None) -> dict[str, Any]:
+    """Per-seed paired differences ``a − b`` (over ``expected`` seeds) for each pair whose two methods have results."""
+    return {_pair_name(a, b): _paired(methods[a], methods[b], expected) for a, b in pairs
+            if a in methods and b in methods}
 
 
 def timing_table(methods: dict[str, Any], runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
@@ -1230,10 +1358,23 @@ TRANSFER_CLAIM = ("bigfl-transfers", "the φ BiG-FL learned on the train graph, 
 
 
 def _holds(p: dict[str, Any] | None) -> bool | None:
-    """``a`` better than ``b`` on every seed (paired difference < 0 each); ``None`` without a result."""
-    if not p or p.get("mean") is None or not p.get("seeds"):
-        return None
-    return bool(p["mean"] < 0 and p["first_better"] == p["seeds"])
+    """``a`` better than ``b`` on every expected seed (:func:`bench.stats.first_better_on_every_seed`):
+    ``False`` when ``a`` diverged on a seed, ``None`` without a result, with a seed missing or ``b``
+    non-finite on a seed.
+    """
+    return first_better_on_every_seed(p)
+
+
+def _gap(p: dict[str, Any] | None) -> str:
+    """Why a paired difference is not testable: missing seeds, non-finite finals of the second method."""
+    if not p:
+        return "no result"
+    out = []
+    if p.get("missing"):
+        out.append(f"{p['missing']} of {p.get('expected')} seeds missing")
+    if p.get("second_nonfinite"):
+        out.append(f"the second method's final is non-finite on seed position(s) {p['second_nonfinite']}")
+    return "; ".join(out) or "no seed compared"
 
 
 def _blocks(doc: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
@@ -1296,7 +1437,7 @@ def claim_verdicts(doc: dict[str, Any]) -> dict[str, Any]:
                 p = res["paired"].get(_pair_name(a, b))
                 h = _holds(p)
                 if h is None or p is None:
-                    missing.append(f"{a} − {b} in {where}")
+                    missing.append(f"{a} − {b} in {where}" + ("" if p is None else f" ({_gap(p)})"))
                     continue
                 fa, fb = mm[a]["final"], mm[b]["final"]
                 evidence.append(f"{where}: {a} {_pm(fa['test_loss'], fa['test_loss_sd'])} vs {b} "
@@ -1331,7 +1472,8 @@ def claim_verdicts(doc: dict[str, Any]) -> dict[str, Any]:
                        "did not act, a bug to fix before any BiG-FL verdict"] + reasons
         elif not verdicts:
             v = "not testable"
-            reasons = ["no block has results for both methods (unfinished cells: see 'unfinished')"]
+            reasons = ["no block has results for both methods on every seed (unfinished cells: see 'unfinished')"
+                       + (f": {', '.join(missing)}" if missing else "")]
             if unstable:
                 reasons.append(f"the unfinished BiG-FL cells of seed(s) {[e['seed'] for e in unstable]} were diverging at "
                                "their last checkpoint: the lower level lost strong convexity (ll_min_curvature < 0, "
@@ -1347,18 +1489,28 @@ def claim_verdicts(doc: dict[str, Any]) -> dict[str, Any]:
         out[name] = {"claim": statement, "verdict": v, "evidence": evidence,
                      "reason": "; ".join(dict.fromkeys(reasons)) if v != "reproduced" else ""}
     name, statement = TRANSFER_CLAIM
-    evidence, verdicts = [], []
-    for where, res in _blocks(doc):
-        p = res["paired"].get("bigfl_learned_minus_identity")
+    evidence, verdicts, missing = [], [], []
+    for where, res in doc["testgraph"].items():
+        where = f"{where}, test graph"
+        p = res.get("paired", {}).get("bigfl_learned_minus_identity")
         h = _holds(p)
-        if h is not None and p is not None:
-            evidence.append(f"{where}: learned φ − φ = I {_fmt_d(p)}")
-            verdicts.append(h)
-    v = "not testable" if not verdicts else ("reproduced" if all(verdicts) else "not reproduced")
-    out[name] = {"claim": statement, "verdict": v, "evidence": evidence,
-                 "reason": "" if v == "reproduced" else ("no test-graph result for both φ (unfinished cells)"
-                                                         if not verdicts else "the difference is not consistent "
-                                                         "across seeds or favours φ = I")}
+        if h is None:
+            missing.append(f"learned φ − φ = I in {where} ({_gap(p)})")
+            continue
+        evidence.append(f"{where}: learned φ − φ = I {_fmt_d(p)}")
+        verdicts.append(h)
+    for gen in doc.get("config", {}).get("testgraph_generators", []):
+        if gen not in doc["testgraph"]:
+            missing.append(f"learned φ − φ = I in {gen}, test graph (no test-graph block)")
+    if verdicts and not all(verdicts):
+        v, reason = "not reproduced", "the difference is not consistent across seeds or favours φ = I"
+    elif missing or not verdicts:
+        v = "not testable"
+        reason = (f"no result for {', '.join(missing)} (unfinished cells)" if missing
+                  else "no test-graph result for both φ (unfinished cells)")
+    else:
+        v, reason = "reproduced", ""
+    out[name] = {"claim": statement, "verdict": v, "evidence": evidence, "reason": reason}
     return out
 
 

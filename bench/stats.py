@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["mean_sd", "paired_difference", "mean_curve", "fmt_pm"]
+__all__ = ["mean_sd", "paired_difference", "first_better_on_every_seed", "mean_curve", "fmt_pm"]
 
 
 def _finite(v: Any) -> bool:
@@ -34,17 +34,46 @@ def mean_sd(values: Sequence[float | None]) -> dict[str, Any]:
 
 
 def paired_difference(a: Sequence[float | None], b: Sequence[float | None],
-                      lower_is_better: bool = True) -> dict[str, Any]:
+                      lower_is_better: bool = True, expected: int | None = None) -> dict[str, Any]:
     """Per-seed ``a − b`` over the seeds where both are finite: :func:`mean_sd` plus the sign count.
 
-    ``first_better`` counts the seeds on which ``a`` is better (``a < b`` when lower is better,
-    ``a > b`` otherwise); ``seeds`` the seeds compared.
+    ``a[k]`` and ``b[k]`` are the values of the same seed (``None`` or non-finite: the run gave no
+    finite final value). ``first_better`` counts the seeds on which ``a`` is better (``a < b`` when
+    lower is better, ``a > b`` otherwise); ``seeds`` the seeds compared. ``expected`` (default: the
+    longer list's length) is how many seeds the comparison should have: ``missing`` counts the seeds
+    absent from either list, ``first_nonfinite`` / ``second_nonfinite`` list the positions where
+    ``a`` / ``b`` is not finite. A list longer than ``expected`` is an error.
     """
-    diffs = [float(x) - float(y) for x, y in zip(a, b) if _finite(x) and _finite(y)]  # type: ignore[arg-type]
+    n = max(len(a), len(b)) if expected is None else int(expected)
+    if len(a) > n or len(b) > n:
+        raise ValueError(f"paired_difference: {len(a)} and {len(b)} values for {n} expected seeds")
+    pairs = list(zip(a, b))
+    diffs = [float(x) - float(y) for x, y in pairs if _finite(x) and _finite(y)]  # type: ignore[arg-type]
     out = mean_sd(diffs)
     out["first_better"] = int(sum((d < 0) if lower_is_better else (d > 0) for d in diffs))
     out["seeds"] = len(diffs)
+    out["expected"] = n
+    out["missing"] = n - len(pairs)
+    out["first_nonfinite"] = [k for k, (x, _) in enumerate(pairs) if not _finite(x)]
+    out["second_nonfinite"] = [k for k, (_, y) in enumerate(pairs) if not _finite(y)]
     return out
+
+
+def first_better_on_every_seed(p: dict[str, Any] | None) -> bool | None:
+    """Whether a claim "``a`` beats ``b``" holds on a :func:`paired_difference`: the rule every verdict uses.
+
+    ``False`` when ``a`` has no finite value on some seed (the method claimed better diverged or
+    failed there: a loss, whatever the other seeds say); ``None`` (not testable) when there is no
+    result, a seed is missing, or ``b`` has no finite value on some seed; otherwise whether ``a`` is
+    better on every expected seed.
+    """
+    if not p:
+        return None
+    if p.get("first_nonfinite"):
+        return False
+    if p.get("missing") or p.get("second_nonfinite") or p.get("mean") is None or not p.get("seeds"):
+        return None
+    return bool(p["first_better"] == p["seeds"] == p.get("expected", p["seeds"]))
 
 
 def mean_curve(curves: Sequence[Sequence[dict[str, Any]]], keys: Sequence[str],
