@@ -5,8 +5,11 @@ A folder is recognised by its files, in this order:
 
 * ``run.json`` or ``progress.jsonl`` -> ``kind = "run"`` (``graphfl run``, any engine);
 * ``p2p.json``, ``network.toml`` or ``peer-<id>.json`` / ``.status.json`` / ``.rounds.jsonl`` -> ``"p2p"``;
-* any other ``*.json`` with a ``name`` and ``methods`` or ``table`` -> ``"bench"``;
-* nothing of these -> ``"unknown"`` with a message naming the folder and the files looked for.
+* any other ``*.json`` that is a graphfl benchmark result (a ``name`` and one of the layouts
+  :mod:`.bench_results` reads: the harness's ``results`` list, ``methods``, ``cells``, ``table``,
+  ``rows``) -> ``"bench"``;
+* nothing of these -> ``"unknown"`` with a message naming the folder, the files looked for and
+  any JSON in it that is not a graphfl result.
 
 Rules: reading never raises (a folder that vanished, a file that is not JSON, a half-written line
 are reported in ``messages``); a document that fails to parse keeps the last complete version
@@ -15,6 +18,7 @@ read from it (:class:`SnapshotCache`), so a file caught mid-write never blanks t
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -28,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from . import bench_results
 
 logger = logging.getLogger(__name__)
 
@@ -131,7 +137,7 @@ def read_toml(path: Path) -> dict[str, Any]:
 
 
 DERIVED_KEEP = 64
-"""Views kept by :meth:`SnapshotCache.derived` (the oldest is dropped first)."""
+"""Names kept by :meth:`SnapshotCache.derived`, one view each (the oldest name is dropped first)."""
 
 
 class SnapshotCache:
@@ -141,7 +147,7 @@ class SnapshotCache:
 
     def __init__(self) -> None:
         self._docs: dict[Path, tuple[float, Any]] = {}
-        self._derived: dict[tuple[str, int], tuple[Any, Any]] = {}
+        self._derived: dict[str, tuple[Any, Any]] = {}
         self._lock = threading.Lock()
 
     def json(self, path: Path, messages: list[str]) -> dict[str, Any] | None:
@@ -170,16 +176,20 @@ class SnapshotCache:
     def derived(self, doc: Mapping[str, Any], name: str, compute: Callable[[], Any]) -> Any:
         """``compute()`` for the document ``doc`` (an object :meth:`json` returned), computed once
         while that document is the current one: a view that costs time on a large ``run.json`` is
-        redone when the file changes, not on every poll. Keeps the newest :data:`DERIVED_KEEP`.
+        redone when the file changes, not on every poll.
+
+        One entry per ``name`` (the document it was computed from and the view): a newer document
+        replaces it, so a ``run.json`` rewritten on every poll holds one document here, not many.
+        At most :data:`DERIVED_KEEP` names are kept.
         """
-        key = (name, id(doc))
         with self._lock:
-            hit = self._derived.get(key)
+            hit = self._derived.get(name)
         if hit is not None and hit[0] is doc:
             return hit[1]
         value = compute()
         with self._lock:
-            self._derived[key] = (doc, value)
+            self._derived.pop(name, None)
+            self._derived[name] = (doc, value)
             while len(self._derived) > DERIVED_KEEP:
                 self._derived.pop(next(iter(self._derived)))
         return value
@@ -266,9 +276,18 @@ def _bench_files(folder: Path, names: Iterable[str]) -> list[Path]:
             doc = read_json(path)
         except (OSError, ReadError):
             continue
-        if "name" in doc and ("methods" in doc or "table" in doc):
+        if bench_results.is_result(doc):
             out.append(path)
     return out
+
+
+def _other_json(folder: Path) -> list[str]:
+    """Names of the ``*.json`` in ``folder`` (at most 5) that are not graphfl results."""
+    try:
+        names = sorted(n for n in os.listdir(folder) if n.endswith(".json"))
+    except OSError:
+        return []
+    return names[:5]
 
 
 def snapshot(folder: Path, cache: SnapshotCache | None = None) -> dict[str, Any]:
@@ -287,6 +306,11 @@ def snapshot(folder: Path, cache: SnapshotCache | None = None) -> dict[str, Any]
             base["messages"].append(
                 f"{folder} is not a graphfl output folder: it has no run.json, progress.jsonl, p2p.json, "
                 "network.toml, peer-<id>.json or benchmark JSON")
+            others = _other_json(folder)
+            if others:
+                base["messages"].append(
+                    f"{', '.join(others)}: not a graphfl benchmark result (a result has a name and the "
+                    "method results of bench/report.py: results, methods, cells, table or rows)")
         elif kind == "run":
             _run_snapshot(folder, cache, base)
         elif kind == "p2p":
@@ -350,7 +374,8 @@ def _run_document(doc: Mapping[str, Any], out: dict[str, Any], cache: SnapshotCa
     out["table"] = _client_table(curve, env)
     if out["error"] and out["status"] != "completed":
         _mark_named_clients(out["table"], out["error"])
-    out["graph"] = (cache or SnapshotCache()).derived(doc, "graph", lambda: _run_graph(curve, cfg))
+    out["graph"] = (cache or SnapshotCache()).derived(doc, f"graph {out['path']}",
+                                                           lambda: _run_graph(curve, cfg))
 
 
 def _client_table(curve: Sequence[Mapping[str, Any]], env: Mapping[str, Any]) -> dict[str, Any]:
@@ -702,15 +727,15 @@ def _link_bytes(links: Mapping[int, Mapping[str, Any]], a: int, b: int) -> int |
 
 
 def _edge_bytes(graph: dict[str, Any], links: Mapping[int, Mapping[str, Any]]) -> None:
-    """``edge_bytes``: ``[bytes i → j, bytes j → i]`` per edge ``[i, j, w]`` (``None`` where no
-    peer of the link reported it) from the peers' ``links`` (``peer-<id>.json``, else their
-    status file while they run).
+    """``edge_bytes``: ``[bytes i → j, bytes j → i]`` per edge ``[i, j, w]`` from the peers'
+    ``links`` (``peer-<id>.json``, else their status file while they run). A direction no peer
+    of the link reported is ``None`` (not 0 bytes), and so is an edge with neither direction.
     """
-    out: list[list[int] | None] = []
+    out: list[list[int | None] | None] = []
     for e in graph["edges"]:
         a, b = int(e[0]), int(e[1])
         ab, ba = _link_bytes(links, a, b), _link_bytes(links, b, a)
-        out.append(None if ab is None and ba is None else [ab or 0, ba or 0])
+        out.append(None if ab is None and ba is None else [ab, ba])
     graph["edge_bytes"] = out
     if any(x is not None for x in out):
         graph["title"] = graph["title"].replace("p2p topology (edge weight)",
@@ -753,7 +778,7 @@ def _bench_snapshot(folder: Path, cache: SnapshotCache, out: dict[str, Any]) -> 
     for path in _bench_files(folder, names):
         doc = cache.json(path, msgs)
         if doc is not None:
-            docs.append(_bench_doc(path, doc))
+            docs.append(cache.derived(doc, f"bench {path}", functools.partial(bench_results.view, path.name, doc)))
     out["bench"] = docs
     out["status"] = "results"
     out["title"] = ", ".join(d["name"] for d in docs) or folder.name
@@ -764,45 +789,3 @@ def _fmt(value: Any) -> str:
     if v is None:
         return "" if value is None else str(value)
     return f"{v:.4g}"
-
-
-def _bench_doc(path: Path, doc: Mapping[str, Any]) -> dict[str, Any]:
-    """Methods (rows) with their final numbers as ``mean ± sd`` (a key ``k`` beside ``k_sd``), the
-    number of seeds where the method lists them, and the document's verdicts / claims.
-    """
-    methods = _dict(doc.get("methods"))
-    rows, columns = [], []
-    for name, body in methods.items():
-        if not isinstance(body, dict):
-            continue
-        final = _dict(body.get("final")) or body
-        cells: dict[str, str] = {}
-        for key, value in final.items():
-            if key.endswith("_sd") or _finite(value) is None:
-                continue
-            sd = _finite(final.get(f"{key}_sd"))
-            cells[key] = _fmt(value) + (f" ± {_fmt(sd)}" if sd is not None else "")
-            if key not in columns:
-                columns.append(key)
-        seeds = body.get("seeds")
-        if seeds is None:
-            per_seed = next((v for k, v in body.items() if k.endswith("per_seed") and isinstance(v, list)), None)
-            seeds = len(per_seed) if per_seed is not None else None
-        rows.append({"method": str(name), "seeds": seeds if isinstance(seeds, int) else
-                     (len(seeds) if isinstance(seeds, list) else None), "cells": cells})
-    verdicts: list[str] = []
-    for key in ("verdict", "verdicts", "claims"):
-        value = doc.get(key)
-        if isinstance(value, dict):
-            verdicts.extend(f"{k}: {_short(v)}" for k, v in value.items())
-        elif isinstance(value, list):
-            verdicts.extend(_short(v) for v in value)
-        elif value is not None:
-            verdicts.append(_short(value))
-    return {"file": path.name, "name": str(doc.get("name", path.stem)), "columns": columns[:12], "rows": rows,
-            "verdicts": verdicts[:50]}
-
-
-def _short(value: Any, limit: int = 300) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, default=str)
-    return text if len(text) <= limit else text[: limit - 1] + "…"

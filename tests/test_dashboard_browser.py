@@ -278,7 +278,8 @@ def test_failed_run_bad_folder_and_bench_results(browser, procs, tmp_path, artif
     half.mkdir()
     (half / "run.json").write_text((failed / "run.json").read_text()[:200])
     bench = Path(__file__).resolve().parents[1] / "docs" / "results" / "dfl-quick"
-    dash = procs(tmp_path / "dash.log", "dashboard", str(failed), str(unknown), str(half), str(bench))
+    harness = bench.parent / "dfl-full"
+    dash = procs(tmp_path / "dash.log", "dashboard", str(failed), str(unknown), str(half), str(bench), str(harness))
     browser.get(dash.address())
     _wait(lambda: _js(browser, "return document.body.dataset.polls"), 60, "the first poll")
     box = _text(browser, "#folder-0 .error-box")
@@ -292,7 +293,14 @@ def test_failed_run_bad_folder_and_bench_results(browser, procs, tmp_path, artif
     methods = json.loads((bench / "dfl.json").read_text())["methods"]
     assert _js(browser, "return document.querySelectorAll('#folder-3 table.bench tr.method').length") == len(methods)
     assert "±" in _text(browser, "#folder-3")
+    doc = json.loads((harness / "dfl.json").read_text())  # a harness result: rows, paired differences, verdicts
+    assert _js(browser, "return document.querySelectorAll('#folder-4 table.bench tr.method').length") == len(doc["results"])
+    assert _js(browser, "return document.querySelectorAll('#folder-4 table.bench tr.paired').length") == len(doc["paired"])
+    statuses = _js(browser, "return [...document.querySelectorAll('#folder-4 .verdict-status')].map(e => e.dataset.status)")
+    assert statuses == [v["verdict"] for v in doc["verdicts"].values()]
     browser.save_screenshot(str(artifacts / "dashboard-bad-input.png"))
+    _js(browser, "document.querySelector('#folder-4').scrollIntoView(); return 1")
+    browser.save_screenshot(str(artifacts / "dashboard-bench.png"))
     shutil.rmtree(half)  # a folder that vanishes: a message, the page keeps polling
     polls = int(_js(browser, "return document.body.dataset.polls"))
     _wait(lambda: int(_js(browser, "return document.body.dataset.polls")) > polls + 1, 30, "two more polls")

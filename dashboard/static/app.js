@@ -96,7 +96,9 @@ function drawGraph(g, shown) {
     pos.set(node.id, [cx + rad * Math.cos(a), cy + rad * Math.sin(a)]);
   });
   const wmax = Math.max(1e-12, ...edges.map((e) => Math.abs(e[2])));
-  const totals = bytes ? bytes.map((b) => (b ? b[0] + b[1] : null)) : null;
+  // a direction no peer reported is null: the total counts what was reported, marked "≥"
+  const totals = bytes ? bytes.map((b) => (b ? (b[0] ?? 0) + (b[1] ?? 0) : null)) : null;
+  const partial = bytes ? bytes.map((b) => !!b && (b[0] === null || b[1] === null)) : null;
   const bmax = totals ? Math.max(1, ...totals.filter((t) => t !== null)) : 1;
   const box = svg("svg", {width: W, height: H, viewBox: `0 0 ${W} ${H}`, class: "graph",
                           "data-nodes": n, "data-edges": edges.length,
@@ -117,12 +119,12 @@ function drawGraph(g, shown) {
                               "data-w": w, "data-bytes": tb});
     const note = notes && notes[k] ? `; ${state ? state + ": " : ""}${notes[k]}` : state ? `; ${state}` : "";
     const sent = bytes && bytes[k]
-      ? `; bytes ${i} → ${j}: ${fmtBytes(bytes[k][0])}, ${j} → ${i}: ${fmtBytes(bytes[k][1])}` : "";
+      ? `; bytes ${i} → ${j}: ${fmtBytes(bytes[k][0]) || "–"}, ${j} → ${i}: ${fmtBytes(bytes[k][1]) || "–"}` : "";
     line.append(svg("title", {}, [`${i} – ${j}: weight ${fmt(w)}${note}${sent}`]));
     box.append(line);
     if (edges.length <= 16) {  // more labels overlap: the weights and bytes stay in each edge's tooltip
       box.append(svg("text", {x: (a[0] + b[0]) / 2, y: (a[1] + b[1]) / 2 - 2, "text-anchor": "middle",
-                              class: "edge-label"}, [tb !== null && tb !== undefined ? fmtBytes(tb) : fmt(w)]));
+                              class: "edge-label"}, [tb !== null && tb !== undefined ? (partial[k] ? "≥ " : "") + fmtBytes(tb) : fmt(w)]));
     }
   });
   for (const node of nodes) {
@@ -205,16 +207,44 @@ function table(t) {
     el("table", {class: "grid " + label}, [head, ...rows])]);
 }
 
+function benchTable(cls, rows, lead, columns, cellOf) {
+  const cols = [...lead, ...columns];
+  const errors = rows.some((r) => r.error);  // failed or skipped rows: red, with their error text
+  const head = el("tr", {}, [...cols, ...(errors ? ["error"] : [])].map((c) => el("th", {}, [c.replace(/_/g, " ")])));
+  const body = rows.map((r) => {
+    const tr = el("tr", {class: cls + (r.failed || r.error ? " failed" : "")},
+      cols.map((c) => el("td", {class: lead.includes(c) ? "text" : "num", "data-col": c}, [cellOf(r, c)])));
+    if (errors) tr.append(el("td", {class: "text", "data-col": "error"}, [r.error || ""]));
+    return tr;
+  });
+  return el("table", {class: "grid bench " + cls}, [head, ...body]);
+}
+
 function benchView(docs) {
+  // the comparison view of one benchmark result: methods (mean ± sd, seeds), paired differences, verdicts
   return docs.map((d) => {
-    const cols = ["method", "seeds", ...d.columns];
-    const head = el("tr", {}, cols.map((c) => el("th", {}, [c.replace(/_/g, " ")])));
-    const rows = d.rows.map((r) => el("tr", {class: "method"}, cols.map((c) =>
-      el("td", {class: c === "method" ? "text" : "num"},
-         [c === "method" ? r.method : c === "seeds" ? fmt(r.seeds) : (r.cells[c] || "")]))));
-    const parts = [el("h3", {}, [`${d.name} (${d.file}): ${d.rows.length} methods`]),
-                   el("table", {class: "grid bench"}, [head, ...rows])];
-    if (d.verdicts.length) parts.push(el("ul", {class: "verdicts"}, d.verdicts.map((v) => el("li", {}, [v]))));
+    const pointed = d.rows.some((r) => r.point);
+    const lead = [...(pointed ? ["point"] : []), "method", "seeds"];
+    const cellOf = (r, c) => (c === "point" ? r.point : c === "method" ? r.method
+      : c === "seeds" ? fmt(r.seeds) : (r.cells[c] || ""));
+    const parts = [el("h3", {}, [`${d.name} (${d.file}): ${d.methods} methods, ${d.rows.length} rows`]),
+                   benchTable("method", d.rows, lead, d.columns, cellOf)];
+    if (d.paired) {
+      const plead = [...(d.paired.rows.some((r) => r.point) ? ["point"] : []), "pair"];
+      const noted = d.paired.rows.some((r) => r.note);
+      parts.push(el("h3", {}, ["paired differences (first − second, per seed)"]),
+        benchTable("paired", d.paired.rows, plead, [...d.paired.columns, ...(noted ? ["note"] : [])],
+                   (r, c) => (c === "point" ? r.point : c === "pair" ? r.pair
+                     : c === "note" ? r.note : (r.cells[c] || ""))));
+    }
+    if (d.verdicts.length) {
+      parts.push(el("ul", {class: "verdicts"}, d.verdicts.map((v) => el("li", {class: "verdict"}, [
+        ...(v.status ? [el("span", {class: "verdict-status " + v.status.replace(/ /g, "-"),
+                                    "data-status": v.status}, [v.status])] : []),
+        (v.name ? `${v.name}: ` : "") + v.text,
+        ...(v.evidence.length ? [el("ul", {class: "evidence"}, v.evidence.map((e) => el("li", {}, [e])))] : [])]))));
+    }
+    if (d.caps.length) parts.push(el("div", {class: "graph-cap bench-cap"}, [d.caps.join("; ")]));
     return el("div", {class: "table-box"}, parts);
   });
 }
