@@ -166,6 +166,7 @@ def test_a_stopped_run_resumes_from_its_cache_and_logs_an_estimate_first(tmp_pat
     fr.run(quick=False, seed=0, out=out, data_dir=tmp_path / "no-data", plan=one)   # 'killed' after seed 0
     cached = len(list((out / "cache").glob("*.json")))
     assert cached == len(fr.p1_jobs(TINY, 0)) + 1  # every FedRelax run of seed 0 and the seed's joint cell
+    caplog.clear()   # only the resumed run's lines: an earlier test may have left graphfl.bench at INFO
     with caplog.at_level("INFO", logger="graphfl.bench"):
         doc = fr.run(quick=False, seed=0, out=out, data_dir=tmp_path / "no-data", plan=TINY)
     kinds = doc["estimate"]["kinds"]["two-cluster"]
