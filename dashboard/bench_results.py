@@ -62,6 +62,7 @@ def _finite(value: Any) -> float | None:
 
 
 def _dict(value: Any) -> dict[str, Any]:
+    """``value`` when it is a JSON object, else an empty one (a file's shape is never trusted)."""
     return value if isinstance(value, dict) else {}
 
 

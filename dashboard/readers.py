@@ -21,7 +21,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import math
 import os
 import re
 import threading
@@ -34,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from . import bench_results
+from .bench_results import _dict, _finite
 
 logger = logging.getLogger(__name__)
 
@@ -60,18 +60,6 @@ _PEER_FILE = re.compile(r"^peer-(\d+)\.(json|status\.json|rounds\.jsonl)$")
 
 class ReadError(Exception):
     """A result file that could not be read as a document (the message names the file)."""
-
-
-def _finite(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    value = float(value)
-    return value if math.isfinite(value) else None
-
-
-def _dict(value: Any) -> dict[str, Any]:
-    """``value`` when it is a JSON object, else an empty one (a file's shape is never trusted)."""
-    return value if isinstance(value, dict) else {}
 
 
 def _read_text(path: Path) -> str:
