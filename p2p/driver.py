@@ -243,6 +243,19 @@ def skip_target(latest: dict[int, int], t: int, num_neighbours: int) -> int:
     return current[0]
 
 
+def passed_neighbours(latest: dict[int, int], t: int, period: int) -> set[int]:
+    """The neighbours whose messages show them at least two communication rounds past ``t``.
+
+    ``latest`` is :meth:`~graphfl.p2p.transport.Mailbox.witness_rounds` (a round refused as beyond
+    the horizon counts, clamped to ``t + horizon``). A neighbour at round ``t + 2·period`` or later
+    has finished round ``t + period``, for which it needed this node's message (not sent yet) or
+    its deadline; so its round-``t`` message left at least one deadline before, and if it is not
+    here it never will be. Waiting for it would make every round last the full deadline while the
+    rounds of a healed partition stay apart (a chain of peers one round apart never closes).
+    """
+    return {j for j, r in latest.items() if r >= t + 2 * period}
+
+
 def run_node(
     algo: P2PAlgorithm[Any, Any],
     oracle: Any,
@@ -321,6 +334,9 @@ def run_node(
                 t = ahead
                 state = replace(state, t=ahead)
                 transport.advance(ahead)
+                latest = transport.mailbox.witness_rounds(t)
+            passed = passed_neighbours(latest, t, algo.period)
+            exchange.mark_passed(t, passed)
             comm_rounds += 1
         infos: list[ExchangeInfo] = []
         loss = float(state.loss)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from graphfl.common.config import ConfigError
@@ -91,6 +91,18 @@ class NeighbourExchange:
         self.neighbours = tuple(sorted(transport.neighbours))
         self.policy = policy
         self._unreachable: tuple[int, set[int]] = (-1, set())  # (round, neighbours found unreachable in it)
+        self._passed: tuple[int, frozenset[int]] = (-1, frozenset())
+
+    def mark_passed(self, t: int, neighbours: Iterable[int]) -> None:
+        """Neighbours known to have finished round ``t`` long ago: under ``on_missing = "skip"`` the
+        exchanges of round ``t`` take their message if it is already here and do not wait for it.
+
+        The driver marks a neighbour whose messages show it two communication rounds past ``t``
+        (:func:`graphfl.p2p.driver.passed_neighbours`): it sent its round-``t`` message at least one
+        round deadline before its later ones, so a message not here by now was lost (sent while a
+        link was down, or refused as beyond this node's horizon) and will never come.
+        """
+        self._passed = (t, frozenset(neighbours))
 
     def exchange(
         self,
@@ -131,13 +143,14 @@ class NeighbourExchange:
         self._unreachable[1].update(info.unreachable)  # also for later phases of this round, which may not send to them
         expected = sorted(self.neighbours if senders is None else senders)
         if self.policy.on_missing == "skip":
-            wait_for = [j for j in expected if j not in self._unreachable[1]]
+            passed = self._passed[1] if self._passed[0] == t else frozenset()
+            wait_for = [j for j in expected if j not in self._unreachable[1] and j not in passed]
         else:
             wait_for = list(expected)
         spent = time.monotonic() - start
         got = self.transport.receive(t, channels, wait_for, max(0.0, self.policy.round_timeout - spent))
         late = [j for j in expected if j not in got and j not in wait_for]
-        if late:  # unreachable now, but their message may already be here
+        if late:  # unreachable now or passed, but their message may already be here
             got.update(self.transport.receive(t, channels, late, 0.0))
         info.present = sorted(got)
         info.missing = [j for j in expected if j not in got]
