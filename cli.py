@@ -36,6 +36,7 @@ BENCHMARKS = {
     "jgesr": "graphfl.bench.jgesr",
     "jgesr-cost": "graphfl.bench.jgesr_cost",
     "heterogeneity": "graphfl.bench.heterogeneity",
+    "multicenter-regime": "graphfl.bench.multicenter_regime",
     "multicenter": "graphfl.bench.multicenter",
     "dfl": "graphfl.bench.dfl",
     "dfl-regime": "graphfl.bench.dfl_regime",

@@ -188,6 +188,13 @@ class DataConfig:
     dim: int = field(default=0, metadata={"min": 0})
     """Model size of tasks that take one: ``synthetic-vector``'s number of parameters (0 = the
     task's default, 100 000). Other tasks ignore it."""
+    client_samples: int = field(default=0, metadata={"min": 0})
+    """Training rows per client of tasks that take one (``synthetic-multicenter*``: 0 = the task's
+    default, 100; the test rows stay the task's default). Other tasks ignore it."""
+    cluster_std: float = field(default=0.0, metadata={"min": 0.0})
+    """Standard deviation of each mixture component around its center, for tasks with planted
+    clusters that take one (``synthetic-multicenter*``: 0 = the task's default, 0.5; smaller =
+    clusters further apart relative to their spread). Other tasks ignore it."""
 
 
 COMPRESS_KINDS = ("none", "quant", "topk")

@@ -81,6 +81,13 @@ class SyntheticMulticenter(Task):
     ``scale=True`` (default) divides X and Y by 60 (inputs in [-1, 1]) for optimizer
     stability, as the spec allows; MSE is then reported in those units.
 
+    Knobs (``data.*``, defaults = the paper's setting): ``data.client-samples`` training rows
+    per client (0 = 100; the test rows stay 100, drawn after the training rows from the same
+    stream: the first ``min(m, 100)`` training rows do not depend on ``m``, the test rows do); ``data.cluster-std`` the standard
+    deviation of each mixture component around its center (0 = 0.5). The centers and labels do
+    not depend on either knob, and the component noise is the same standard-normal draw scaled
+    by ``cluster-std``, so changing it moves every client's vector along one fixed direction.
+
     Variants (class attributes, one registered name each):
 
     * ``ground_truth_kind = "smooth"`` (``synthetic-multicenter-smooth``): the ground truth
@@ -98,6 +105,9 @@ class SyntheticMulticenter(Task):
     num_clusters = 3
     dim = 8
     samples = 100
+    """Training rows per client when ``data.client-samples`` is 0, and test rows always."""
+    cluster_std = 0.5
+    """Component standard deviation when ``data.cluster-std`` is 0."""
     knn = 4
     ground_truth_kind = "mixture"  # or "smooth" (U = ÂV, eq. 10.13)
     graph_role = "train"  # or "test" (the homologous test graph)
@@ -115,9 +125,19 @@ class SyntheticMulticenter(Task):
             if self.graph_role == "test":
                 rng = np.random.default_rng([self.seed, 12])  # same centers, fresh nodes
             labels = rng.integers(0, self.num_clusters, size=num_partitions)
-            vectors = centers[labels] + 0.5 * rng.standard_normal((num_partitions, self.dim**2))
+            vectors = centers[labels] + self.component_std * rng.standard_normal((num_partitions, self.dim**2))
             self._cache[num_partitions] = (vectors, labels)
         return self._cache[num_partitions]
+
+    @property
+    def train_samples(self) -> int:
+        """Training rows per client (``data.client-samples``, else :attr:`samples`)."""
+        return int(self.data.client_samples) or self.samples
+
+    @property
+    def component_std(self) -> float:
+        """Standard deviation of each mixture component (``data.cluster-std``, else :attr:`cluster_std`)."""
+        return float(self.data.cluster_std) or self.cluster_std
 
     def mixture_vectors(self, num_partitions: int) -> np.ndarray:
         """The mixture samples ``V`` (n×64), from which the graph is built."""
@@ -134,7 +154,7 @@ class SyntheticMulticenter(Task):
         w = self._weights(num_partitions)[partition_id].reshape(self.dim, self.dim)
         stream = 11 if self.graph_role == "train" else 13
         rng = np.random.default_rng([self.seed, stream, partition_id])
-        x_tr = rng.uniform(-60, 60, size=(self.samples, self.dim))
+        x_tr = rng.uniform(-60, 60, size=(self.train_samples, self.dim))
         x_te = rng.uniform(-60, 60, size=(self.samples, self.dim))
         if self.scale:
             x_tr, x_te = x_tr / 60.0, x_te / 60.0
