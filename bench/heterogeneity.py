@@ -32,6 +32,19 @@ learned graph's off-diagonal weight that lies inside the planted groups (``withi
 graph gives ``(n/3 − 1)/(n − 1)``); the seeds on which pFedGraph's graph is the identity (all
 weight on the client itself: pFedGraph is then Local training).
 
+Personalised form (``--form personal``, :data:`PERSONAL`; ALGORITHMS.md §0.1 C5–C7): the same
+protocol with FedAvg, Local, APFL, APFLGate, FedGATE and the constants at Dirichlet 0.05, 0.1
+and 0.5. At its tuned step each gate-family method's own hyperparameters are chosen on the same
+validation runs: APFL's mixing weight over :attr:`Form.apfl_alpha` (plus adaptive ``α_i``
+started at 0.5 when :attr:`Form.apfl_adaptive`), FedGATE's ``τ`` over :attr:`Form.gate_tau` and
+APFLGate's ``(α, τ)`` over their product. ``τ`` is read as a multiple of the local steps ``R``
+(``tau-mode = multiple-of-steps``, C5); a grid with ``τ ≤ R/2`` is refused when the form is
+declared (the strategies refuse it too). The personal output is the locally trained copy
+(``personal-output = local-copy``, C6). Metric: APFL / APFLGate the mixture
+``α_i h(v_i) + (1 − α_i) h(w_i)`` per client (the run's ``test_acc``, as bench apflgate reads
+it), FedGATE the global model; their last-round global-model accuracy and the mixture with the
+aggregated ``w`` are kept as diagnostics (``global_acc``, ``mix_aggregated_acc``).
+
 Declared on the harness (:mod:`graphfl.bench.harness`): every run goes through the run cache in
 ``<out>/cache`` (an interrupted sweep resumes), the time estimate is logged; results in
 ``<out>/heterogeneity.{json,md,png}``.
@@ -61,16 +74,33 @@ logger = logging.getLogger(__name__)
 
 NAME = "heterogeneity"
 TASKS = ("digits", "digits-permuted")
+TAU_MODE = "multiple-of-steps"
+"""FedGATE / APFLGate read every ``τ`` of a form as a multiple of the local steps ``R`` (C5)."""
 TRAINED: dict[str, tuple[str, dict[str, Any]]] = {
     "FedAvg": ("fedavg", {}),
     "Local": ("local", {}),
     "FeSEM": ("fesem", {}),
     "JGESR": ("jgesr", {"jgesr.solver": "pdca", "jgesr.log-graph": True}),
     "pFedGraph": ("pfedgraph", {}),
+    "APFL": ("apfl", {"apfl.personal-output": "local-copy"}),
+    "APFLGate": ("apflgate", {"apflgate.personal-output": "local-copy", "apflgate.tau-mode": TAU_MODE}),
+    "FedGATE": ("fedgate", {"fedgate.tau-mode": TAU_MODE}),
 }
 CONSTANTS = ("Const-own", "Const-pooled")
 """Constant predictors (no training): each client's own training majority class; the pooled one."""
 METHODS = (*TRAINED, *CONSTANTS)
+"""Every method a form may name."""
+GRAPH_METHODS = ("FedAvg", "Local", "FeSEM", "JGESR", "pFedGraph", *CONSTANTS)
+"""The methods of the quick and full forms."""
+PERSONAL_METHODS = ("FedAvg", "Local", "APFL", "APFLGate", "FedGATE", *CONSTANTS)
+"""The methods of the personalised form."""
+MIXING = ("APFL", "APFLGate")
+"""Methods whose metric is the personal mixture ``α_i h(v_i) + (1 − α_i) h(w_i)``."""
+GATE_TAU = ("APFLGate", "FedGATE")
+"""Methods with a ``τ`` (tuned over :attr:`Form.gate_tau`, multiples of ``R``)."""
+APFL_DEFAULT_ALPHA = 0.5
+GATE_DEFAULT_TAU = 1.0
+"""``τ = R``, FedTorch's rule (as a multiple of ``R``)."""
 REFERENCES = ("FedAvg", "Local")
 """Every method is compared, per seed, with each of these."""
 FESEM_DEFAULT_K = 3
@@ -91,13 +121,19 @@ class Form:
     lr_grid: tuple[float, ...]
     dirichlet: tuple[float, ...] = (0.05, 0.1, 0.3, 1.0)
     tasks: tuple[str, ...] = TASKS
-    methods: tuple[str, ...] = METHODS
+    methods: tuple[str, ...] = GRAPH_METHODS
     fesem_k: tuple[int, ...] = (2, 3, 4)
     pfedgraph_alpha: tuple[float, ...] = (0.2, 0.8, 3.0)
     lam_grid: tuple[float, ...] = (0.1, 1.0, 10.0)
     alpha_grid: tuple[float, ...] = (0.01, 0.1, 1.0)
     beta_grid: tuple[float, ...] = (0.001, 0.01, 0.1)
     graph_search: str = "coordinate"
+    apfl_alpha: tuple[float, ...] = (0.25, 0.5, 0.75)
+    """Fixed mixing weights ``α`` tried for APFL and APFLGate."""
+    apfl_adaptive: bool = True
+    """Also try adaptive ``α_i`` (started at :data:`APFL_DEFAULT_ALPHA`, step ``train.lr``)."""
+    gate_tau: tuple[float, ...] = (1.0, 10.0, 100.0)
+    """``τ`` tried for FedGATE and APFLGate, as multiples of ``R`` (each must exceed 1/2, C5)."""
     engine: str = "batched"
     permuted_nodes: int = 12
     """Clients of ``digits-permuted`` (a multiple of its 3 groups: 12 = 3 groups of 4)."""
@@ -106,6 +142,11 @@ class Form:
 QUICK = Form(nodes=10, rounds=30, local_steps=10, batch_size=32, seeds=3, lr_grid=(0.1, 0.3, 1.0))
 FULL = Form(nodes=20, rounds=100, local_steps=20, batch_size=32, seeds=5, lr_grid=(0.03, 0.1, 0.3, 1.0),
             dirichlet=(0.05, 0.1, 0.3, 1.0, 10.0), graph_search="grid")
+PERSONAL = dataclasses.replace(QUICK, dirichlet=(0.05, 0.1, 0.5), methods=PERSONAL_METHODS)
+"""The personalised methods against FedAvg and Local as label skew grows (C7: Dirichlet ≤ 0.1
+and planted groups, beside B8's 0.5)."""
+FORMS = {"personal": PERSONAL}
+"""Named forms (``graphfl bench heterogeneity --form NAME``)."""
 RESUMABLE = True
 """An interrupted sweep continues in the same ``--out`` (finished runs come from ``<out>/cache``)."""
 
@@ -125,7 +166,8 @@ def run_values(method: str, task: str, form: Form, seed: int, dirichlet: float, 
     """The run configuration of one run (``params``: ``lr`` and the method's own tuned values).
 
     Defaults are filled in (FeSEM ``K`` = 3, pFedGraph ``α`` = 0.8, JGESR's ``(λ, α, β)``
-    = :data:`graphfl.bench.jgesr.GRAPH_DEFAULT`), so a run at a default and the same run with the
+    = :data:`graphfl.bench.jgesr.GRAPH_DEFAULT`, APFL / APFLGate ``α`` = 0.5 fixed, FedGATE /
+    APFLGate ``τ`` = 1 × R), so a run at a default and the same run with the
     default named share one cache entry. Constant predictors have no step.
     """
     values: dict[str, Any] = {"task": task, "nodes": nodes_for(form, task), "seed": seed,
@@ -143,7 +185,26 @@ def run_values(method: str, task: str, form: Form, seed: int, dirichlet: float, 
     elif strategy == "jgesr":
         lam, alpha, beta = params.get("graph") or bj.GRAPH_DEFAULT
         values.update({"jgesr.lam": lam, "jgesr.alpha": alpha, "jgesr.beta": beta})
+    if method in MIXING:
+        values[f"{strategy}.alpha"] = float(params.get("alpha", APFL_DEFAULT_ALPHA))
+        if params.get("adaptive"):
+            values[f"{strategy}.adaptive-alpha"] = True
+    if method in GATE_TAU:
+        values[f"{strategy}.tau"] = float(params.get("tau", GATE_DEFAULT_TAU))
     return values
+
+
+def tau_grid_problem(form: Form) -> str | None:
+    """Why the form's ``τ`` grid is refused (a ``τ ≤ R/2``, C5), or ``None``."""
+    from graphfl.strategies.apfl_math import tau_problem
+
+    for tau in form.gate_tau:
+        if tau <= 0:
+            return f"gate_tau {tau:g}: τ is a multiple of R here and must be > 1/2 (0 would mean τ = R: write 1)"
+        problem = tau_problem("fedgate.tau", float(tau), TAU_MODE, form.local_steps)
+        if problem:
+            return problem
+    return None
 
 
 def offdiag_cv(graph: np.ndarray) -> float | None:
@@ -237,6 +298,8 @@ def run_one(method: str, task: str, form: Form, seed: int, dirichlet: float, par
                        **{k: v for k, v in _graph_stats(server.get("graph"), task, n).items() if k != "graph_cv"}}
     elif strategy == "pfedgraph":
         out["diag"] = _graph_stats(server.get("graph"), task, n)
+    elif method in MIXING:
+        out["diag"] = {"global_acc": last.get("global_test_acc"), "mix_aggregated_acc": last.get("mix_aggregated_test_acc")}
     logger.info("%s %s alpha %g seed %d %s: acc %.4f", method, task, dirichlet, seed, params,
                 out["final"] if out["final"] is not None else float("nan"))
     return out
@@ -254,6 +317,29 @@ def _args(cell: Cell, form: Form) -> tuple[Any, ...]:
 def _best(scores: dict[Any, float | None], fallback: Any) -> Any:
     finite = {k: v for k, v in scores.items() if v is not None and np.isfinite(v)}
     return max(finite, key=lambda k: finite[k]) if finite else fallback
+
+
+def gate_candidates(method: str, form: Form) -> list[tuple[tuple[str, Any], ...]]:
+    """The own settings tried for a gate-family method, the default first.
+
+    APFL: ``α`` over :attr:`Form.apfl_alpha` (+ adaptive from 0.5); FedGATE: ``τ`` over
+    :attr:`Form.gate_tau`; APFLGate: the product of both.
+    """
+    mix: list[tuple[tuple[str, Any], ...]] = [(("alpha", APFL_DEFAULT_ALPHA),)]
+    mix += [(("alpha", float(a)),) for a in form.apfl_alpha if float(a) != APFL_DEFAULT_ALPHA]
+    if form.apfl_adaptive:
+        mix.append((("adaptive", True), ("alpha", APFL_DEFAULT_ALPHA)))
+    taus: list[tuple[tuple[str, Any], ...]] = [(("tau", GATE_DEFAULT_TAU),)]
+    taus += [(("tau", float(t)),) for t in form.gate_tau if float(t) != GATE_DEFAULT_TAU]
+    if method == "APFL":
+        return mix
+    if method == "FedGATE":
+        return taus
+    return [m + t for m in mix for t in taus]
+
+
+def _label(candidate: tuple[tuple[str, Any], ...]) -> str:
+    return ",".join(f"{k}={'adaptive' if v is True else format(v, 'g')}" for k, v in candidate)
 
 
 def refine_for(form: Form) -> Callable[[str, dict[str, Any], Callable[[dict[str, Any]], float | None]],
@@ -275,6 +361,11 @@ def refine_for(form: Form) -> Callable[[str, dict[str, Any], Callable[[dict[str,
             al = {a: evaluate({**params, "alpha": a}) for a in form.pfedgraph_alpha}
             a = _best(al, PFEDGRAPH_DEFAULT_ALPHA)
             return {**params, "alpha": a}, {"alpha": a, "validation_acc": {f"{x:g}": v for x, v in al.items()}}
+        if method in MIXING or method in GATE_TAU:
+            grid = gate_candidates(method, form)
+            tried = {c: evaluate({**params, **dict(c)}) for c in grid}
+            best = dict(_best(tried, grid[0]))
+            return {**params, **best}, {**best, "validation_acc": {_label(c): v for c, v in tried.items()}}
         return params, {}
 
     return refine
@@ -288,6 +379,10 @@ def declare(form: Form, seed: int) -> Bench:
     bad = [t for t in form.tasks if t not in TASKS]
     if bad:
         raise ValueError(f"bench {NAME}: unknown tasks {bad}; valid: {list(TASKS)}")
+    if any(m in GATE_TAU for m in form.methods):
+        problem = tau_grid_problem(form)
+        if problem:
+            raise ValueError(f"bench {NAME}: {problem}")
     refs = [r for r in REFERENCES if r in form.methods]
     pairs = [(m, r) for r in refs for m in form.methods if m != r]
 
@@ -295,7 +390,7 @@ def declare(form: Form, seed: int) -> Bench:
         return {"bench": NAME, "method": cell.method, **run_values(*_args(cell, form))}
 
     return Bench(
-        name=NAME, title="When graph-aware FL helps: Dirichlet label skew × methods (digits, digits-permuted)",
+        name=NAME, title=title(form),
         methods=form.methods, points=points(form), seeds=[seed + k for k in range(form.seeds)],
         metrics=(Metric("acc", "accuracy (%)", lower_is_better=False, fmt=".2f", scale=100.0),),
         run_cell=lambda cell: run_one(*_args(cell, form)), key=key,
@@ -304,42 +399,97 @@ def declare(form: Form, seed: int) -> Bench:
         tuning=Tuning(param="lr", grid=form.lr_grid, metric="acc", lower_is_better=False, max_extensions=0,
                       if_all_fail=form.lr_grid[0], refine=refine_for(form)),
         pairs=pairs,
-        cost=lambda cell: 0.05 if cell.method in CONSTANTS else 2.0 if cell.method == "JGESR" else 1.0)
+        cost=lambda cell: 0.05 if cell.method in CONSTANTS else 2.0 if cell.method in ("JGESR", *MIXING) else 1.0)
+
+
+def title(form: Form) -> str:
+    """The result's title: graph-aware or personalised methods."""
+    kind = "personalised" if set(form.methods) & {*MIXING, *GATE_TAU} else "graph-aware"
+    return f"When {kind} FL helps: Dirichlet label skew × methods ({', '.join(form.tasks)})"
 
 
 def unspecified(form: Form) -> list[str]:
     """The sizes and choices of this run, as written in the result."""
-    return [
+    lines = [
         f"tasks {list(form.tasks)}; clients: digits {nodes_for(form, 'digits')}, digits-permuted "
         f"{nodes_for(form, 'digits-permuted')} (3 planted groups, labels permuted per group); Dirichlet alpha "
         f"{list(form.dirichlet)} label split; local train/test split 80/20",
         f"{form.rounds} rounds, {form.local_steps} local SGD steps of batch {form.batch_size} per round (plain SGD, "
         f"momentum 0), the same for every method; engine {form.engine}; clean uplink (no channel noise)",
-        f"per grid point: step per method from {list(form.lr_grid)} on validation ({VALIDATION_FRACTION:.0%} of each "
-        "client's training data, first seed) by mean validation accuracy; then at that step FeSEM K from "
-        f"{list(form.fesem_k)}, pFedGraph alpha from {list(form.pfedgraph_alpha)}, JGESR (lambda, alpha, beta) over "
-        f"{list(form.lam_grid)} x {list(form.alpha_grid)} x {list(form.beta_grid)} ({form.graph_search} search, "
-        "as bench jgesr); constants have no step (their tuning rows are meaningless)",
-        "JGESR: PDCA solver, graph scale sum_{i<j} w_ij = n; FeSEM: k-means++ warm-up, prox 0, E-step every round; "
-        "pFedGraph: clip 0.9, lam 0.01",
-        f"metric: mean over clients of the test accuracy after the last round, {form.seeds} seeds, paired per-seed "
-        "differences against FedAvg and against Local",
-        "model: MLP 64-64-10 (the digits task's)",
     ]
+    own = []
+    if "FeSEM" in form.methods:
+        own.append(f"FeSEM K from {list(form.fesem_k)}")
+    if "pFedGraph" in form.methods:
+        own.append(f"pFedGraph alpha from {list(form.pfedgraph_alpha)}")
+    if "JGESR" in form.methods:
+        own.append(f"JGESR (lambda, alpha, beta) over {list(form.lam_grid)} x {list(form.alpha_grid)} x "
+                   f"{list(form.beta_grid)} ({form.graph_search} search, as bench jgesr)")
+    mixing = f"alpha from {list(form.apfl_alpha)}" + (" or adaptive alpha_i (from 0.5)" if form.apfl_adaptive else "")
+    taus = f"tau from {[f'{t:g}R' for t in form.gate_tau]}"
+    if "APFL" in form.methods:
+        own.append(f"APFL {mixing}")
+    if "FedGATE" in form.methods:
+        own.append(f"FedGATE {taus}")
+    if "APFLGate" in form.methods:
+        own.append(f"APFLGate ({mixing}) x ({taus})")
+    lines.append(f"per grid point: step per method from {list(form.lr_grid)} on validation ({VALIDATION_FRACTION:.0%} "
+                 "of each client's training data, first seed) by mean validation accuracy; then at that step "
+                 + ", ".join(own or ["nothing else"]) + "; constants have no step "
+                 "(their tuning rows are meaningless)")
+    if any(m in form.methods for m in ("FeSEM", "JGESR", "pFedGraph")):
+        lines.append("JGESR: PDCA solver, graph scale sum_{i<j} w_ij = n; FeSEM: k-means++ warm-up, prox 0, E-step "
+                     "every round; pFedGraph: clip 0.9, lam 0.01")
+    if any(m in form.methods for m in (*MIXING, *GATE_TAU)):
+        lines.append(f"gate family: tau read as a multiple of R = {form.local_steps} local steps (tau-mode {TAU_MODE}; "
+                     "tau <= R/2 is unstable by construction and refused, ALGORITHMS.md §0.1 C5); server step gamma 1; "
+                     "APFL/APFLGate personal output with the locally trained copy w_i (personal-output local-copy, C6), "
+                     "v_i from the initial global model, same minibatch and step as w_i; metric: APFL/APFLGate the "
+                     "personal mixture alpha_i h(v_i) + (1 - alpha_i) h(w_i) per client, FedGATE the global model; "
+                     "the mixture with the aggregated w and the global model kept as diagnostics")
+    lines += [f"metric: mean over clients of the test accuracy after the last round, {form.seeds} seeds, paired per-seed "
+              "differences against FedAvg and against Local",
+              "model: MLP 64-64-10 (the digits task's)"]
+    return lines
 
 
-def run(quick: bool = False, seed: int = 0, out: Path | None = None) -> dict[str, Any]:
-    """Tune and run the sweep; write ``<out>/heterogeneity.{json,md,png}``."""
-    form = QUICK if quick else FULL
-    bench = declare(form, seed)
+def form_named(quick: bool, form: str | None) -> Form:
+    """The form to run: ``form`` from :data:`FORMS` when named, else :data:`QUICK` or :data:`FULL`."""
+    if form is None:
+        return QUICK if quick else FULL
+    if form not in FORMS:
+        raise ValueError(f"bench {NAME}: unknown form {form!r}; valid: {sorted(FORMS)}")
+    return FORMS[form]
+
+
+def unused_fields(form: Form) -> set[str]:
+    """Fields of ``form`` that none of its methods reads (left out of the result's config)."""
+    unused = set()
+    if not set(form.methods) & {*MIXING, *GATE_TAU}:
+        unused |= {"apfl_alpha", "apfl_adaptive", "gate_tau"}
+    if not set(form.methods) & {"FeSEM", "JGESR", "pFedGraph"}:
+        unused |= {"fesem_k", "pfedgraph_alpha", "lam_grid", "alpha_grid", "beta_grid", "graph_search"}
+    if "digits-permuted" not in form.tasks:
+        unused.add("permuted_nodes")
+    return unused
+
+
+def run(quick: bool = False, seed: int = 0, out: Path | None = None, form: str | None = None) -> dict[str, Any]:
+    """Tune and run the sweep; write ``<out>/heterogeneity.{json,md,png}``.
+
+    ``form`` names one of :data:`FORMS` (then ``quick`` is ignored); otherwise the quick or full form.
+    """
+    chosen = form_named(quick, form)
+    bench = declare(chosen, seed)
     outcome = run_bench(bench, out)
     diagnostics = _diagnostics(bench, outcome.runs)
-    config = {**{k: list(v) if isinstance(v, tuple) else v for k, v in form.__dict__.items()},
-              "nodes_per_task": {t: nodes_for(form, t) for t in form.tasks}, "tuning_seed": seed,
-              "validation_fraction": VALIDATION_FRACTION}
-    doc = build_doc(bench, outcome, quick, config, extra={"diagnostics": diagnostics, "settings": unspecified(form)})
+    config = {**{k: list(v) if isinstance(v, tuple) else v for k, v in chosen.__dict__.items()
+                 if k not in unused_fields(chosen)},
+              "nodes_per_task": {t: nodes_for(chosen, t) for t in chosen.tasks}, "tuning_seed": seed,
+              "validation_fraction": VALIDATION_FRACTION, **({"form": form} if form else {})}
+    doc = build_doc(bench, outcome, quick, config, extra={"diagnostics": diagnostics, "settings": unspecified(chosen)})
     if out is not None:
-        _write(Path(out), doc, form)
+        _write(Path(out), doc, chosen)
     return doc
 
 
@@ -351,7 +501,8 @@ def _diagnostics(bench: Bench, runs: dict[Any, list[dict[str, Any] | None]]) -> 
         if not any(diags):
             continue
         entry: dict[str, Any] = {"point": dict(point), "method": method, "per_seed": diags}
-        for k in ("graph_cv", "shrink_ratio", "within", "nonempty", "ari", "local_acc"):
+        for k in ("graph_cv", "shrink_ratio", "within", "nonempty", "ari", "local_acc", "global_acc",
+                  "mix_aggregated_acc"):
             vals = [d.get(k) for d in diags if d and d.get(k) is not None]
             if vals:
                 entry[k] = mean_sd([float(v) for v in vals])
@@ -399,7 +550,15 @@ def _write(out: Path, doc: dict[str, Any], form: Form) -> None:
             sections += [f"### {task}: paired differences against {ref} (points of accuracy, mean ± sd; "
                          "seeds where the method is better / seeds)", "", markdown_table(prow, list(prow[0])), ""]
     drows = []
+    prows = []
     for d in doc["diagnostics"]:
+        if d["method"] in MIXING:
+            prows.append({"task": d["point"]["task"], "α": f"{d['point']['dirichlet']:g}", "method": d["method"],
+                          "personal mixture, local w_i (the metric)": _num(
+                              result(doc, d["method"], **d["point"])["metrics"]["acc"], ".2f", 100),
+                          "mixture with aggregated w": _num(d.get("mix_aggregated_acc"), ".2f", 100),
+                          "global model w": _num(d.get("global_acc"), ".2f", 100)})
+            continue
         drows.append({"task": d["point"]["task"], "α": f"{d['point']['dirichlet']:g}", "method": d["method"],
                       "graph_cv": _num(d.get("graph_cv"), ".3f"), "shrink_ratio": _num(d.get("shrink_ratio"), ".3f"),
                       "within-group share": _num(d.get("within"), ".3f"),
@@ -418,6 +577,12 @@ def _write(out: Path, doc: dict[str, Any], form: Form) -> None:
                      "planted groups, its clients' last local models' accuracy; seeds with graph = I: pFedGraph runs whose "
                      "collaboration graph put all weight on the client itself (it is then Local training).", "",
                      markdown_table(drows, list(drows[0])), ""]
+    if prows:
+        sections += ["## Personal outputs (C6): the mixture with the locally trained copy and the other views", "",
+                     "Last round of each test run, accuracy (%), mean ± sd over seeds: the metric (the mixture "
+                     "with the client's locally trained w_i), the mixture with the server's aggregated w, and the "
+                     "global model w alone (FedGATE's metric is its global model).", "",
+                     markdown_table(prows, list(prows[0])), ""]
     sections += ["## Settings", ""] + [f"- {s}" for s in doc["settings"]]
     intro = [f"Mean client test accuracy (%) after {form.rounds} rounds, mean ± sd over {form.seeds} seeds; every "
              "method's step and own hyperparameters tuned on validation per grid point (never on test)."]
@@ -425,8 +590,9 @@ def _write(out: Path, doc: dict[str, Any], form: Form) -> None:
     for task in form.tasks:
         panels += metric_panels(doc, "acc", "dirichlet", where={"task": task}, xlabel="Dirichlet α (log)",
                                 ylabel="mean client test accuracy", logx=True, title=task)
+    kind = "personalised" if set(form.methods) & {*MIXING, *GATE_TAU} else "graph-aware"
     write_report(out, doc, intro=intro, sections=sections, panels=panels,
-                 plot_title="When graph-aware FL helps: label skew")
+                 plot_title=f"When {kind} FL helps: label skew")
 
 
 def summary(doc: dict[str, Any], methods: Sequence[str] | None = None) -> list[str]:
