@@ -95,3 +95,36 @@ def test_adaptive_alpha_moves_and_stays_in_the_unit_interval():
     assert len(alphas) == 3 and all(0.0 <= a <= 1.0 for a in alphas)
     assert alphas[1] != 0.5
     assert np.all(np.isfinite(losses)) and np.all(np.isfinite([p.loss for p in personal if p is not None]))
+
+
+def test_a_client_whose_kept_personal_model_has_a_wrong_shape_fails_alone():
+    """``v_i`` comes from the client's own state, not from the broadcast: one client's corrupt
+    ``v_i`` fails that client's reply (naming the array and both shapes) and the other clients of
+    the request still train batched.
+    """
+    from graphfl.client.trainers import STATE_MODEL_PREFIX
+    from graphfl.common import wire
+    from graphfl.common.config import parse_run_config
+    from graphfl.common.core import FIT_PHASE
+    from graphfl.common.types import Payload
+    from graphfl.server.batched import BatchedExchange
+    from graphfl.server.exchange import Request
+    from graphfl.server.inprocess import server_inputs
+
+    cfg = parse_run_config({"strategy": "apfl", "task": "synthetic-multicenter", "nodes": 4, "rounds": 2,
+                            "train.local-steps": 2, "engine": "batched"})
+    initial = server_inputs(cfg).initial_arrays
+    ex = BatchedExchange(cfg)
+    payload = Payload(initial)
+    first = ex.send(Request(wire.TRAIN, 1, FIT_PHASE, True), {pid: payload for pid in range(4)})
+    assert all(first[pid].error is None for pid in range(4))
+    ex.runtime(2)
+    state = ex.states[2]
+    key = next(k for k in state if k.startswith(STATE_MODEL_PREFIX))
+    state[key] = np.zeros(np.asarray(state[key]).size + 1)
+    before = ex.batched_clients
+    second = ex.send(Request(wire.TRAIN, 2, FIT_PHASE, True), {pid: payload for pid in range(4)})
+    assert second[2].error is not None and key[len(STATE_MODEL_PREFIX):] in second[2].error, second[2].error
+    assert "shape" in second[2].error
+    assert all(second[pid].error is None for pid in (0, 1, 3))
+    assert ex.batched_clients - before == 3
