@@ -34,14 +34,21 @@ per-seed differences GT − SGD. Verdict per cell (:func:`cell_verdict`): ``GT w
 final global test MSE is lower on every seed and the mean difference exceeds
 :data:`TIE_BAND` of DFL-SGD's mean, ``GT loses`` symmetrically or when GT diverged on a seed,
 ``not testable`` when DFL-SGD diverged on a seed (or a seed is missing), ``tie`` otherwise.
+
+On the benchmark harness (:mod:`graphfl.bench.harness`): :func:`declare` gives the points (the plan
+entries of :func:`cells`), methods, seeds, metrics and the validation-tuned step (``Tuning.groups``:
+DFL-SGD with DFL-GT, FedAvg and local-only each alone; every grid value failing fails the test
+cells); run-cache keys are :func:`cache_key`'s. What this module adds to the harness's layout: the
+per-entry rows with their verdicts (``cells``, :func:`cell_row`), the ``summary`` lines, the
+fixed-step view (:func:`fixed_step_view`) and its own plot.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +59,8 @@ from graphfl.p2p.oracles import TabularOracle
 from graphfl.p2p.topology import make_topology
 from graphfl.p2p.vectorised import run_vectorised
 
+from .harness import Bench, Cell, Metric, Outcome, Tuning, run_bench
+from .report import build_doc, write_report
 from .runcache import RunCache
 from .stats import mean_sd, paired_difference
 
@@ -232,56 +241,104 @@ def cells(form: Form) -> list[dict[str, Any]]:
             for lvl in form.het_levels for t in form.topologies for r in RULES for b in BATCHES]
 
 
-def _runner(cache: RunCache, form: Form) -> Any:
-    def go(method: str, cell: dict[str, Any], alpha0: float, seed: int, split: str) -> dict[str, Any]:
-        where = {k: v for k, v in cell.items() if k != "T"}
-        key = {"bench": NAME, "v": KEY_VERSION, "method": method, **where, "alpha0": alpha0, "seed": seed,
-               "split": split, "iterations": cell["T"], "eval_points": form.eval_points}
-        return cache(key, lambda: run_one(method, cell["topology"], cell["het"] * 1.0, cell["rule"], cell["batch"],
-                                          alpha0, seed, split, cell["T"], form.eval_points))
-    return go
+KEYS = ("global", "global_over_run", "own", "excess", "population", "dist_opt", "consensus")
+"""The metrics of a run's ``final`` dict."""
+PAIRED = ("global", "global_over_run", "excess", "population", "consensus")
+"""The metrics with paired per-seed differences GT − SGD."""
+METRICS = [Metric("global", "final global test MSE"), Metric("global_over_run", "global test MSE over run"),
+           Metric("own", "own-model test MSE", paired=False), Metric("excess", "excess F(θ̄)−F*"),
+           Metric("population", "population risk"), Metric("dist_opt", "‖θ̄ − θ*‖", paired=False),
+           Metric("consensus", "consensus violation")]
 
 
-def tune(go: Any, cell: dict[str, Any], methods: tuple[str, ...], seed: int) -> dict[str, Any]:
-    """The grid value minimising the mean over ``methods`` of the validation global MSE (all finite)."""
-    scores: dict[str, float | None] = {}
-    per: dict[str, dict[str, float | None]] = {m: {} for m in methods}
-    for a in GRID:
-        vals = []
-        for m in methods:
-            r = go(m, cell, a, seed, "val")
-            v = None if "diverged" in r else float(r["final"]["global"])
-            per[m][f"{a:g}"] = v
-            vals.append(v)
-        scores[f"{a:g}"] = None if any(v is None for v in vals) else float(np.mean(vals))  # type: ignore[arg-type]
-    ok = {a: s for a, s in scores.items() if s is not None}
-    chosen = float(min(ok, key=lambda a: ok[a])) if ok else None
-    return {"chosen": chosen, "scores": scores, "per_method": per}
+def cache_key(form: Form, method: str, cell: dict[str, Any], alpha0: float | None, seed: int,
+              split: str) -> dict[str, Any]:
+    """The run-cache key of one run (``cell``: a plan entry of :func:`cells`)."""
+    where = {k: v for k, v in cell.items() if k != "T"}
+    return {"bench": NAME, "v": KEY_VERSION, "method": method, **where, "alpha0": alpha0, "seed": seed,
+            "split": split, "iterations": cell["T"], "eval_points": form.eval_points}
+
+
+def compute(form: Form, cell: Cell) -> dict[str, Any]:
+    """:func:`run_one` for a harness cell (point = a plan entry, ``alpha0`` tuned)."""
+    c = cell.at
+    return run_one(cell.method, c["topology"], c["het"] * 1.0, c["rule"], c["batch"], cell.settings["alpha0"],
+                   cell.seed, cell.split, c["T"], form.eval_points)
+
+
+def declare(form: Form, seeds: list[int], points: list[dict[str, Any]] | None = None,
+            run: Any = None, key: Any = None) -> Bench:
+    """The benchmark on the harness: points = :func:`cells`, the step shared by DFL-SGD and DFL-GT (C1).
+
+    ``run(cell)`` / ``key(cell)`` replace the computation and the cache key (default: :func:`compute`,
+    :func:`cache_key`).
+    """
+    return Bench(
+        name=NAME, title="dfl-regime: where DFL-GT beats DFL-SGD on the global model", methods=METHODS,
+        points=points if points is not None else cells(form), seeds=seeds, metrics=METRICS,
+        run_cell=run or partial(compute, form),
+        key=key or (lambda c: cache_key(form, c.method, c.at, c.settings.get("alpha0"), c.seed, c.split)),
+        tuning=Tuning(param="alpha0", grid=GRID, metric="global", groups=[SHARED], max_extensions=0,
+                      fail_if_all_fail=True),
+        pairs=[("dfl-gt", "dfl-sgd")], cost=_cost)
+
+
+def _cost(cell: Cell) -> float:
+    """A cell's weight for the time estimate: iterations × nodes."""
+    return float(cell.at["T"]) * TOPOLOGIES.get(cell.at["topology"], ("", 1))[1]
+
+
+def _tuning_by_method(outcome: Outcome) -> dict[tuple[str, str], dict[str, Any]]:
+    """(repr of the point, method) -> the harness's validation search that chose the method's step."""
+    out = {}
+    for rec in outcome.tuning:
+        for m in rec["methods"]:
+            out[(repr(sorted(rec["point"].items())), m)] = rec
+    return out
+
+
+def cell_row(cell: dict[str, Any], outcome: Outcome, seeds: list[int]) -> dict[str, Any]:
+    """One plan entry's row: the step each method used, per-method mean ± sd, GT − SGD and the verdicts."""
+    recs = _tuning_by_method(outcome)
+    point = tuple(cell.items())
+
+    def record(m: str) -> dict[str, Any]:
+        rec = recs[(repr(sorted(cell.items())), m)]
+        return {"chosen": rec["chosen"], "scores": rec["scores"], "per_method": rec["per_method"]}
+
+    tuning = {"shared": record(SHARED[0]), **{m: record(m) for m in METHODS if m not in SHARED}}
+    res: dict[str, Any] = {}
+    by_seed: dict[str, dict[str, list[float | None]]] = {}
+    for m in METHODS:
+        runs = outcome.runs[(point, m)]
+        by_seed[m] = {k: [r["final"][k] if r is not None else None for r in runs] for k in KEYS}  # None: diverged
+        res[m] = {"alpha0": tuning["shared" if m in SHARED else m]["chosen"],
+                  "metrics": {k: mean_sd(v) for k, v in by_seed[m].items()}}  # curves stay in the cache
+    gt, sgd = by_seed["dfl-gt"], by_seed["dfl-sgd"]
+    pairs = {k: paired_difference(gt[k], sgd[k], expected=len(seeds)) for k in PAIRED}
+    return {"cell": cell, "tuning": tuning, "results": res, "gt_minus_sgd": pairs,
+            "verdict": cell_verdict(gt["global"], sgd["global"], len(seeds)),
+            "verdict_population": cell_verdict(gt["population"], sgd["population"], len(seeds)),
+            "verdict_speed": cell_verdict(gt["global_over_run"], sgd["global_over_run"], len(seeds))}
 
 
 def run_cell(go: Any, cell: dict[str, Any], seeds: list[int]) -> dict[str, Any]:
-    """Tuning and test runs of one cell; the paired GT − SGD differences and the verdict."""
-    tuning = {"shared": tune(go, cell, SHARED, seeds[0])}
-    for m in ("fedavg", "local"):
-        tuning[m] = tune(go, cell, (m,), seeds[0])
-    res: dict[str, Any] = {}
-    keys = ("global", "global_over_run", "own", "excess", "population", "dist_opt", "consensus")
-    by_seed: dict[str, dict[str, list[float | None]]] = {}
-    for m in METHODS:
-        a = tuning["shared" if m in SHARED else m]["chosen"]
-        runs: list[dict[str, Any]] = [go(m, cell, a, s, "test") if a is not None
-                                      else {"diverged": "no eligible step"} for s in seeds]
-        finals: list[dict[str, Any] | None] = [None if "diverged" in r else r["final"] for r in runs]
-        by_seed[m] = {k: [f[k] if f else None for f in finals] for k in keys}  # None: diverged on that seed
-        res[m] = {"alpha0": a, "metrics": {k: mean_sd(v) for k, v in by_seed[m].items()}}  # curves stay in the cache
-    gt, sgd = by_seed["dfl-gt"], by_seed["dfl-sgd"]
-    pairs = {k: paired_difference(gt[k], sgd[k], expected=len(seeds))
-             for k in ("global", "global_over_run", "excess", "population", "consensus")}
-    verdict = cell_verdict(gt["global"], sgd["global"], len(seeds))
-    verdict_pop = cell_verdict(gt["population"], sgd["population"], len(seeds))
-    verdict_speed = cell_verdict(gt["global_over_run"], sgd["global_over_run"], len(seeds))
-    return {"cell": cell, "tuning": tuning, "results": res, "gt_minus_sgd": pairs, "verdict": verdict,
-            "verdict_population": verdict_pop, "verdict_speed": verdict_speed}
+    """Tuning and test runs of one plan entry through ``go(method, cell, alpha0, seed, split)`` (no cache):
+    the harness on that one point, then :func:`cell_row`.
+    """
+    bench = declare(QUICK, seeds, points=[cell],
+                    run=lambda c: go(c.method, c.at, c.settings["alpha0"], c.seed, c.split),
+                    key=lambda c: {"method": c.method, **c.at, **c.settings, "seed": c.seed, "split": c.split})
+    return cell_row(cell, run_bench(bench, None), seeds)
+
+
+def _runner(cache: RunCache, form: Form) -> Any:
+    """``go(method, cell, alpha0, seed, split)``: one run through the benchmark's cache (same keys as the harness)."""
+    def go(method: str, cell: dict[str, Any], alpha0: float, seed: int, split: str) -> dict[str, Any]:
+        return cache(cache_key(form, method, cell, alpha0, seed, split),
+                     lambda: run_one(method, cell["topology"], cell["het"] * 1.0, cell["rule"], cell["batch"],
+                                     alpha0, seed, split, cell["T"], form.eval_points))
+    return go
 
 
 def fixed_step_view(go: Any, form: Form, seeds: list[int]) -> list[dict[str, Any]]:
@@ -343,18 +400,19 @@ def summary_lines(rows: list[dict[str, Any]]) -> list[str]:
     return out
 
 
-def report(doc: dict[str, Any]) -> str:
-    """The Markdown report."""
+def report(doc: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """The Markdown report's own parts: the intro (setting and verdicts) and the sections after the
+    harness's tables (cells, fixed steps, validation scores per method).
+    """
     cfg = doc["config"]
-    lines = ["# dfl-regime: where DFL-GT beats DFL-SGD on the global model", "",
-             f"T = {cfg['budgets']} iterations (a cell axis), tau = 1, seeds {cfg['seeds']}, n×d = nodes×{DIM}, "
+    intro = [f"T = {cfg['budgets']} iterations (a cell axis), tau = 1, seeds {cfg['seeds']}, n×d = nodes×{DIM}, "
              f"{TRAIN_ROWS} train / {TEST_ROWS} test rows per node, noise sd {NOISE}, input-scale spread "
              f"{SCALE_SPREAD}, small batch {SMALL_BATCH}; heterogeneity h = level × {HET_BASE} (w_i = w* + h u_i); "
              f"step grid {list(GRID)} (one alpha0 per cell shared by DFL-SGD and DFL-GT, chosen on validation of "
              f"seed {cfg['seeds'][0]} by their mean global-model MSE; FedAvg and local-only tuned each on its own). "
              "1/(1 − λ₂): " + ", ".join(f"{t} {f:.1f}" for t, f in cfg["spectral_factor"].items()) + ".", "",
-             "## Verdicts", "", f"Rule: {cfg['verdict_rule']}", ""] + summary_lines(doc["cells"]) + [
-             "", "## Cells (test split; global model θ̄; final = last 10 % of evaluation points)", "",
+             "## Verdicts", "", f"Rule: {cfg['verdict_rule']}", ""] + summary_lines(doc["cells"])
+    lines = ["", "## Cells (test split; global model θ̄; final = last 10 % of evaluation points)", "",
              "| T | h | topology | step | batch | alpha0 (SGD=GT) | DFL-SGD global | DFL-GT global | GT − SGD (paired) "
              "| GT better | GT − SGD over run | SGD excess F(θ̄)−F* | GT excess | SGD consensus | GT consensus "
              "| GT − SGD population risk (paired) | FedAvg global | local-only global | verdict (test) "
@@ -385,21 +443,23 @@ def report(doc: dict[str, Any]) -> str:
                          f"| {_pm(r['gt']['global'])} | {_pm(g, '+.3g')} ({g['first_better']}/{g['seeds']}) "
                          f"| {_pm(p, '+.3g')} ({p['first_better']}/{p['seeds']}) | {_pm(r['sgd']['excess'], '.2g')} "
                          f"| {_pm(r['gt']['excess'], '.2g')} | {_pm(r['sgd']['consensus'], '.2g')} |")
-    lines += ["", "## Validation scores (tuning seed; mean of DFL-SGD and DFL-GT; None = a method diverged)", ""]
+    lines += ["", "## Validation scores (tuning seed; DFL-SGD / DFL-GT; div = diverged, – = not run after "
+              "DFL-SGD diverged)", ""]
     for r in doc["cells"]:
         c, t = r["cell"], r["tuning"]["shared"]
         per = t["per_method"]
         lines.append(f"- {_where(c)}: chosen {t['chosen']}; "
-                     + ", ".join(f"{a}: SGD {_f(per['dfl-sgd'][a])} / GT {_f(per['dfl-gt'][a])}" for a in t["scores"]))
-    return "\n".join(lines) + "\n"
+                     + ", ".join(f"{a}: SGD {_f(per['dfl-sgd'].get(a), a in per['dfl-sgd'])} / GT "
+                                 f"{_f(per['dfl-gt'].get(a), a in per['dfl-gt'])}" for a in t["scores"]))
+    return intro, lines
 
 
 def _where(c: dict[str, Any]) -> str:
     return f"T={c['T']} h={c['het'] * HET_BASE:g} {c['topology']} {c['rule']} {c['batch']}"
 
 
-def _f(v: float | None) -> str:
-    return "div" if v is None else f"{v:.4g}"
+def _f(v: float | None, run: bool = True) -> str:
+    return "–" if not run else "div" if v is None else f"{v:.4g}"
 
 
 def plot(doc: dict[str, Any], path: Path) -> None:
@@ -452,30 +512,28 @@ VERDICT_RULE = (f"per cell, 'GT wins' when DFL-GT's final global-model test MSE 
 
 
 def run(quick: bool = False, seed: int = 0, out: Path | str = ".", form: Form | None = None) -> dict[str, Any]:
-    """Run the plan (:func:`cells`) into ``<out>`` (cache ``<out>/cache``) and write ``dfl_regime.{json,md,png}``."""
+    """Run the plan (:func:`cells`) on the harness into ``<out>`` (cache ``<out>/cache``) and write
+    ``dfl_regime.{json,md,png}``: the harness's layout plus ``cells`` (one row per plan entry with its
+    verdicts), ``summary`` and ``fixed_step``.
+    """
     f = form or (QUICK if quick else FULL)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    go = _runner(RunCache(out / "cache"), f)
     seeds = [seed + k for k in range(f.seeds)]
-    plan = cells(f)
-    rows = []
-    t0 = time.perf_counter()
-    for k, cell in enumerate(plan):
-        rows.append(run_cell(go, cell, seeds))
-        done = time.perf_counter() - t0
-        logger.info("dfl-regime cell %d/%d %s: %s (%.0f s, about %.0f s left)", k + 1, len(plan), cell,
-                    rows[-1]["verdict"], done, done / (k + 1) * (len(plan) - k - 1))
-    doc = {"bench": "dfl-regime",
-           "config": {"budgets": list(f.budgets), "seeds": seeds, "eval_points": f.eval_points, "tau": 1,
-                      "het_base": HET_BASE, "het_levels": list(f.het_levels), "topologies": list(f.topologies),
-                      "rules": list(RULES), "batches": list(BATCHES), "grid": list(GRID), "dim": DIM,
-                      "train_rows": TRAIN_ROWS, "test_rows": TEST_ROWS, "noise": NOISE,
-                      "scale_spread": SCALE_SPREAD, "small_batch": SMALL_BATCH, "tie_band": TIE_BAND,
-                      "verdict_rule": VERDICT_RULE,
-                      "spectral_factor": {t: spectral_factor(t) for t in f.topologies}},
-           "cells": rows, "summary": summary_lines(rows), "fixed_step": fixed_step_view(go, f, seeds)}
-    (out / f"{NAME}.json").write_text(json.dumps(doc, indent=1))
-    (out / f"{NAME}.md").write_text(report(doc))
+    bench = declare(f, seeds)
+    outcome = run_bench(bench, out)
+    rows = [cell_row(dict(p), outcome, seeds) for p in bench.points]
+    go = _runner(RunCache(out / "cache"), f)
+    config = {"budgets": list(f.budgets), "seeds": seeds, "eval_points": f.eval_points, "tau": 1,
+              "het_base": HET_BASE, "het_levels": list(f.het_levels), "topologies": list(f.topologies),
+              "rules": list(RULES), "batches": list(BATCHES), "step_grid": list(GRID), "dim": DIM,
+              "train_rows": TRAIN_ROWS, "test_rows": TEST_ROWS, "noise": NOISE,
+              "scale_spread": SCALE_SPREAD, "small_batch": SMALL_BATCH, "tie_band": TIE_BAND,
+              "verdict_rule": VERDICT_RULE, "spectral_factor": {t: spectral_factor(t) for t in f.topologies}}
+    doc = build_doc(bench, outcome, quick, config, extra={
+        "bench": "dfl-regime", "cells": rows, "summary": summary_lines(rows),
+        "fixed_step": fixed_step_view(go, f, seeds)})
+    intro, sections = report(doc)
+    write_report(out, doc, intro=intro, sections=sections)
     plot(doc, out / f"{NAME}.png")
     return doc

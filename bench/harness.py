@@ -117,6 +117,9 @@ class Tuning:
         One value for all methods at a point, scored by the mean over the methods; a value at which
         any method fails is not eligible (the methods are evaluated in order and the first failure
         ends that value's evaluation). Otherwise one value per method.
+    groups
+        Methods tuned together as ``shared`` tunes all of them (one value per group, scored by the
+        group's mean); a method in no group is tuned on its own. Overrides ``shared``.
     factor, max_extensions
         :func:`~graphfl.bench.tuning.search_grid`'s extension past a winning edge.
     seed
@@ -127,7 +130,11 @@ class Tuning:
         When set, a test cell that fails at the chosen value is rerun with the next smaller value
         of the grid, then with up to this many halvings of the grid's smallest value.
     if_all_fail
-        Value used when every grid value fails (``None``: raise :class:`RuntimeError`).
+        Value used when every grid value fails (``None``: raise :class:`RuntimeError`, unless
+        ``fail_if_all_fail``).
+    fail_if_all_fail
+        When every grid value fails, the tuned value is ``None`` and the group's test cells are
+        failed ("no eligible <param> on validation") without being run.
     refine
         Second stage after the grid search: ``refine(method, params, evaluate) -> (params, record)``
         where ``evaluate(params)`` returns the validation metric of a cell (``None`` when it failed).
@@ -138,12 +145,14 @@ class Tuning:
     metric: str
     lower_is_better: bool = True
     shared: bool = False
+    groups: Sequence[Sequence[str]] | None = None
     factor: float = 3.0
     max_extensions: int = 0
     seed: int | None = None
     at: Callable[[Point], Point] | None = None
     backoff_halvings: int | None = None
     if_all_fail: float | None = None
+    fail_if_all_fail: bool = False
     refine: Callable[[str, dict[str, Any], Callable[[dict[str, Any]], float | None]],
                      tuple[dict[str, Any], dict[str, Any]]] | None = None
 
@@ -398,7 +407,9 @@ def _tune(bench: Bench, point: Point, run: _Runner) -> dict[tuple[str, ...], dic
         try:
             found = search_grid(score, grid, factor=tn.factor, max_extensions=tn.max_extensions)
         except RuntimeError:
-            if tn.if_all_fail is None:
+            if tn.fail_if_all_fail:
+                record.update(chosen=None, at_edge=False, extended=[], all_failed=True)
+            elif tn.if_all_fail is None:
                 raise RuntimeError(f"{bench.name} {_label(tpoint)}: every {tn.param} in {list(grid)} failed for "
                                    f"some method of {group}: {failed}") from None
             record.update(chosen=tn.if_all_fail, at_edge=False, extended=[], all_failed=True)
@@ -408,12 +419,17 @@ def _tune(bench: Bench, point: Point, run: _Runner) -> dict[tuple[str, ...], dic
                       failed=failed)
         return record
 
-    groups = [methods] if tn.shared else [[m] for m in methods]
+    if tn.groups is not None:
+        together = [[m for m in g if m in methods] for g in tn.groups]
+        groups = [g for g in together if g] + [[m] for m in methods if not any(m in g for g in together)]
+        groups.sort(key=lambda g: methods.index(g[0]))
+    else:
+        groups = [methods] if tn.shared else [[m] for m in methods]
     out: dict[tuple[str, ...], dict[str, Any]] = {}
     for group in groups:
         rec = search(group)
         params = {tn.param: rec["chosen"]}
-        if tn.refine is not None:
+        if tn.refine is not None and rec["chosen"] is not None:
             for m in group:
                 def evaluate(p: dict[str, Any], m: str = m) -> float | None:
                     return val(m, p)[0]
@@ -471,6 +487,10 @@ def _walk(bench: Bench, run: _Runner) -> Iterator[tuple[Point, str, int, dict[st
         for method in bench.methods_for(point):
             rec = records.get((method,))
             params = dict(rec["params"]) if rec else {}
+            if tn is not None and rec is not None and rec.get("all_failed") and params.get(tn.param) is None:
+                for seed in bench.seeds:
+                    yield point, method, seed, None, params, [f"no eligible {tn.param} on validation"], rec
+                continue
             tries = ([{**params, tn.param: v} for v in _candidates(tn, point, params[tn.param])]
                      if tn is not None and rec is not None else [params])
             for seed in bench.seeds:

@@ -72,9 +72,24 @@ def test_harness_results_with_points_seeds_pairs_and_verdicts(folder, name):
         assert any(f"of {len(doc['results'])} method rows" in c for c in view["caps"])
 
 
-def test_dfl_regime_cells_and_their_paired_differences():
+def test_dfl_regime_on_the_harness_and_its_cells():
     doc, view = _doc("dfl-regime", "dfl_regime.json"), _bench("dfl-regime")
-    assert view["layout"] == "cells" and view["name"] == "dfl-regime"
+    assert view["layout"] == "harness" and view["name"] == "dfl_regime"
+    assert view["methods"] == len({r["method"] for r in doc["results"]}) == 4
+    assert len(view["rows"]) == min(len(doc["results"]), bench_results.MAX_ROWS)
+    first, row = doc["results"][0], view["rows"][0]
+    assert row["method"] == first["method"] and row["seeds"] == len(first["seeds"])
+    assert _mean_sd(row["cells"]["global"])[0] == pytest.approx(first["metrics"]["global"]["mean"], rel=1e-3)
+    pair = doc["paired"][0]
+    assert view["paired"]["rows"][0]["pair"] == "dfl-gt − dfl-sgd"
+    assert f"better on {pair['metrics']['global']['first_better']}/{pair['metrics']['global']['seeds']}" in \
+        view["paired"]["rows"][0]["cells"]["global"]
+    assert [v["text"] for v in view["verdicts"]] == [bench_results.short(t) for t in
+                                                     doc["summary"][: bench_results.MAX_VERDICTS]]
+    # the same document without the harness's tables: the ``cells`` layout (results written before the harness)
+    cells_doc = {k: v for k, v in doc.items() if k not in ("results", "paired")}
+    view = bench_results.view("dfl_regime.json", cells_doc)
+    assert view["layout"] == "cells"
     methods = {m for c in doc["cells"] for m in c["results"]}
     assert view["methods"] == len(methods) == 4
     total = sum(len(c["results"]) for c in doc["cells"])
@@ -87,8 +102,6 @@ def test_dfl_regime_cells_and_their_paired_differences():
                                                                 rel=1e-3)
     p = view["paired"]["rows"][0]
     assert p["pair"] == "gt − sgd" and f"verdict: {cell['verdict']}" in p["note"]
-    assert [v["text"] for v in view["verdicts"]] == [bench_results.short(t) for t in
-                                                     doc["summary"][: bench_results.MAX_VERDICTS]]
 
 
 def test_engine_table_rows():
