@@ -163,6 +163,9 @@ def run(
                                        "(its config.json; --rounds may grow it; other changes are refused)."),
     dashboard: bool = typer.Option(False, "--dashboard", help="Serve the live dashboard of this run on "
                                    "127.0.0.1 (address printed) while it runs."),
+    ray_address: str | None = typer.Option(None, "--ray-address", help="Simulation: join the existing Ray "
+                                           "cluster whose head is HOST:PORT (`ray start --head` prints it) "
+                                           "instead of starting a local Ray (default $GRAPHFL_RAY_ADDRESS)."),
 ) -> None:
     """Run one experiment and write run.json / run.md / run.png (or continue one with --resume DIR)."""
     flags = {"strategy": strategy, "task": task, "nodes": nodes, "rounds": rounds, "engine": engine,
@@ -191,7 +194,8 @@ def run(
                 cfg = dataclasses.replace(cfg, out_dir=str(default_out_dir()))
             server = _start_dashboard([Path(cfg.out_dir)])
             owned.callback(_stop_dashboard, server)
-        _run_and_report(cfg, superlink, root_certificates, insecure, node_auth, overwrite, clientapp_mode)
+        _run_and_report(cfg, superlink, root_certificates, insecure, node_auth, overwrite, clientapp_mode,
+                        ray_address)
         if dashboard and sys.stdin.isatty():
             console.print(f"run finished; the dashboard stays at {server.url()} until Ctrl-C")
             try:
@@ -202,7 +206,7 @@ def run(
 
 
 def _run_and_report(cfg: Any, superlink: str | None, root_certificates: Path | None, insecure: bool,
-                    node_auth: bool, overwrite: bool, clientapp_mode: str) -> None:
+                    node_auth: bool, overwrite: bool, clientapp_mode: str, ray_address: str | None = None) -> None:
     """Run ``cfg`` with the progress display; one error line (exit 1) for a run that cannot finish."""
     from graphfl.deploy.federation import FederationError
     from graphfl.deploy.run import run_experiment
@@ -217,7 +221,7 @@ def _run_and_report(cfg: Any, superlink: str | None, root_certificates: Path | N
             out_dir = run_experiment(cfg, printer, superlink=superlink,
                                      root_certificates=str(root_certificates) if root_certificates else None,
                                      insecure=insecure, node_auth=node_auth, overwrite=overwrite,
-                                     clientapp_mode=clientapp_mode)
+                                     clientapp_mode=clientapp_mode, ray_address=ray_address)
     except (FederationError, DataError, ConfigError, TimeoutError, RunError) as exc:
         fail(str(exc), code=1)
     except KeyboardInterrupt:

@@ -29,6 +29,7 @@ from graphfl.common import run_lock
 from graphfl.common.config import ConfigError, RunConfig, dump_toml, nest
 from graphfl.common.ports import port_open
 from graphfl.common.results import full_disk, how_to_fix
+from graphfl.deploy import ray_cluster
 from graphfl.deploy.federation import FederationError, LocalFederation, Submitter, write_connection
 from graphfl.deploy.processes import ProcessGroup
 
@@ -250,6 +251,7 @@ def run_experiment(
     overwrite: bool = False,
     clientapp_mode: str = "warm",
     on_federation: Callable[[LocalFederation], None] | None = None,
+    ray_address: str | None = None,
 ) -> Path:
     """Run ``cfg``; return the output folder (holding ``run.json``, ``run.md``, ``run.png``).
 
@@ -263,7 +265,11 @@ def run_experiment(
     ``on_federation`` (local deployments) is called with the started :class:`LocalFederation`
     before the run is submitted: ``graphfl bench faults`` uses it to reach the processes it
     kills, stops and restarts.
+    ``ray_address`` (``HOST:PORT``; default ``$GRAPHFL_RAY_ADDRESS``) makes a simulation join that
+    existing Ray cluster instead of starting its own (:mod:`graphfl.deploy.ray_cluster`): it is
+    checked before anything is written, and ``run.json`` records the cluster under ``ray_cluster``.
     """
+    cluster = _ray_cluster(cfg, superlink, ray_address)
     if superlink is None:
         preflight(cfg)
     if cfg.resume:
@@ -275,7 +281,7 @@ def run_experiment(
     timeout = run_timeout or (cfg.connect_timeout + (cfg.rounds + 2) * cfg.round_timeout)
     try:
         _launch(cfg, out, timeout, on_event, superlink, root_certificates, insecure, node_auth, clientapp_mode,
-                on_federation)
+                on_federation, cluster)
     except KeyboardInterrupt:
         note = finalize_status(out, "interrupted", "stopped by the user (Ctrl-C) before the run finished", cfg)
         if note:
@@ -295,14 +301,35 @@ def run_experiment(
         note = finalize_status(out, "failed", reason, cfg)
         raise FederationError(f"{reason}; {note}" if note else reason) from exc
     finally:
+        if cluster is not None:
+            ray_cluster.record(out, cluster)
         lock.release()
     return out
+
+
+def _ray_cluster(cfg: RunConfig, superlink: str | None, address: str | None) -> ray_cluster.RayCluster | None:
+    """The existing Ray cluster the run joins (probed, bounded), or ``None`` for Flower's own local Ray.
+
+    ``$GRAPHFL_RAY_ADDRESS`` applies to simulations started here and is ignored by other runs (a
+    benchmark mixes engines); the option given for another engine or with ``--superlink`` is refused.
+    """
+    given = ray_cluster.OPTION if address else f"${ray_cluster.ENV_VAR}"
+    address = ray_cluster.resolve_address(address)
+    local_simulation = cfg.engine == "simulation" and superlink is None
+    if address is None or (given != ray_cluster.OPTION and not local_simulation):
+        return None
+    if not local_simulation:
+        where = f"--superlink {superlink}" if superlink is not None else f"engine = {cfg.engine}"
+        raise ConfigError(f"{given} {address}: only a simulation started here joins a Ray cluster "
+                          f"(--engine simulation without --superlink), not {where}")
+    return ray_cluster.probe(address, option=given)
 
 
 def _launch(
     cfg: RunConfig, out: Path, timeout: float, on_event: Callable[[dict[str, Any]], None] | None,
     superlink: str | None, root_certificates: str | None, insecure: bool, node_auth: bool,
     clientapp_mode: str = "warm", on_federation: Callable[[LocalFederation], None] | None = None,
+    cluster: ray_cluster.RayCluster | None = None,
 ) -> None:
     """Run ``cfg`` on the chosen engine (in-process, a local federation, or a remote SuperLink)."""
     if superlink is None and cfg.engine in ("inprocess", "batched"):
@@ -340,7 +367,8 @@ def _launch(
     simulation = cfg.engine == "simulation"
     with LocalFederation(out, cfg.nodes, tls=True, simulation=simulation, node_auth=node_auth and not simulation,
                          start_timeout=cfg.connect_timeout, clientapp_mode=clientapp_mode,
-                         device=cfg.device, state_dir=out / CLIENT_STATE_DIR) as fed:
+                         device=cfg.device, state_dir=out / CLIENT_STATE_DIR,
+                         env=ray_cluster.superlink_env(cluster) if simulation else {}) as fed:
         if on_federation is not None:
             on_federation(fed)
         sub = fed.submitter()
