@@ -19,7 +19,7 @@ def test_personal_form_declares_the_gate_methods_their_grids_and_pairs():
     form = bh.FORMS["personal"]
     bench = bh.declare(form, seed=0)
     assert set(bench.methods) == {"FedAvg", "Local", "APFL", "APFLGate", "FedGATE", "Const-own", "Const-pooled"}
-    assert form.dirichlet == (0.05, 0.1, 0.5) and form.engine == "batched" and len(bench.seeds) >= 3
+    assert {0.05, 0.1, 0.5} <= set(form.dirichlet) and form.engine == "batched" and len(bench.seeds) >= 3
     pairs = set(bench.pair_list())
     for m in ("APFL", "APFLGate", "FedGATE"):
         assert (m, "FedAvg") in pairs and (m, "Local") in pairs
