@@ -10,8 +10,8 @@ Round t (seed 000, Algorithm 4; math in :mod:`graphfl.strategies.bigfl_math`):
    ``data_i(θ) + (λ/2)‖m_i + â_i θ φ − θ‖² + (κ/2)‖θ − c_i‖²`` with ``m_i, φ, c_i`` frozen; uploads
    ``θ_i^{t+1}`` (and, in ``implicit`` mode, its data-loss Hessian at ``θ_i^{t+1}``);
 3. server: ``H = Â(Θ − 1θ̄ᵀ)φ`` (centred parameters); ``q`` fresh negatives per node;
-   hypergradient ``ĝ`` (eq. 10.20; its implicit term ``J_Θᵀ v = ∇_Θ f`` solved by GMRES or a
-   Neumann series to a residual tolerance, §5.4 and C2 d); normalised step
+   hypergradient ``ĝ`` (eq. 10.20; its implicit term ``J_Θᵀ v = ∇_Θ f`` solved by block-Jacobi
+   preconditioned GMRES or a Neumann series to a residual tolerance, §5.4 and C2 d); normalised step
    ``φ ← φ − α ĝ/‖ĝ‖_F`` (C2 b); new messages.
 
 One ``λ`` weighs both levels' regularisers, as in the paper (eqs. 10.14 and 10.17); ``λ = 0``
@@ -22,7 +22,12 @@ short run must be checked against a long run's ``ll_min_curvature``); when the c
 reports ``ll_min_curvature = min_i λ_min(∇²data_i + λ B_i B_iᵀ) + κ`` (``B_i = â_i φ − I``, the
 curvature of ``g_i`` in ``θ_i``) in round 1 and every ``curvature_every``
 rounds, and warns when it is not positive (the LL is then not strongly convex and the
-implicit term is not the derivative of a unique ``Θ*(φ)``).
+implicit term is not the derivative of a unique ``Θ*(φ)``). A round whose GMRES solve needs
+the block-Jacobi preconditioner (:func:`graphfl.strategies.bigfl_math.hypergradient`) checks
+it too, at no extra cost: the Cholesky factorisation of client i's block
+``∇²data_i + κI + λ B_i B_iᵀ`` fails exactly when its LL is not strongly convex. Such a round
+logs ``ll_strongly_convex`` (1/0) and ``ll_not_strongly_convex_clients``, and when a
+factorisation failed it also computes (and logs) that round's ``ll_min_curvature``.
 
 Ridge centre (``ridge``). The paper's ridge is ``(κ/2)‖θ_i‖²`` (``c_i = 0``, ``ridge =
 "origin"``), there "for stabilizing the LL learning process" and for strong convexity (seed 000
@@ -192,6 +197,10 @@ class BiGFLCore(ServerCore[BiGFLParams]):
     hypergradient needs them, come back in the same reply as ``θ_i``.
     """
 
+    _curvature_round: int = 0
+    """The last round whose ``ll_min_curvature`` was computed (a class default, so a core pickled
+    before this attribute existed resumes)."""
+
     def __init__(self, ctx: ServerContext[BiGFLParams]) -> None:
         super().__init__(ctx)
         p = self.params
@@ -235,6 +244,7 @@ class BiGFLCore(ServerCore[BiGFLParams]):
         self.rng = np.random.default_rng([int(ctx.seed), 5, 1])
         self.neumann_c = p.neumann_c
         self.min_curvature: float | None = None
+        self._curvature_round = 0
         if self.dim * self.dim * self.n > 5e8:
             logger.warning("bigfl: phi is %d x %d (%.1f GB as float64); consider bigfl.layers",
                            self.dim, self.dim, self.dim**2 * 8 / 1e9)
@@ -306,8 +316,11 @@ class BiGFLCore(ServerCore[BiGFLParams]):
             self.a_hat, self.theta, self.phi, self.pos, neg,
             q=max(p.q, 1), lam=p.lam, kappa=p.kappa, mode=p.hypergrad_mode,
             hessians=self.hessians, solver=p.solver, tol=p.solver_tol, max_iter=p.solver_max_iter,
-            neumann_c=self.neumann_c, max_halvings=20,
+            neumann_c=self.neumann_c, max_halvings=20, a_diag=torch.as_tensor(self.a_diag),
         )
+        convexity_checked = info.preconditioned and self.hessians is not None and info.mode == "implicit"
+        if convexity_checked and info.not_strongly_convex and self._curvature_round != server_round:
+            self._check_curvature(server_round)  # the value of this round's deficit, logged
         if info.neumann_halvings:
             # remember the safe step for the following rounds
             self.neumann_c = info.neumann_c
@@ -335,6 +348,9 @@ class BiGFLCore(ServerCore[BiGFLParams]):
             metrics.update(neumann_c=info.neumann_c, neumann_halvings=info.neumann_halvings)
         if self.min_curvature is not None:
             metrics["ll_min_curvature"] = self.min_curvature
+        if convexity_checked:
+            metrics["ll_strongly_convex"] = int(not info.not_strongly_convex)
+            metrics["ll_not_strongly_convex_clients"] = len(info.not_strongly_convex)
         metrics["server_seconds"] = time.perf_counter() - t0
         return metrics
 
@@ -346,6 +362,7 @@ class BiGFLCore(ServerCore[BiGFLParams]):
     def _check_curvature(self, server_round: int) -> None:
         """``ll_min_curvature`` from the uploaded Hessians; warn when the LL is not strongly convex."""
         assert self.hessians is not None
+        self._curvature_round = server_round
         self.min_curvature = bm.min_curvature(self.hessians, self.params.kappa, self.params.lam,
                                               torch.as_tensor(self.a_diag), self.phi)
         if self.min_curvature <= 0:
