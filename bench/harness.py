@@ -24,6 +24,15 @@ validation split). :func:`run_bench` then
 
 What stays in a benchmark module is what is specific to it: the problem, ``run_cell``, its cache
 key, the extra verdicts or tables it writes beside the common ones.
+
+**Measurement mode** (``Bench(cache="none")``, the system benchmarks: timings, throughput). The
+same declaration — methods = the systems or engines compared, points = sizes, seeds = repeats,
+metrics — the same estimate and the same report, but no run cache: every cell of a result is
+measured in the run that writes it, one cell after the other in one process (``workers`` must be
+1). A timing belongs to the machine's load while it was measured; a cached timing from an earlier
+run, set beside one measured now, would compare two loads, so the ratios a result shows are only
+sound within one run. The result says so (``config.cache = "none"`` and the run line of the
+Markdown); a killed measurement starts again from the first cell.
 """
 
 from __future__ import annotations
@@ -206,6 +215,20 @@ class Bench:
     workers: int = 1
     """Processes computing pending cells at once (benchmarks without tuning only; ``run_cell``
     must then be picklable: a module-level function or a ``functools.partial`` of one)."""
+    cache: str = "run"
+    """``run``: every cell goes through the run cache under ``<out>/cache`` (resume); ``none``:
+    measurement mode (module docstring), every cell computed in this run, nothing stored."""
+
+    def __post_init__(self) -> None:
+        if self.cache not in CACHE_MODES:
+            raise ValueError(f"{self.name}: cache={self.cache!r}; expected one of {CACHE_MODES}")
+        if self.cache == "none" and self.workers != 1:
+            raise ValueError(f"{self.name}: measurement mode (cache='none') measures one cell at a time; "
+                             f"workers={self.workers} would time cells under each other's load")
+
+    def cache_folder(self, out: Path | None) -> Path | None:
+        """The run cache's folder: ``<out>/cache``, or ``None`` (no cache: no ``out``, or measurement mode)."""
+        return out / "cache" if out is not None and self.cache == "run" else None
 
     def share(self, result: dict[str, Any], method: str) -> dict[str, Any]:
         """A joint cell's share for ``method`` (the result itself for a per-method cell)."""
@@ -249,6 +272,9 @@ class Bench:
             return []
         return [(m, self.reference) for m in self.methods if m != self.reference]
 
+
+CACHE_MODES = ("run", "none")
+"""``Bench.cache``: through the run cache, or measurement mode (module docstring)."""
 
 JOINT = "*"
 """The method of a joint cell (:attr:`Bench.joint`)."""
@@ -518,7 +544,7 @@ def plan(bench: Bench, out: Path | None) -> tuple[list[Cell], int]:
     validation cells not yet cached plus its test cells (back-offs and grid extensions are not
     counted).
     """
-    cache = RunCache(out / "cache" if out is not None else None, create=False)
+    cache = RunCache(bench.cache_folder(out), create=False)
     pending: list[Cell] = []
     counted: set[str] = set()
     cached = 0
@@ -570,6 +596,9 @@ def run_bench(bench: Bench, out: Path | None) -> Outcome:
     pending, cached = plan(bench, out)
     progress = _Progress(bench, pending)
     progress.estimate = {"cells_cached": cached, "cells_to_run": len(pending), "from": None, "seconds": None}
+    if bench.cache == "none":
+        progress.estimate["cache"] = "none"
+        logger.info("%s: measurement mode: no run cache, every cell is measured in this run", bench.name)
     if bench.seconds is not None:
         total = float(sum(bench.seconds(c) for c in pending))
         progress.estimate.update({"from": "declared cost", "seconds": total})
@@ -580,7 +609,7 @@ def run_bench(bench: Bench, out: Path | None) -> Outcome:
                     bench.name, cached, len(pending))
         if not pending:
             progress.estimate.update({"from": "cache", "seconds": 0.0})
-    cache = RunCache(out / "cache" if out is not None else None)
+    cache = RunCache(bench.cache_folder(out))
     run = _Runner(bench, cache, dry=False, progress=progress)
     if bench.workers > 1 and bench.tuning is None and pending:
         _compute_in_pool(bench, pending, run, progress)

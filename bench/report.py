@@ -8,7 +8,9 @@ failed seeds and why, each metric's mean ± sd with its per-seed values, the mea
 seeds on which ``a`` is better), ``tuning`` (every validation search: scores per value, chosen,
 at the grid's edge, extensions), then what the benchmark adds (verdicts, settings the paper does
 not give …), ``estimate`` (cells cached / run and the time estimated before the run),
-``seconds`` (wall time) and ``env``.
+``seconds`` (wall time) and ``env``. ``config.cache`` is the benchmark's cache mode; a result of
+the measurement mode (``none``) also carries ``config.measurement``, the sentence saying that every
+cell was measured in this run.
 
 The Markdown has the same parts as tables (results, paired, tuning), the benchmark's own
 sections, and a run line comparing the wall time with the estimate. The plot draws the panels
@@ -31,6 +33,11 @@ __all__ = ["build_doc", "write_report", "render_markdown", "curve_panels", "metr
            "pair", "format_value"]
 
 
+MEASUREMENT = ("measurement mode: no run cache; every cell of this result was measured in this run, one after "
+               "the other in one process, so the ratios between cells are within one run (one machine load)")
+"""What a result of the harness's measurement mode (``Bench(cache="none")``) says about itself."""
+
+
 def build_doc(bench: Bench, outcome: Outcome, quick: bool, config: Mapping[str, Any],
               extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The result document (layout in the module docstring)."""
@@ -41,7 +48,10 @@ def build_doc(bench: Bench, outcome: Outcome, quick: bool, config: Mapping[str, 
                            "methods": list(bench.methods), "seeds": list(bench.seeds),
                            "metrics": [{"name": m.name, "label": m.title, "lower_is_better": m.lower_is_better,
                                         "format": m.fmt, "scale": m.scale} for m in bench.metrics],
-                           "reference": bench.reference, "pairs": [list(p) for p in bench.pair_list()]}
+                           "reference": bench.reference, "pairs": [list(p) for p in bench.pair_list()],
+                           "cache": bench.cache}
+    if bench.cache == "none":
+        cfg["measurement"] = MEASUREMENT
     if tn is not None:
         cfg["tuning"] = {"param": tn.param, "metric": tn.metric, "lower_is_better": tn.lower_is_better,
                          "shared_by_methods": tn.shared, "grid_factor": tn.factor,
@@ -166,8 +176,12 @@ def render_markdown(doc: Mapping[str, Any], intro: Sequence[str] = (), sections:
     est = doc.get("estimate") or {}
     est_text = "no estimate" if est.get("seconds") is None else \
         f"estimated {est['seconds']:.0f} s ({est.get('from')})"
-    lines += ["", f"Wall time {doc['seconds']:.0f} s; {est.get('cells_to_run', 0)} cells run, "
-              f"{est.get('cells_cached', 0)} from the cache; {est_text}.", ""]
+    if cfg.get("cache") == "none":
+        lines += ["", f"Wall time {doc['seconds']:.0f} s; {est.get('cells_to_run', 0)} cells measured in this run "
+                  f"({cfg.get('measurement', MEASUREMENT)}); {est_text}.", ""]
+    else:
+        lines += ["", f"Wall time {doc['seconds']:.0f} s; {est.get('cells_to_run', 0)} cells run, "
+                  f"{est.get('cells_cached', 0)} from the cache; {est_text}.", ""]
     return "\n".join(lines)
 
 

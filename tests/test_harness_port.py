@@ -40,3 +40,44 @@ def test_a_group_shares_one_value_the_others_are_tuned_alone_and_an_all_failed_t
     assert not [c for c in calls if c.method == "d" and c.split == "test"], "d's test cells are not run"
     records = {tuple(t["methods"]): t for t in out.tuning}
     assert set(records) == {("a", "b"), ("c",), ("d",)} and records[("d",)]["all_failed"]
+
+
+def timing_toy(calls: list[Cell], cache: str) -> Bench:
+    def run_cell(cell: Cell) -> dict[str, Any]:
+        calls.append(cell)
+        return {"final": {"seconds": cell.at["size"] * {"fast": 1.0, "slow": 2.0}[cell.method] + cell.seed / 10}}
+
+    return Bench(name="timing", title="Timing", methods=("fast", "slow"), points=[{"size": 1}, {"size": 4}],
+                 seeds=(0, 1, 2), metrics=(Metric("seconds"),), run_cell=run_cell, pairs=[("fast", "slow")],
+                 cache=cache)
+
+
+def test_measurement_mode_measures_every_cell_in_each_run_and_says_so(tmp_path: Path) -> None:
+    from graphfl.bench import report
+
+    calls: list[Cell] = []
+    bench = timing_toy(calls, "none")
+    for run in (1, 2):
+        out = run_bench(bench, tmp_path)
+        assert len(calls) == run * 2 * 2 * 3, "nothing is taken from an earlier run"
+        assert out.estimate["cells_cached"] == 0 and out.estimate["cells_to_run"] == 12
+    assert not (tmp_path / "cache").exists(), "no timing is stored for a later run"
+    doc = report.build_doc(bench, out, False, {})
+    assert doc["config"]["cache"] == "none" and "measured in this run" in doc["config"]["measurement"]
+    r = report.result(doc, "slow", size=4)
+    assert r["metrics"]["seconds"]["mean"] == pytest.approx(8.1)
+    assert report.pair(doc, "fast", "slow", size=4)["metrics"]["seconds"]["first_better"] == 3
+    paths = report.write_report(tmp_path, doc)
+    assert "12 cells measured in this run" in paths["md"].read_text()
+    # the default mode, for contrast: a second run reads every cell from the cache
+    cached: list[Cell] = []
+    for _ in (1, 2):
+        run_bench(timing_toy(cached, "run"), tmp_path / "cached")
+    assert len(cached) == 12
+
+
+def test_measurement_mode_refuses_parallel_workers_and_unknown_modes() -> None:
+    with pytest.raises(ValueError, match="one cell at a time"):
+        Bench(**{**timing_toy([], "none").__dict__, "workers": 2})
+    with pytest.raises(ValueError, match="cache='disk'"):
+        timing_toy([], "disk")
