@@ -21,7 +21,10 @@ Fair set-up:
 * **BiG-FL** (ALGORITHMS.md §0.1 C2; proximal LL ridge): the step for each κ of the form's
   ``bigfl_kappas`` (at λ = 0.1, α = 2e-2; κ bounds how far a round moves, so each κ gets its
   own step) and the best (κ, step) pair, then the form's λ × α grid at that pair on validation
-  (α is the length of the normalised UL step). Every λ in the grid
+  (α is the length of the normalised UL step). A run whose lower level was not strongly convex in
+  some round (``ll_min_curvature <= 0``, C2 c; :func:`bigfl_inadmissible`) is excluded whatever
+  its validation score, and the result names it with the round and the curvature. Rounds whose
+  implicit solve stopped above its tolerance (C2 d) are counted per run. Every λ in the grid
   is > 0: with λ = 0, φ leaves the lower level and the run is local training with κ, "BiG-FL
   disabled", never a BiG-FL result (:func:`check_bigfl_grid`). The result keeps ``‖φ − I‖_F`` and
   ``‖ĝ‖`` of every round and seed (``bigfl_phi``), and flags (warning + ``degenerate``) a run whose
@@ -138,7 +141,9 @@ class Form:
     testgraph: tuple[str, ...]  # generators run on the test graph
     bigfl_lambdas: tuple[float, ...] = (0.01, 0.1, 1.0)  # all > 0 (check_bigfl_grid)
     bigfl_alphas: tuple[float, ...] = (5e-3, 2e-2, 5e-2)  # normalised UL step lengths
-    bigfl_kappas: tuple[float, ...] = (0.3, 0.03)  # LL ridge weights (proximal ridge), each with its own step
+    bigfl_kappas: tuple[float, ...] = (0.3, 1.0, 0.1)  # LL ridge weights (proximal ridge), each with its own step;
+    # above the data Hessian's curvature deficit (C2 c: about 0.055 at the start, growing as the models train);
+    # the order is only the order of computation
     generators: tuple[str, ...] = ("mixture", "smooth")  # generators run on their train graph
     digits: bool = True  # part 2 (digits with permuted-label groups)
     bigfl_settings: dict[str, Any] | None = None
@@ -181,11 +186,13 @@ def unspecified(form: Form) -> list[str]:
         "BiG-FL tuned coordinate-wise: the step for each kappa in "
         f"{list(form.bigfl_kappas)} at lambda = 0.1, alpha = 2e-2 (the best step/kappa pair), then the lambda x "
         f"alpha grid {list(form.bigfl_lambdas)} x {list(form.bigfl_alphas)} at that step and kappa (lambda = 0 is "
-        "BiG-FL disabled, not in the grid)",
+        "BiG-FL disabled, not in the grid); a run whose LL was not strongly convex in some round (ll_min_curvature "
+        "<= 0, ALGORITHMS.md §0.1 C2 c) is excluded from the choice",
         "BiG-FL (ALGORITHMS.md §0.1 C2): UL embedding on centred parameters A(Theta - mean)phi, normalised UL "
         "step of length alpha, one lambda for both levels, proximal LL ridge (kappa/2)||theta_i - theta_i^t||^2 "
         "(kappa tuned), q = 10 (paper), implicit hypergradient "
-        "with the clients' data Hessians solved by GMRES to relative residual 1e-6 (at most 300 iterations)",
+        "with the clients' data Hessians solved by GMRES (block-Jacobi preconditioned after 25 plain iterations) "
+        "to relative residual 1e-6 (at most 300 iterations; rounds that stop above it are counted)",
         "FeSEM K = 3 (paper), squared L2 on all parameters, E-step every round, unweighted M-step, "
         "prox-lambda 0, k-means++ on the warmed-up models; step and warm-up tuned on the center's loss",
         f"seeds: {form.seeds} (mean ± sd); digits: {form.real_rounds} rounds, step grid "
@@ -420,17 +427,27 @@ def _try(what: str, *args: Any, **kwargs: Any) -> dict[str, Any] | None:
 
 def tune_lr(method: str, task: str, nodes: int, rounds: int, seed: int, grid: tuple[float, ...],
             train: dict[str, Any], base: dict[str, Any], classification: bool = False,
-            params: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+            params: dict[str, dict[str, Any]] | None = None,
+            inadmissible: Callable[[dict[str, Any]], str | None] | None = None,
+            excluded: dict[str, str] | None = None) -> dict[str, Any]:
     """The step of ``method`` by validation score (``task`` is a ``+val`` task).
 
     The grid is extended past a winning edge (:func:`~graphfl.bench.tuning.search_grid`, ×3, at
-    most :data:`GRID_EXTENSIONS` extra steps), so no method is compared at a mere bound.
+    most :data:`GRID_EXTENSIONS` extra steps), so no method is compared at a mere bound. A run
+    for which ``inadmissible(run)`` gives a reason is not a candidate (scored as a failed run,
+    logged, and the reason stored in ``excluded`` under ``"lr=<step>"``).
     """
     runs: dict[float, dict[str, Any]] = {}
 
     def score(lr: float) -> float | None:
         r = _try(f"tuning {method} lr={lr:g}", method, task, nodes, rounds, seed, {**base, "lr": lr}, train, params)
         s = float("inf") if r is None else val_score(r, classification)
+        why = None if r is None or inadmissible is None else inadmissible(r)
+        if why is not None:
+            logger.warning("B2 tuning %s %s lr=%g on %s: %s", method, base, lr, task, why)
+            if excluded is not None:
+                excluded[f"lr={lr:g}"] = why
+            return None
         if r is None or not np.isfinite(s):
             return None
         runs[lr] = r
@@ -455,6 +472,29 @@ def check_bigfl_grid(lambdas: tuple[float, ...]) -> None:
                          "(BiG-FL disabled); every lambda in the grid must be > 0")
 
 
+def bigfl_inadmissible(run: dict[str, Any]) -> str | None:
+    """Why a BiG-FL validation run cannot be chosen, or ``None``: its lower level was not strongly
+    convex in some round (``ll_min_curvature <= 0``, or a failed block factorisation,
+    ``ll_strongly_convex = 0``; ALGORITHMS.md §0.1 C2 c). There ``Θ*(φ)`` is not unique and the
+    implicit hypergradient is not its derivative, so the run is not BiG-FL as specified, whatever
+    its validation score.
+    """
+    for row in run.get("curve", []):
+        curv = _server_metric(row, "ll_min_curvature")
+        if (curv is not None and curv <= 0) or _server_metric(row, "ll_strongly_convex") == 0:
+            shown = "–" if curv is None else f"{curv:.3g}"
+            return f"excluded: LL not strongly convex at round {row.get('round')} (min curvature {shown})"
+    return None
+
+
+def implicit_unconverged_rounds(run: dict[str, Any]) -> list[int]:
+    """Rounds of a BiG-FL run whose implicit solve stopped above its tolerance
+    (``implicit_converged = 0``, ALGORITHMS.md §0.1 C2 d).
+    """
+    return [int(row["round"]) for row in run.get("curve", [])
+            if _server_metric(row, "implicit_converged") == 0]
+
+
 def tune_bigfl_grid(task: str, rounds: int, seed: int, lr: float, form: Form,
                     default_run: dict[str, Any], kappa: float | None = None) -> dict[str, Any]:
     """BiG-FL's λ × α grid on validation at step ``lr`` and ``κ = kappa`` (``None``: the strategy's
@@ -466,6 +506,7 @@ def tune_bigfl_grid(task: str, rounds: int, seed: int, lr: float, form: Form,
     lam0, alpha0 = BIGFL_DEFAULT["bigfl.lam"], BIGFL_DEFAULT["bigfl.alpha"]
     grid: dict[str, dict[str, float | None]] = {}
     phi_grid: dict[str, dict[str, float | None]] = {}
+    excluded: dict[str, str] = {}
     best = (val_score(default_run, False), lam0, alpha0)
     for lam in form.bigfl_lambdas:
         row: dict[str, float | None] = {}
@@ -478,6 +519,11 @@ def tune_bigfl_grid(task: str, rounds: int, seed: int, lr: float, form: Form,
                 r = _try(f"tuning bigfl lam={lam} alpha={alpha}", "bigfl", task, NODES, rounds,
                          seed, {"lr": lr, "bigfl.lam": lam, "bigfl.alpha": alpha, **extra}, TRAIN)
             s = float("inf") if r is None else val_score(r, False)
+            why = None if r is None else bigfl_inadmissible(r)
+            if why is not None:
+                logger.warning("B2 tuning bigfl lam=%g alpha=%g on %s: %s", lam, alpha, task, why)
+                excluded[f"lam={lam:g}, alpha={alpha:g}"] = why
+                s = float("inf")
             row[f"alpha={alpha:g}"] = s if np.isfinite(s) else None
             prow[f"alpha={alpha:g}"] = None if r is None else _server_metric(r["curve"][-1], "phi_minus_identity")
             if s < best[0]:
@@ -486,9 +532,9 @@ def tune_bigfl_grid(task: str, rounds: int, seed: int, lr: float, form: Form,
         phi_grid[f"lam={lam:g}"] = prow
     return {"lam_alpha_grid_val_mse": grid, "lam_alpha_grid_phi_minus_identity": phi_grid,
             "grid": {"lam": list(form.bigfl_lambdas), "alpha": list(form.bigfl_alphas)},
-            "lam": best[1], "alpha": best[2],
+            "lam": best[1], "alpha": best[2], "excluded": excluded,
             "note": "lambda = 0 (BiG-FL disabled: local training with kappa) is not a BiG-FL setting and is not in "
-                    "the grid"}
+                    "the grid; a run whose LL was not strongly convex in some round is excluded"}
 
 
 CONSTANT_LEVEL = 0.97
@@ -553,7 +599,8 @@ def bigfl_phi_report(runs: list[dict[str, Any]], seeds: list[int], where: str) -
         phi = [_server_metric(row, "phi_minus_identity") for row in rows]
         per_seed[str(s)] = {"round": [row["round"] for row in rows], "phi_minus_identity": phi,
                             "hypergrad_norm": [_server_metric(row, "hypergrad_norm") for row in rows],
-                            "implicit_residual": [_server_metric(row, "implicit_residual") for row in rows]}
+                            "implicit_residual": [_server_metric(row, "implicit_residual") for row in rows],
+                            "implicit_unconverged_rounds": implicit_unconverged_rounds(r)}
         final = phi[-1] if phi else None
         if final is None or final < PHI_MOVED:
             degenerate.append(s)
@@ -564,6 +611,37 @@ def bigfl_phi_report(runs: list[dict[str, Any]], seeds: list[int], where: str) -
                        "the upper level did not act (degenerate)", where, PHI_MOVED, finals, degenerate)
     return {"per_seed": per_seed, "final_phi_minus_identity": finals, "final_phi_minus_identity_mean": mean,
             "final_phi_minus_identity_sd": sd, "threshold": PHI_MOVED, "degenerate": degenerate}
+
+
+def tune_bigfl_kappas(task: str, rounds: int, seed: int, form: Form, base: dict[str, Any]
+                      ) -> tuple[dict[float, dict[str, Any]], dict[str, dict[str, str]]]:
+    """BiG-FL's step for each κ of ``form.bigfl_kappas`` on validation, admissible runs only.
+
+    A run whose lower level was not strongly convex in some round (:func:`bigfl_inadmissible`,
+    ALGORITHMS.md §0.1 C2 c) is not a candidate; a κ left without an admissible step is excluded.
+    Returns the tuning of each admissible κ and, per κ, the excluded steps with their reason.
+
+    Raises
+    ------
+    RuntimeError
+        When no κ of the grid has an admissible run (the grid needs larger κ).
+    """
+    per_kappa: dict[float, dict[str, Any]] = {}
+    excluded: dict[str, dict[str, str]] = {}
+    for k in form.bigfl_kappas:
+        why: dict[str, str] = {}
+        try:
+            per_kappa[k] = tune_lr("bigfl", task, NODES, rounds, seed, form.lr_grid, TRAIN, {**base, "bigfl.kappa": k},
+                                   inadmissible=bigfl_inadmissible, excluded=why)
+        except RuntimeError as exc:
+            why.setdefault("all", str(exc))
+            logger.warning("B2 tuning bigfl on %s: kappa %g excluded: %s", task, k, why)
+        if why:
+            excluded[f"kappa={k:g}"] = why
+    if not per_kappa:
+        raise RuntimeError(f"bigfl: no kappa in {list(form.bigfl_kappas)} gives a strongly convex lower level with a "
+                           f"finite validation score on {task} ({excluded}); extend the kappa grid upwards")
+    return per_kappa, excluded
 
 
 def tune_generator(gen: str, form: Form, seed: int, methods: tuple[str, ...] = METHODS) -> dict[str, Any]:
@@ -585,9 +663,8 @@ def tune_generator(gen: str, form: Form, seed: int, methods: tuple[str, ...] = M
             continue
         try:
             logger.info("B2 tuning %s on %s (%d rounds)", m, task, rounds)
-            if m == "bigfl":  # the step for each κ (κ bounds how far a round moves), the best pair
-                per_kappa = {k: tune_lr(m, task, NODES, rounds, seed, form.lr_grid, TRAIN, {**base, "bigfl.kappa": k})
-                             for k in form.bigfl_kappas}
+            if m == "bigfl":  # the step for each κ (κ bounds how far a round moves), the best admissible pair
+                per_kappa, kappa_excluded = tune_bigfl_kappas(task, rounds, seed, form, base)
                 kappa = min(per_kappa, key=lambda k: val_score(per_kappa[k]["run"], False))
                 base["bigfl.kappa"] = kappa
                 t = per_kappa[kappa]
@@ -603,6 +680,8 @@ def tune_generator(gen: str, form: Form, seed: int, methods: tuple[str, ...] = M
                 out[m]["kappa"] = base["bigfl.kappa"]
                 out[m]["kappa_step_grid_val_mse"] = {f"kappa={k:g}": {"lr_grid_val_mse": v["grid"], "lr": v["lr"]}
                                                      for k, v in per_kappa.items()}
+                out[m]["kappa_excluded"] = kappa_excluded
+                out[m]["implicit_unconverged_rounds"] = implicit_unconverged_rounds(t["run"])
                 settings[m] = {"lr": t["lr"], "bigfl.lam": grid["lam"], "bigfl.alpha": grid["alpha"],
                                "bigfl.kappa": base["bigfl.kappa"]}
             if m == "fesem":
@@ -1555,8 +1634,13 @@ def _phi_lines(bp: dict[str, Any], curve: list[dict[str, Any]]) -> list[str]:
     fin = ", ".join("–" if v is None else f"{v:.3f}" for v in bp["final_phi_minus_identity"])
     out = [f"BiG-FL upper level: final ‖φ − I‖_F per seed {fin}"
            + (f"; **degenerate** (φ within {bp['threshold']:g} of I) for seed(s) {bp['degenerate']}"
-              if bp["degenerate"] else f" (all ≥ {bp['threshold']:g}: φ moved)") + ".", "",
-           "| round | ‖φ − I‖_F | ‖ĝ‖ |", "|---|---|---|"]
+              if bp["degenerate"] else f" (all ≥ {bp['threshold']:g}: φ moved)") + ".", ""]
+    unconv = {s: v.get("implicit_unconverged_rounds") for s, v in bp["per_seed"].items()}
+    if any(unconv.values()):  # C2 d: a capped solve is reported, never silently used
+        out += ["Implicit solve above its tolerance (rounds, per seed): "
+                + "; ".join(f"seed {s}: {len(v or [])}" + (f" (first {v[:5]})" if v else "") for s, v in unconv.items())
+                + ".", ""]
+    out += ["| round | ‖φ − I‖_F | ‖ĝ‖ |", "|---|---|---|"]
     for row in curve:
         if row.get("phi_minus_identity") is None:
             continue
@@ -1637,6 +1721,13 @@ def render_markdown(doc: dict[str, Any]) -> str:
                       + "; ".join(f"{k}: " + ", ".join(f"{s}: {'–' if v is None else f'{v:.4f}'}"
                                                         for s, v in row["lr_grid_val_mse"].items())
                                   + f" (step {row['lr']:g})" for k, row in b["kappa_step_grid_val_mse"].items())]
+        for k, why in (b.get("kappa_excluded") or {}).items():
+            lines += [f"- BiG-FL {k}: " + "; ".join(f"{s}: {w}" for s, w in why.items())]
+        for cell, why in (b.get("excluded") or {}).items():
+            lines += [f"- BiG-FL {cell}: {why}"]
+        if b.get("implicit_unconverged_rounds"):
+            lines += [f"- BiG-FL chosen (κ, step) run: implicit solve above its tolerance in "
+                      f"{len(b['implicit_unconverged_rounds'])} round(s) (first {b['implicit_unconverged_rounds'][:5]})"]
         lines += ["", f"BiG-FL λ × α (val MSE, and final ‖φ − I‖_F, at step {b['lr']:g}; chosen λ = {b['lam']:g}, "
                       f"α = {b['alpha']:g}; {b['note']}):", "",
                   "| λ | " + " | ".join(f"α = {a:g}" for a in alphas) + " |",

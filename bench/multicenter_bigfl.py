@@ -39,7 +39,9 @@ class RerunForm:
     """BiG-FL's grid and what is run (the rounds and seeds come from the earlier result)."""
 
     lrs: tuple[float, ...] = (1.0, 3.0)
-    kappas: tuple[float, ...] = (0.3, 0.03)
+    kappas: tuple[float, ...] = (1.0, 0.3, 0.1)
+    """Above the data Hessian's curvature deficit (ALGORITHMS.md §0.1 C2 c); a run whose LL was not
+    strongly convex in some round is excluded from the choice (:func:`mc.bigfl_inadmissible`)."""
     lambdas: tuple[float, ...] = (0.01, 0.1, 1.0)
     alpha: float = 2e-2
     ridge: str = "proximal"
@@ -88,6 +90,17 @@ def _val(r: dict[str, Any] | None) -> float | None:
     return s if np.isfinite(s) else None
 
 
+def _admissible_val(r: dict[str, Any] | None) -> float | None:
+    """The validation score of a run that may be chosen: ``None`` when it failed or its LL was not
+    strongly convex in some round (:func:`graphfl.bench.multicenter.bigfl_inadmissible`).
+    """
+    return None if r is None or mc.bigfl_inadmissible(r) is not None else _val(r)
+
+
+def _excluded(r: dict[str, Any] | None) -> str | None:
+    return None if r is None else mc.bigfl_inadmissible(r)
+
+
 def _curvature(r: dict[str, Any] | None) -> float | None:
     if r is None:
         return None
@@ -106,11 +119,18 @@ def tune(prev: dict[str, Any], form: RerunForm, cache: Path) -> dict[str, Any]:
                     form.workers)
     step_kappa = {f"lr={lr:g}, kappa={k:g}": {"val_mse": _val(r), "min_ll_curvature": _curvature(r),
                                               "phi_minus_identity": None if r is None else
-                                              mc._server_metric(r["curve"][-1], "phi_minus_identity")}
+                                              mc._server_metric(r["curve"][-1], "phi_minus_identity"),
+                                              "excluded": _excluded(r),
+                                              "implicit_unconverged_rounds": None if r is None else
+                                              len(mc.implicit_unconverged_rounds(r))}
                   for (lr, k), r in zip(cells, runs)}
-    scored = [(s, lr, k) for (lr, k), r in zip(cells, runs) if (s := _val(r)) is not None]
+    for key, row in step_kappa.items():
+        if row["excluded"]:
+            logger.warning("bigfl tuning %s on %s: %s", key, task, row["excluded"])
+    scored = [(s, lr, k) for (lr, k), r in zip(cells, runs) if (s := _admissible_val(r)) is not None]
     if not scored:
-        raise RuntimeError(f"bigfl: every step/kappa in {cells} failed on {task}")
+        raise RuntimeError(f"bigfl: every step/kappa in {cells} failed or had a lower level that was not strongly "
+                           f"convex on {task}; extend the kappa grid upwards")
     _, lr, kappa = min(scored)
     mc.check_bigfl_grid(form.lambdas)
     lams = [lam for lam in form.lambdas if lam != lam0]
@@ -118,14 +138,16 @@ def tune(prev: dict[str, Any], form: RerunForm, cache: Path) -> dict[str, Any]:
                         form.workers)
     by_lam = {lam0: runs[cells.index((lr, kappa))], **dict(zip(lams, lam_runs))}
     lam_grid = {f"lam={lam:g}": {"val_mse": _val(r), "phi_minus_identity": None if r is None else
-                                 mc._server_metric(r["curve"][-1], "phi_minus_identity")}
+                                 mc._server_metric(r["curve"][-1], "phi_minus_identity"), "excluded": _excluded(r)}
                 for lam, r in sorted(by_lam.items())}
-    best_lam = min(((s, lam) for lam, r in by_lam.items() if (s := _val(r)) is not None), default=(None, lam0))[1]
+    best_lam = min(((s, lam) for lam, r in by_lam.items() if (s := _admissible_val(r)) is not None),
+                   default=(None, lam0))[1]
     return {"task": task, "seed": seed, "rounds": rounds, "step_kappa_grid": step_kappa, "lambda_grid": lam_grid,
             "settings": _settings(lr, kappa, best_lam, form),
             "note": "step x kappa at lambda = 0.1, alpha = 0.02; then lambda at the chosen step and kappa; "
                     "alpha fixed at 0.02; lambda = 0 (BiG-FL disabled) is not in the grid; min_ll_curvature = "
-                    "the smallest ll_min_curvature of the run (<= 0: the LL was not strongly convex there)"}
+                    "the smallest ll_min_curvature of the run (<= 0: the LL was not strongly convex there, and "
+                    "the run is excluded from the choice, ALGORITHMS.md §0.1 C2 c)"}
 
 
 def _prev_method(prev_res: dict[str, Any], name: str) -> dict[str, Any]:
@@ -227,13 +249,16 @@ def render_markdown(doc: dict[str, Any]) -> str:
              f"the other rows are the earlier result `{doc['previous']}` (same tasks, seeds, rounds; their code did not "
              "change). Local test MSE, lower is better; paired differences per seed, negative = BiG-FL better.", "",
              f"## Tuning on validation ({t['task']}, seed {t['seed']})", "",
-             "| step, κ (λ = 0.1, α = 0.02) | val MSE | min ll_min_curvature | ‖φ − I‖_F |", "|---|---|---|---|"]
+             "| step, κ (λ = 0.1, α = 0.02) | val MSE | min ll_min_curvature | ‖φ − I‖_F | excluded |",
+             "|---|---|---|---|---|"]
     for k, v in t["step_kappa_grid"].items():
         lines.append(f"| {k} | {mc._pm(v['val_mse'], None)} | {mc._pm(v['min_ll_curvature'], None, '{:.3g}')} | "
-                     f"{mc._pm(v['phi_minus_identity'], None, '{:.3f}')} |")
+                     f"{mc._pm(v['phi_minus_identity'], None, '{:.3f}')} |"
+                     + (f" {v['excluded']} |" if v.get("excluded") else " |"))
     lines += ["", "| λ (chosen step, κ) | val MSE | ‖φ − I‖_F |", "|---|---|---|"]
     for k, v in t["lambda_grid"].items():
-        lines.append(f"| {k.split('=')[1]} | {mc._pm(v['val_mse'], None)} | {mc._pm(v['phi_minus_identity'], None, '{:.3f}')} |")
+        lines.append(f"| {k.split('=')[1]} | {mc._pm(v['val_mse'], None)} | {mc._pm(v['phi_minus_identity'], None, '{:.3f}')} |"
+                     + (f" {v['excluded']}" if v.get("excluded") else ""))
     lines += ["", f"Chosen: {mc._settings_str(t['settings'])}. {t['note']}.", ""]
     for where, block in (("train graph", doc["results"]), ("test graph", doc["testgraph"])):
         for gen, res in block.items():
@@ -276,9 +301,11 @@ if __name__ == "__main__":  # pragma: no cover
     ap.add_argument("--generators", default="smooth,mixture", help="comma-separated, in the order run")
     ap.add_argument("--lrs", default="1,3", help="step grid, comma-separated")
     ap.add_argument("--lambdas", default="0.01,0.1,1", help="lambda grid, comma-separated (all > 0)")
+    ap.add_argument("--kappas", default="1,0.3,0.1", help="kappa grid, comma-separated")
     ap.add_argument("--note", action="append", default=[], help="a line for the result's notes")
     args = ap.parse_args()
     gens = tuple(g for g in args.generators.split(",") if g)
     form = RerunForm(workers=args.workers, generators=gens, lrs=tuple(float(x) for x in args.lrs.split(",")),
-                     lambdas=tuple(float(x) for x in args.lambdas.split(",")), notes=tuple(args.note))
+                     lambdas=tuple(float(x) for x in args.lambdas.split(",")),
+                     kappas=tuple(float(x) for x in args.kappas.split(",")), notes=tuple(args.note))
     rerun(args.previous, args.out, form, args.cache)

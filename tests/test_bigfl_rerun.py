@@ -37,7 +37,8 @@ def test_rerun_tunes_on_validation_pairs_per_seed_and_reports(tmp_path, monkeypa
         return out
 
     monkeypatch.setattr(mb, "_run_all", fake)
-    doc = mb.rerun(EARLIER, tmp_path, mb.RerunForm(generators=("smooth",), lambdas=(0.1, 1.0)), tmp_path / "c")
+    doc = mb.rerun(EARLIER, tmp_path, mb.RerunForm(generators=("smooth",), lambdas=(0.1, 1.0), kappas=(0.3, 0.03)),
+                   tmp_path / "c")
     prev = json.loads(EARLIER.read_text())
     # tuning only on the validation task, first seed
     tuned = [s for s in seen if s[0].endswith("+val")]
@@ -82,7 +83,8 @@ def test_b2_tunes_bigfl_step_per_kappa_and_keeps_the_chosen_kappa(monkeypatch):
                 "local_test_loss": val}
 
     monkeypatch.setattr(mc, "run_any", fake_run_any)
-    form = mc.Form(**{**mc.QUICK.__dict__, "bigfl_lambdas": (0.1, 1.0), "bigfl_alphas": (0.02,)})
+    form = mc.Form(**{**mc.QUICK.__dict__, "bigfl_lambdas": (0.1, 1.0), "bigfl_alphas": (0.02,),
+                      "bigfl_kappas": (0.3, 0.03)})
     out = mc.tune_generator("smooth", form, 0)
     assert all(task.endswith("+val") for _, task, _ in calls)
     bigfl = [s for m, _, s in calls if m == "bigfl"]

@@ -1,0 +1,109 @@
+"""B2's BiG-FL tuning chooses κ only among runs whose lower level stayed strongly convex
+(ALGORITHMS.md §0.1 C2 c) and counts rounds whose implicit solve stopped above its tolerance
+(C2 d). The runs are replaced by curves of the recorded shape; the choice is the code under test."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from graphfl.bench import multicenter as mc
+from graphfl.bench import multicenter_bigfl as mb
+
+
+def _run(val: float, curvature: list[float | None], unconverged: tuple[int, ...] = ()) -> dict:
+    rows = [{"round": 0, "test_loss": 0.4}]
+    for r, c in enumerate(curvature, start=1):
+        server = {"phi_minus_identity": 0.1 * r, "implicit_converged": int(r not in unconverged)}
+        if c is not None:
+            server["ll_min_curvature"] = c
+        rows.append({"round": r, "test_loss": val, "server": server})
+    return {"curve": rows, "aggregate_seconds": [], "wall_seconds": 0.0, "local_test_loss": val,
+            "phi": np.eye(2)}
+
+
+def _fake_b2(calls: list):
+    """κ = 0.1 has the best validation MSE but loses strong convexity in round 3; κ = 1 is admissible
+    but worse than κ = 0.3."""
+
+    def fake_run_any(method, task, nodes, rounds, seed, settings, train, params=None, hook=None, hook_key=""):
+        calls.append((method, dict(settings)))
+        kappa = settings.get("bigfl.kappa", 0.3)
+        step = 0.01 * abs(settings["lr"] - 1.0)
+        if method != "bigfl":
+            return _run(0.3, [None, None, None])
+        if kappa == 0.1:
+            return _run(0.20 + step, [0.04, None, -0.07, -0.07])
+        return _run((0.25 if kappa == 0.3 else 0.28) + step, [0.2, None, 0.2, 0.2], unconverged=(2,))
+
+    return fake_run_any
+
+
+def test_inadmissible_reason_names_round_and_curvature():
+    assert mc.bigfl_inadmissible(_run(0.2, [0.1, None, 0.05])) is None
+    why = mc.bigfl_inadmissible(_run(0.2, [0.1, None, -0.0712, -0.5]))
+    assert why == "excluded: LL not strongly convex at round 3 (min curvature -0.0712)"
+    # a failed block factorisation in a round counts too
+    run = _run(0.2, [0.1, None])
+    run["curve"][2]["server"]["ll_strongly_convex"] = 0
+    assert mc.bigfl_inadmissible(run) == "excluded: LL not strongly convex at round 2 (min curvature –)"
+    assert mc.implicit_unconverged_rounds(_run(0.2, [0.1, 0.1, 0.1], unconverged=(1, 3))) == [1, 3]
+
+
+def test_b2_tuning_excludes_a_kappa_whose_lower_level_lost_strong_convexity(monkeypatch):
+    calls: list = []
+    monkeypatch.setattr(mc, "run_any", _fake_b2(calls))
+    form = mc.Form(**{**mc.QUICK.__dict__, "bigfl_lambdas": (0.1, 1.0), "bigfl_alphas": (0.02,)})
+    assert set(form.bigfl_kappas) == {1.0, 0.3, 0.1}  # the default grid reaches above the curvature deficit
+    out = mc.tune_generator("smooth", form, 0)
+    b = out["bigfl"]
+    # κ = 0.1 validates best, but its LL was not strongly convex: not chosen, and the result says why
+    assert b["kappa"] == 0.3 and out["settings"]["bigfl"]["bigfl.kappa"] == 0.3
+    assert set(b["kappa_step_grid_val_mse"]) == {"kappa=1", "kappa=0.3"}
+    reasons = b["kappa_excluded"]["kappa=0.1"]
+    assert reasons["lr=1"] == "excluded: LL not strongly convex at round 3 (min curvature -0.07)"
+    assert b["implicit_unconverged_rounds"] == [2]
+    # the λ × α grid runs at the admissible κ only
+    lam_cells = [s for m, s in calls if m == "bigfl" and s.get("bigfl.lam") == 1.0]
+    assert lam_cells and all(s["bigfl.kappa"] == 0.3 for s in lam_cells)
+
+
+def test_b2_tuning_excludes_inadmissible_lambda_alpha_cells(monkeypatch):
+    def fake_run_any(method, task, nodes, rounds, seed, settings, train, params=None, hook=None, hook_key=""):
+        if settings.get("bigfl.lam") == 1.0:  # the best score, but not strongly convex
+            return _run(0.1, [0.2, -0.01])
+        return _run(0.25, [0.2, 0.2])
+
+    monkeypatch.setattr(mc, "run_any", fake_run_any)
+    form = mc.Form(**{**mc.QUICK.__dict__, "bigfl_lambdas": (0.1, 1.0), "bigfl_alphas": (0.02, 0.05)})
+    grid = mc.tune_bigfl_grid("t+val", 2, 0, 1.0, form, _run(0.25, [0.2, 0.2]), kappa=0.3)
+    assert grid["lam"] == 0.1
+    assert grid["excluded"]["lam=1, alpha=0.02"].startswith("excluded: LL not strongly convex at round 2")
+    assert grid["lam_alpha_grid_val_mse"]["lam=1"]["alpha=0.02"] is None
+
+
+def test_b2_tuning_fails_clearly_when_no_kappa_is_admissible(monkeypatch):
+    monkeypatch.setattr(mc, "run_any", lambda *a, **k: _run(0.2, [-0.1]))
+    form = mc.Form(**{**mc.QUICK.__dict__, "bigfl_kappas": (0.3, 0.1)})
+    try:
+        mc.tune_bigfl_kappas("t+val", 1, 0, form, dict(mc.BIGFL_DEFAULT))
+    except RuntimeError as exc:
+        assert "no kappa in [0.3, 0.1]" in str(exc) and "extend the kappa grid upwards" in str(exc)
+    else:
+        raise AssertionError("expected a RuntimeError")
+
+
+def test_rerun_tuning_skips_inadmissible_cells(tmp_path, monkeypatch):
+    def fake(jobs, workers):
+        out = []
+        for _, _task, rounds, _seed, st, _phi in jobs:
+            bad = st["bigfl.kappa"] == 0.1
+            val = 0.2 if bad else 0.25 + 0.01 * st["lr"] + (0.02 if st["bigfl.kappa"] == 0.3 else 0.0)
+            out.append(_run(val, [-0.2 if bad else 0.1] * rounds))
+        return out
+
+    monkeypatch.setattr(mb, "_run_all", fake)
+    prev = {"config": {"tune_generators": ["smooth"], "rounds": 3, "tuning_seed": 0}}
+    t = mb.tune(prev, mb.RerunForm(lambdas=(0.1,)), tmp_path)
+    assert t["settings"]["bigfl.kappa"] == 1.0 and t["settings"]["lr"] == 1.0
+    assert t["step_kappa_grid"]["lr=1, kappa=0.1"]["excluded"].startswith("excluded: LL not strongly convex at round 1")
+    assert t["step_kappa_grid"]["lr=1, kappa=0.3"]["excluded"] is None
