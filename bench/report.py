@@ -142,7 +142,8 @@ def render_markdown(doc: Mapping[str, Any], intro: Sequence[str] = (), sections:
             row.append(r["failed"])
         rows.append(row)
     cols = axes + ["method"] + (["tuned"] if tuned else []) + [m["label"] for m in metrics] + ["failed seeds"]
-    lines += [f"## Results (test, mean ± sd over seeds {cfg['seeds']})", "", markdown_table(rows, cols), ""]
+    over = f"repeats {cfg['seeds']}" if cfg.get("cache") == "none" else f"seeds {cfg['seeds']}"
+    lines += [f"## Results (test, mean ± sd over {over})", "", markdown_table(rows, cols), ""]
     if doc["paired"]:
         paired_metrics = [m for m in metrics if m["name"] in doc["paired"][0]["metrics"]]
         prow = []
@@ -154,7 +155,8 @@ def render_markdown(doc: Mapping[str, Any], intro: Sequence[str] = (), sections:
                              f"{_stat(d, formats.get(m['name'], m.get('format', 'auto')), m.get('scale', 1.0), True)} "
                              f"({d['first_better']}/{d['seeds']})")
             prow.append([_axis(p["point"].get(a, "")) for a in axes] + [f"{p['a']} − {p['b']}"] + cells)
-        lines += ["## Paired per seed (a − b; (k/n) = seeds on which a is better)", "",
+        unit = "repeat" if cfg.get("cache") == "none" else "seed"
+        lines += [f"## Paired per {unit} (a − b; (k/n) = {unit}s on which a is better)", "",
                   markdown_table(prow, axes + ["pair"] + [m["label"] for m in paired_metrics]), ""]
     if doc["tuning"]:
         tn = cfg.get("tuning", {})

@@ -81,3 +81,24 @@ def test_measurement_mode_refuses_parallel_workers_and_unknown_modes() -> None:
         Bench(**{**timing_toy([], "none").__dict__, "workers": 2})
     with pytest.raises(ValueError, match="cache='disk'"):
         timing_toy([], "disk")
+
+
+def test_jgesr_cost_on_the_measurement_mode(tmp_path: Path) -> None:
+    import json
+
+    from graphfl.bench import jgesr_cost as bc
+    from graphfl.dashboard import bench_results
+
+    doc = bc.run(quick=True, seed=0, out=tmp_path, points=[(6, 64), (4, 200_000)])
+    assert doc["config"]["cache"] == "none" and doc["estimate"]["cells_to_run"] == 7  # pdca-masked skipped once
+    pdca = next(r for r in doc["results"] if r["method"] == "pdca" and r["point"] == {"n": 6, "d": 64})
+    assert pdca["metrics"]["seconds"]["n"] == 1 and pdca["metrics"]["seconds"]["mean"] > 0
+    assert pdca["metrics"]["iterations_warm"]["mean"] <= pdca["metrics"]["iterations_cold"]["mean"]
+    masked = next(r for r in doc["results"] if r["method"] == "pdca-masked" and r["point"]["d"] == 200_000)
+    assert masked["skipped"] == "not run (d > 1e5)"
+    assert not (tmp_path / "cache").exists()
+    saved = json.loads((tmp_path / "jgesr-cost.json").read_text())
+    view = bench_results.view("jgesr-cost.json", saved)
+    assert bench_results.is_result(saved) and view["layout"] == "harness" and view["methods"] == 4
+    assert (tmp_path / "jgesr-cost.png").stat().st_size > 0
+    assert "measured in this run" in (tmp_path / "jgesr-cost.md").read_text()
