@@ -30,14 +30,27 @@ synthetic-multicenter, 4 rounds (its first compiles); the simulation engine at 1
 clients of synthetic-multicenter, 2 rounds (its join round alone takes minutes on a loaded
 2-core host). Full form: synthetic-multicenter at 10, 100, 1000 and 10 000 clients (the
 in-process engine up to 1000), digits at 100, the MNIST CNN at 100 clients (``--data-dir`` with
-``mnist/``; 2 rounds), the simulation engine at 100 clients of both tabular tasks and 1000
-clients of synthetic-multicenter. Writes ``engine.{json,md,png}``.
+``mnist/``; 2 rounds), FedJAX at 100 and 1000 clients, the simulation engine at 100 clients of
+both tabular tasks. The simulation engine is not run at 1000 clients: its join round alone takes
+minutes at 100 clients on a loaded 2-core host and grows with the client count, past the time
+a bench run on such a host can take. Writes ``engine.{json,md,png}``.
+
+Growth. Each row also gets ``round_s_per_client`` and ``setup_s_per_client``; between consecutive
+client counts of one task and engine, the growth exponent ``log(t2/t1) / log(n2/n1)`` of each time
+(:func:`scaling`, linear inside :data:`LINEAR_BAND`) and one sentence per engine saying where the
+growth stops being linear (:func:`scaling_sentences`), computed from the rows.
+
+Profile. The full form also profiles round 2 of a separate batched run of the MNIST CNN row
+(:func:`profile_round`: ``torch.profiler`` with the parts that
+:data:`graphfl.client.batched.PROFILE_LABELS` marks — minibatch gather, forward, backward,
+optimizer, unstacking, evaluation — and the rest of the round), written into the result.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import statistics
 import subprocess
@@ -82,8 +95,12 @@ def grid(quick: bool, data_dir: str | None) -> list[dict[str, Any]]:
              for n in (100, 1000)]
     rows += [{"task": t, "clients": 100, "engine": "simulation", "rounds": 3}
              for t in ("synthetic-multicenter", "digits")]
-    rows.append({"task": "synthetic-multicenter", "clients": 1000, "engine": "simulation", "rounds": 2})
     return rows
+
+
+def profile_row(plan: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The row whose batched round is profiled: the MNIST CNN's (compute-bound), when planned."""
+    return next((r for r in plan if r["task"] == "mnist" and r["engine"] == "batched"), None)
 
 
 def _config(row: dict[str, Any], seed: int, out_dir: str = "") -> Any:
@@ -179,8 +196,14 @@ def _warm_up(engines: set[str], seed: int) -> None:
 
 
 def ratios(rows: list[dict[str, Any]]) -> None:
-    """Add ``speedup_vs_<engine>`` and ``rel_diff_vs_inprocess`` to the batched rows (in place)."""
+    """Add ``round_s_per_client`` and ``setup_s_per_client`` to every row, ``speedup_vs_<engine>``
+    and ``rel_diff_vs_inprocess`` to the batched rows (in place).
+    """
     by = {(r["task"], r["clients"], r["engine"]): r for r in rows}
+    for r in rows:
+        for key in ("round_s", "setup_s"):
+            if r.get(key) is not None and r.get("clients"):
+                r[f"{key}_per_client"] = r[key] / r["clients"]
     for r in rows:
         if r["engine"] != "batched" or not r.get("round_s"):
             continue
@@ -193,6 +216,139 @@ def ratios(rows: list[dict[str, Any]]) -> None:
             r["rel_diff_vs_inprocess"] = abs(r["test_loss"] - o["test_loss"]) / max(abs(o["test_loss"]), 1e-12)
 
 
+LINEAR_BAND = (0.8, 1.2)
+"""A growth exponent ``d log t / d log n`` inside this band counts as linear in the client count."""
+
+
+def scaling(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """How ``round_s`` and ``setup_s`` grow with the client count, per task and engine.
+
+    For each pair of consecutive client counts ``n1 < n2`` of one task and engine, the growth
+    exponent ``log(t2 / t1) / log(n2 / n1)`` of each time (1: linear; below: a fixed cost still
+    dominates; above: worse than linear).
+    """
+    out: list[dict[str, Any]] = []
+    series: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in rows:
+        if r.get("round_s") and r.get("clients"):
+            series.setdefault((r["task"], r["engine"]), []).append(r)
+    for (task, engine), pts in series.items():
+        pts = sorted(pts, key=lambda r: r["clients"])
+        for a, b in zip(pts, pts[1:]):
+            if b["clients"] == a["clients"]:
+                continue
+            span = math.log(b["clients"] / a["clients"])
+            item: dict[str, Any] = {"task": task, "engine": engine, "from": a["clients"], "to": b["clients"]}
+            for key in ("round_s", "setup_s"):
+                if a.get(key) and b.get(key) and a[key] > 0 and b[key] > 0:
+                    item[f"{key}_exponent"] = math.log(b[key] / a[key]) / span
+            out.append(item)
+    return out
+
+
+def _growth(exponent: float | None) -> str:
+    if exponent is None:
+        return "not measured"
+    lo, hi = LINEAR_BAND
+    kind = "sub-linear" if exponent < lo else ("super-linear" if exponent > hi else "linear")
+    return f"{kind} (exponent {exponent:.2f})"
+
+
+def scaling_sentences(steps: list[dict[str, Any]]) -> list[str]:
+    """One sentence per task and engine with more than one client count, from :func:`scaling`:
+    the growth of each interval and the first client count from which it stops being linear.
+    """
+    lines = []
+    lo, hi = LINEAR_BAND
+    for task, engine in dict.fromkeys((s["task"], s["engine"]) for s in steps):
+        mine = [s for s in steps if s["task"] == task and s["engine"] == engine]
+        parts = []
+        for key, label in (("round_s", "round time"), ("setup_s", "set-up")):
+            intervals = ", ".join(f"{s['from']}→{s['to']}: {_growth(s.get(f'{key}_exponent'))}" for s in mine)
+            off = [s for s in mine if s.get(f"{key}_exponent") is not None
+                   and not lo <= s[f"{key}_exponent"] <= hi]
+            where = ("linear throughout" if not off else
+                     f"not linear from {off[0]['from']} to {off[0]['to']} clients" if len(off) == 1 else
+                     "not linear in " + ", ".join(f"{s['from']}→{s['to']}" for s in off))
+            parts.append(f"{label} {intervals} ({where})")
+        lines.append(f"{task}, {engine}: " + "; ".join(parts) + ".")
+    return lines
+
+
+PROFILE_ROUNDS = 2
+"""Rounds of the profiled run: round 2 is profiled (a round whose request also evaluates the
+previous round's model, as every round after the first does)."""
+
+
+def profile_round(row: dict[str, Any], seed: int) -> dict[str, Any]:
+    """Where one round of the batched engine spends its time: ``torch.profiler`` over round
+    :data:`PROFILE_ROUNDS` of ``row`` (not the join round nor round 1, which evaluates nothing) with the parts that
+    :data:`graphfl.client.batched.PROFILE_LABELS` marks (each part's wall seconds summed over the
+    round's chunks and steps) and ``other``: the round's wall time outside them (server-side
+    aggregation, encoding and recording, the clients' objectives and replies).
+    """
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from graphfl.client.batched import PROFILE_LABELS
+    from graphfl.server.inprocess import run_federated_inprocess
+
+    prof = profile(activities=[ProfilerActivity.CPU])
+    marks: dict[str, float] = {}
+
+    def progress(event: dict[str, Any]) -> None:
+        if event.get("event") != "round":
+            return
+        if event.get("round") == PROFILE_ROUNDS - 1:
+            marks["start"] = time.perf_counter()
+            prof.start()
+        elif event.get("round") == PROFILE_ROUNDS and "start" in marks:
+            prof.stop()
+            marks["stop"] = time.perf_counter()
+
+    cfg_row = {**row, "engine": "batched", "rounds": PROFILE_ROUNDS}
+    out: dict[str, Any] = {"task": row["task"], "clients": row["clients"], "engine": "batched", "round": PROFILE_ROUNDS,
+                           "threads": torch.get_num_threads()}
+    try:
+        doc, _ = run_federated_inprocess(_config(cfg_row, seed), progress=progress)
+    except Exception as exc:  # a profile that cannot run is reported with the reason (logged)
+        logger.exception("engine bench: profile of %s failed", row)
+        return {**out, "error": f"{type(exc).__name__}: {exc}"}
+    if "stop" not in marks:
+        return {**out, "error": f"round {PROFILE_ROUNDS} did not complete"}
+    wall = marks["stop"] - marks["start"]
+    names = {label: part for part, label in PROFILE_LABELS.items()}
+    parts = {part: 0.0 for part in PROFILE_LABELS}
+    calls = {part: 0 for part in PROFILE_LABELS}
+    for event in prof.key_averages():
+        if event.key in names:
+            parts[names[event.key]] += event.cpu_time_total / 1e6
+            calls[names[event.key]] += event.count
+    parts = {k: v for k, v in parts.items() if calls[k]}
+    parts["other"] = max(wall - sum(parts.values()), 0.0)
+    out.update({"round_s": wall, "seconds": parts, "share": {k: v / wall for k, v in parts.items()},
+                "calls": {k: calls[k] for k in parts if k != "other"},
+                "chunk": doc.get("env", {}).get("batch_chunk")})
+    logger.info("engine bench: profile of %s %d clients: %s", row["task"], row["clients"],
+                ", ".join(f"{k} {v:.2f} s" for k, v in parts.items()))
+    return out
+
+
+def profile_sentence(profile: dict[str, Any], rows: list[dict[str, Any]]) -> str:
+    """Where the profiled round's time goes, and its batched row's speed-up over the in-process engine."""
+    if profile.get("error") or not profile.get("seconds"):
+        return f"profile of {profile.get('task')}: {profile.get('error', 'not run')}"
+    ranked = sorted(profile["seconds"].items(), key=lambda kv: -kv[1])
+    share = ", ".join(f"{k} {v:.2f} s ({100 * profile['share'][k]:.0f}%)" for k, v in ranked)
+    text = (f"One batched round of {profile['task']} at {profile['clients']} clients (chunk {profile['chunk']}, "
+            f"{profile['threads']} torch thread(s), under the profiler) took {profile['round_s']:.2f} s: {share}.")
+    row = next((r for r in rows if r["task"] == profile["task"] and r["clients"] == profile["clients"]
+                and r["engine"] == "batched"), None)
+    if row and row.get("speedup_vs_inprocess"):
+        text += f" Its bench row is {row['speedup_vs_inprocess']:.2f}x the in-process engine's round time."
+    return text
+
+
 def run(quick: bool = False, seed: int = 0, out: Path | None = None, data_dir: str | None = None) -> dict[str, Any]:
     """Run the grid; write ``<out>/engine.{json,md,png}``."""
     from graphfl.common.envinfo import env_info
@@ -202,22 +358,32 @@ def run(quick: bool = False, seed: int = 0, out: Path | None = None, data_dir: s
     t_all = time.perf_counter()
     _warm_up({r["engine"] for r in plan}, seed)
     rows: list[dict[str, Any]] = []
+    target = profile_row(plan)
+    profiled: dict[str, Any] | None = None
     with tempfile.TemporaryDirectory(prefix="graphfl-bench-engine-") as work:
         for row in plan:
             rows.append(run_row(row, seed, Path(work)))
+            if row is target:     # profiled next to its row, before the slow simulation rows
+                profiled = profile_round(row, seed)
             if out is not None:   # partial results survive an interrupted bench
-                write(out, _doc(quick, seed, rows, env_info(), time.perf_counter() - t_all), plot=False)
-    doc = _doc(quick, seed, rows, env_info(), time.perf_counter() - t_all)
+                write(out, _doc(quick, seed, rows, env_info(), time.perf_counter() - t_all, profiled), plot=False)
+    doc = _doc(quick, seed, rows, env_info(), time.perf_counter() - t_all, profiled)
     doc["load_average"] = {"start": load_before, "end": os.getloadavg()[0]}   # the host is shared: how busy it was
     if out is not None:
         write(out, doc)
     return doc
 
 
-def _doc(quick: bool, seed: int, rows: list[dict[str, Any]], env: dict[str, Any], wall: float) -> dict[str, Any]:
+def _doc(quick: bool, seed: int, rows: list[dict[str, Any]], env: dict[str, Any], wall: float,
+         profiled: dict[str, Any] | None = None) -> dict[str, Any]:
     rows = [dict(r) for r in rows]
     ratios(rows)
-    return {"name": NAME, "quick": quick, "seed": seed, "rows": rows, "env": env, "wall_seconds": wall,
+    steps = scaling(rows)
+    extra: dict[str, Any] = {"scaling": steps, "scaling_summary": scaling_sentences(steps)}
+    if profiled is not None:
+        extra["profile"] = profiled
+        extra["profile_summary"] = profile_sentence(profiled, rows)
+    return {"name": NAME, "quick": quick, "seed": seed, "rows": rows, "env": env, "wall_seconds": wall, **extra,
             "settings": [f"FedAvg, train.local-steps = {LOCAL_STEPS}, the other settings the defaults, seed {seed}; "
                          f"digits: data.min-partition-size = {DIGITS_MIN_PARTITION}",
                          "round_s: median wall seconds of rounds 1..R; setup_s: wall seconds before round 1 "
@@ -227,7 +393,12 @@ def _doc(quick: bool, seed: int, rows: list[dict[str, Any]], env: dict[str, Any]
                          f"(${FEDJAX_ENV}), the graphfl rows' local steps, batch size and step size, JAX's default "
                          "threads; round_s the median of rounds 2..R (round 1 compiles, counted in setup_s with "
                          "the imports)",
-                         "speed-ups: the other engine's round_s over the batched engine's, rows of this run"]}
+                         "speed-ups: the other engine's round_s over the batched engine's, rows of this run",
+                         "per client: round_s and setup_s over the client count; growth exponent between two "
+                         "client counts: log(t2/t1) / log(n2/n1), linear within "
+                         f"[{LINEAR_BAND[0]}, {LINEAR_BAND[1]}]",
+                         f"profile: torch.profiler over round {PROFILE_ROUNDS} of a separate batched run of the profiled row "
+                         "(graphfl.client.batched.PROFILE_LABELS parts, 'other' = the round's wall time outside them)"]}
 
 
 def write(out: Path, doc: dict[str, Any], plot: bool = True) -> None:
@@ -236,10 +407,22 @@ def write(out: Path, doc: dict[str, Any], plot: bool = True) -> None:
 
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / f"{NAME}.json", doc)
-    cols = ["task", "clients", "engine", "rounds", "round_s", "setup_s", "speedup_vs_inprocess",
+    cols = ["task", "clients", "engine", "rounds", "round_s", "setup_s", "round_s_per_client",
+            "setup_s_per_client", "speedup_vs_inprocess",
             "speedup_vs_simulation", "speedup_vs_fedjax", "test_loss", "rel_diff_vs_inprocess", "chunk", "status", "error"]
     md = [f"# {NAME}", "", "Seconds per round and set-up time per engine, measured in one run (bench/engine.py).",
-          "", markdown_table(doc["rows"], cols), "", "## Settings", ""] + [f"- {s}" for s in doc["settings"]]
+          "", markdown_table(doc["rows"], cols), ""]
+    if doc.get("scaling"):
+        md += ["## Growth with the client count", "", *[f"- {s}" for s in doc.get("scaling_summary", [])], "",
+               markdown_table(doc["scaling"], ["task", "engine", "from", "to", "round_s_exponent",
+                                               "setup_s_exponent"]), ""]
+    if doc.get("profile"):
+        prof = doc["profile"]
+        md += ["## Where the time goes", "", doc.get("profile_summary", ""), ""]
+        if prof.get("seconds"):
+            md += [markdown_table([{"part": k, "seconds": v, "share": prof["share"][k], "calls": prof["calls"].get(k)}
+                                   for k, v in prof["seconds"].items()], ["part", "seconds", "share", "calls"]), ""]
+    md += ["## Settings", ""] + [f"- {s}" for s in doc["settings"]]
     load = doc.get("load_average")
     md += ["", f"Wall time of the bench: {doc['wall_seconds']:.0f} s; host: {doc['env'].get('cpus')} CPUs, "
                f"torch {doc['env'].get('torch')}, device {doc['env'].get('device', 'cpu')}"
@@ -257,4 +440,13 @@ def write(out: Path, doc: dict[str, Any], plot: bool = True) -> None:
             if series:
                 panels.append({"x": "clients", "y": key, "series": series, "logx": True, "logy": True,
                                "title": task, "xlabel": "clients", "ylabel": label})
+    for key, label in (("round_s_per_client", "seconds / round / client"), ("setup_s_per_client",
+                                                                          "set-up seconds / client")):
+        task = "synthetic-multicenter"
+        series = {e: sorted((r for r in doc["rows"] if r["task"] == task and r["engine"] == e and r.get(key)),
+                            key=lambda r: r["clients"]) for e in ENGINES}
+        series = {e: s for e, s in series.items() if len(s) > 1}
+        if series:
+            panels.append({"x": "clients", "y": key, "series": series, "logx": True, "logy": True,
+                           "title": f"{task}: per client", "xlabel": "clients", "ylabel": label})
     plot_panels(out / f"{NAME}.png", panels, "engines: batched vs in-process vs Flower simulation vs FedJAX")

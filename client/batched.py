@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+from torch.profiler import record_function
 
 from graphfl.client.objective import LocalObjective, OutputMix, PersonalResult, mixture_output
 from graphfl.client.training import _batches, sgd_update
@@ -58,6 +59,12 @@ GPU_BUDGET_FRACTION = 0.5
 """Share of the GPU's free memory one chunk may use."""
 PREGATHER_BYTES = 64 << 20
 """Up to this size a chunk's minibatches of all steps are gathered at once, else step by step."""
+PROFILE_LABELS = {part: f"batched.{part}" for part in
+                  ("gather", "forward", "backward", "optimizer", "personal", "unstack", "evaluate")}
+"""``torch.profiler.record_function`` names of the parts of a batched round (``gather``: minibatch
+indexing; ``forward``: the stacked forward, loss and penalties; ``backward``; ``optimizer``: the SGD
+update; ``personal``: APFL's personal step; ``unstack``: the trained parameters to host arrays;
+``evaluate``: test-split evaluation). Outside a profiler they cost a few microseconds each."""
 RANDOM_LAYERS = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout)
 
 
@@ -276,16 +283,37 @@ def _layer_plan(model: nn.Module) -> tuple[bool, list[tuple[Any, ...]]] | None:
     return flatten, plan
 
 
+CONVOLUTIONS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
+
+
+def _per_client_forward(model: nn.Module) -> bool:
+    """Whether the stacked forward runs client by client: a convolutional model on the CPU, where
+    ``vmap`` turns each convolution into a grouped one (one group per client) that runs slower
+    than the clients' own dense convolutions one after the other.
+    """
+    first = next(model.parameters(), None)
+    return (first is not None and first.device.type == "cpu"
+            and any(isinstance(m, CONVOLUTIONS) for m in model.modules()))
+
+
 def stacked_forward(model: nn.Module) -> StackedForward:
     """``(stacked params, x) ↦ outputs`` for every client at once (inputs and outputs clients ×
     samples × ...).
 
     A stack of ``Linear`` and elementwise layers (:func:`_layer_plan`) runs as batched matrix
-    products (``baddbmm``: one call per layer for all clients); any other model as ``vmap`` of
-    ``functional_call`` over the client axis. Both compute each client's own ``model(x_i)``,
+    products (``baddbmm``: one call per layer for all clients); a convolutional model on the CPU
+    (:func:`_per_client_forward`) as ``functional_call`` on each client's slice of the stacked
+    parameters in turn (the backward, the update and the rest of the step stay stacked); any
+    other model as ``vmap`` of ``functional_call`` over the client axis. Both compute each client's own ``model(x_i)``,
     up to the order of floating-point summation.
     """
     found = _layer_plan(model)
+    if found is None and _per_client_forward(model):
+        def each(params: Mapping[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+            slices = {k: v.unbind(0) for k, v in params.items()}    # one stack in the backward, not c
+            return torch.stack([functional_call(model, {k: s[i] for k, s in slices.items()}, (x[i],))
+                                for i in range(x.shape[0])])
+        return each
     if found is None:
         mapped: StackedForward = vmap(lambda p, x: functional_call(model, dict(p), (x,)))
         return mapped
@@ -402,8 +430,9 @@ def _train_chunk(
                               + stacked.y_train[0, 0].numel() * stacked.y_train.element_size())
     if gathered <= PREGATHER_BYTES:    # every step's minibatch in one gather: steps × clients × batch × ...
         by_step, rows_t = idx.transpose(0, 1), rows.transpose(0, 1)     # steps × clients × batch
-        xs = stacked.x_train[rows_t, by_step]
-        ys = stacked.y_train[rows_t, by_step]
+        with record_function(PROFILE_LABELS["gather"]):
+            xs = stacked.x_train[rows_t, by_step]
+            ys = stacked.y_train[rows_t, by_step]
 
         def minibatch(s: int) -> tuple[torch.Tensor, torch.Tensor]:
             return xs[s], ys[s]
@@ -419,17 +448,23 @@ def _train_chunk(
         personal = _PersonalStack(model, loss_fn, [o.personal for o in objectives], keys, device)
     with torch.enable_grad():
         for s in range(steps):
-            x, y = minibatch(s)
+            with record_function(PROFILE_LABELS["gather"]):
+                x, y = minibatch(s)
             for p in plist:
                 p.grad = None
-            total, data = step(params, x, y, tensors)
+            with record_function(PROFILE_LABELS["forward"]):
+                total, data = step(params, x, y, tensors)
             data_losses.append(data.detach())
-            total.sum().backward()
-            sgd_update(plist, buffers, lr, momentum, weight_decay)
+            with record_function(PROFILE_LABELS["backward"]):
+                total.sum().backward()
+            with record_function(PROFILE_LABELS["optimizer"]):
+                sgd_update(plist, buffers, lr, momentum, weight_decay)
             if personal is not None:
-                personal.step(params, x, y, lr, momentum, weight_decay)
+                with record_function(PROFILE_LABELS["personal"]):
+                    personal.step(params, x, y, lr, momentum, weight_decay)
     n = len(pids)
-    trained = _unstack(params, keys, n)
+    with record_function(PROFILE_LABELS["unstack"]):
+        trained = _unstack(params, keys, n)
     mean_loss = _mean_over_steps(data_losses, n) if steps else np.zeros(n)
     if personal is None:
         return trained, mean_loss, [None] * n
@@ -498,8 +533,9 @@ def batched_evaluate(
         where = [i for i, a in enumerate(arrays) if isinstance(a, OutputMix) == kind]
         for lo in range(0, len(where), chunk):
             part = where[lo : lo + chunk]
-            results = _evaluate_chunk(model, loss_fn, classification, stacked, [pids[i] for i in part],
-                                      [arrays[i] for i in part])
+            with record_function(PROFILE_LABELS["evaluate"]):
+                results = _evaluate_chunk(model, loss_fn, classification, stacked, [pids[i] for i in part],
+                                          [arrays[i] for i in part])
             for i, metrics in zip(part, results):
                 out[i] = metrics
     return [m for m in out if m is not None]
