@@ -174,9 +174,16 @@ def unspecified(form: Form, task: str, nodes: int) -> list[str]:
         f"compression {list(form.codecs)}: APFLGate at its reference cell ({REFERENCE_CELL}); quant = unbiased "
         "stochastic b-bit per "
         "array of the update, topk = 10 % largest entries per array with per-client error memory",
+        f"engine: {ENGINE} (equal to the in-process engine up to summation order; a task that does not batch "
+        "runs client by client on it, the reason logged; each cached run records its engine and chunk or fallback)",
     ]
 
 
+ENGINE = "batched"
+"""Engine of every run: the batched engine (a round's clients train as one stacked computation;
+a task that does not batch, as the graph tasks whose PyG batches differ in size, is served
+client by client by that engine itself, which logs why). Its numbers equal the in-process
+engine's up to floating-point summation order."""
 RESUMABLE = True
 """An interrupted run continues in the same ``--out`` (finished cells come from ``<out>/cache``)."""
 RUN_ERRORS = (RuntimeError, ValueError, ArithmeticError)
@@ -212,18 +219,21 @@ def run_key(strategy: str, task: str, nodes: int, form: Form, seed: int, lr: flo
     overrides = {"train.local-steps": form.local_steps, "train.batch-size": form.batch_size, "train.momentum": 0.0,
                  "train.lr": lr, **dict(form.settings), **tau_mode_setting(strategy, form), **extra}
     return {"bench": NAME, "strategy": strategy, "task": task, "nodes": nodes, "rounds": form.rounds, "seed": seed,
-            "overrides": overrides, "data_dir": data_dir}
+            "overrides": overrides, "data_dir": data_dir, "engine": ENGINE}
 
 
 def run_one(strategy: str, task: str, nodes: int, form: Form, seed: int, lr: float, extra: dict[str, Any],
             data_dir: str) -> dict[str, Any]:
-    """One in-process run: the curve of test metrics and upload bytes, total upload bytes."""
+    """One run on :data:`ENGINE` in this process: the curve of test metrics and upload bytes, total
+    upload bytes, and ``engine``: the engine's facts from the run's record (``engine``, and
+    ``batch_chunk`` or ``batched_fallback``: why it ran client by client).
+    """
     from graphfl.common.config import parse_run_config
     from graphfl.server.inprocess import run_federated_inprocess
 
     key = run_key(strategy, task, nodes, form, seed, lr, extra, data_dir)
     cfg = parse_run_config({"strategy": strategy, "task": task, "nodes": nodes, "rounds": form.rounds,
-                            "seed": seed, "engine": "inprocess", "data-dir": data_dir, "min-replies": 0,
+                            "seed": seed, "engine": key["engine"], "data-dir": data_dir, "min-replies": 0,
                             **key["overrides"]})
     t0 = time.perf_counter()
     doc, _ = run_federated_inprocess(cfg)
@@ -232,7 +242,9 @@ def run_one(strategy: str, task: str, nodes: int, form: Form, seed: int, lr: flo
     keep = ("round", *tests, *(f"{v}_{k}" for v in VIEWS for k in tests), "bytes_up", "bytes_up_decoded")
     return {"curve": [{k: row[k] for k in keep if k in row} for row in curve],
             "bytes_up": int(sum(row.get("bytes_up", 0) or 0 for row in curve)),
-            "wall_seconds": time.perf_counter() - t0}
+            "wall_seconds": time.perf_counter() - t0,
+            "engine": {k: v for k, v in doc.get("env", {}).items() if k in ("batch_chunk", "batched_fallback")}
+            | {"engine": key["engine"]}}
 
 
 def final_value(run: dict[str, Any], metric: str) -> float | None:

@@ -72,6 +72,10 @@ GRAPH_METHODS = ("JGESR-PDCA", "JGESR-two-step")
 GRAPH_DEFAULT = (1.0, 1.0, 0.1)
 """``(λ, α, β)`` while the step size is tuned (the defaults of ``[jgesr]``)."""
 DIAGNOSTICS = ("shrink_ratio", "graph_cv")
+ENGINE = "batched"
+"""Engine of every run: the batched engine (a round's clients train as one stacked computation;
+a strategy or task that does not batch is served client by client by that engine itself, which
+logs why). Its numbers equal the in-process engine's up to floating-point summation order."""
 PAPER_MNIST = {"JGESR-PDCA": (95.17, 92.68), "JGESR-two-step": (88.99, 83.77), "FedAvg": (90.48, 89.96),
                "FedProx": (90.38, 91.19), "CFL": (92.96, 91.21), "FedAMP": (93.12, 92.40),
                "pFedGraph": (92.76, 92.01)}
@@ -153,6 +157,8 @@ def unspecified(form: Form, task: str) -> list[str]:
         "FC(512)-FC(10))",
         f"methods: {', '.join(form.methods)}",
         f"seeds: {form.seeds} (mean ± sd over seeds of the mean client test accuracy after the last round)",
+        f"engine: {ENGINE} (equal to the in-process engine up to summation order; each cached run records "
+        "its engine, chunk or per-client fallback)",
     ]
 
 
@@ -169,7 +175,7 @@ def run_values(method: str, task: str, form: Form, seed: int, lr: float, noise: 
     strategy, params = METHODS[method]
     values: dict[str, Any] = {
         "strategy": strategy, "task": task, "nodes": nodes_for(form, task), "rounds": form.rounds, "seed": seed,
-        "engine": "inprocess", "train.lr": lr, "train.local-steps": form.local_steps,
+        "engine": ENGINE, "train.lr": lr, "train.local-steps": form.local_steps,
         "train.batch-size": form.batch_size, "train.momentum": 0.0, "data.dirichlet-alpha": dirichlet_for(form, task),
         "channel.noise": noise, "channel.missing": missing, **params,
     }
@@ -184,7 +190,9 @@ def run_values(method: str, task: str, form: Form, seed: int, lr: float, noise: 
 
 def run_one(method: str, task: str, form: Form, seed: int, lr: float, noise: float, missing: float,
             graph: tuple[float, float, float] | None = None) -> dict[str, Any]:
-    """One in-process run of ``method``: accuracy curve, final accuracy, JGESR's diagnostics per round.
+    """One run of ``method`` on :data:`ENGINE` in this process: accuracy curve, final accuracy,
+    JGESR's diagnostics per round, and ``engine``: the engine's facts from the run's record
+    (``engine``, and ``batch_chunk`` or ``batched_fallback``: why it ran client by client).
 
     A run that fails (e.g. every upload NaN at a too large step) returns ``final = None`` and
     ``error``: a failed setting, not a crash.
@@ -204,7 +212,9 @@ def run_one(method: str, task: str, form: Form, seed: int, lr: float, noise: flo
     curve = doc["methods"][strategy]["curve"]
     agg = [r.get("server_seconds") for r in curve[1:]]
     out = {"acc": [r.get("test_acc") for r in curve], "final": curve[-1].get("test_acc"),
-           "wall_seconds": time.perf_counter() - t0, "server_seconds": agg}
+           "wall_seconds": time.perf_counter() - t0, "server_seconds": agg,
+           "engine": {k: v for k, v in doc.get("env", {}).items() if k in ("batch_chunk", "batched_fallback")}
+           | {"engine": values["engine"]}}
     if strategy == "jgesr":
         for name in DIAGNOSTICS:
             out[name] = [(r.get("server") or {}).get(name) for r in curve[1:]]

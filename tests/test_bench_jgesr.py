@@ -127,6 +127,7 @@ def test_a_jgesr_run_logs_its_diagnostics_per_round(tmp_path, monkeypatch):
     form = bj.Form(**{**TINY.__dict__, "nodes": 4, "rounds": 2})
     out = bj.run_one("JGESR-PDCA", "digits", form, 0, 0.1, 0.5, 0.0, graph=(0.3, 0.1, 0.01))
     assert out["final"] is not None and len(out["graph_cv"]) == 2 and len(out["shrink_ratio"]) == 2
+    assert out["engine"]["engine"] == bj.ENGINE == "batched" and out["engine"]["batch_chunk"] >= 4   # batched, recorded
     assert all(0 <= v <= 1.0 + 1e-9 for v in out["shrink_ratio"]) and all(v >= 0 for v in out["graph_cv"])
     other = bj.run_one("JGESR-PDCA", "digits", form, 0, 0.1, 0.5, 0.0, graph=(10.0, 0.1, 0.01))
     assert other["shrink_ratio"] != out["shrink_ratio"]                      # the graph params are used
