@@ -44,10 +44,18 @@ round of DFL-GT on ``linreg`` with 1000 nodes on a ring, vectorised vs the per-n
 the per-peer estimate ``60 MB + 20 x model bytes``, from the RSS measured in docs/p2p.md; skipped
 with the reason otherwise).
 
-Not on the benchmark harness (:mod:`graphfl.bench.harness`): its results are ratios of graphfl's
-round time to floors measured in the same run on the same machine; a run cache would pair a
-cached time with a floor measured under another load. Cases are skipped by the memory available
-now, not a fixed grid; no tuning, no seeds.
+On the benchmark harness (:mod:`graphfl.bench.harness`) in its measurement mode (``cache="none"``):
+points = the cases ``(params, peers, tls)``, methods = what one case measures (``serial-floor``,
+``parallel-floor``, ``parallel-floor-tls`` for TLS cases, ``grpc`` and ``socket`` = graphfl's ring
+on either data path, ``flower`` up to :data:`FLOWER_MAX_NODES` nodes), one joint cell per case
+(:func:`measure_case`: the floors and graphfl's rounds of a case are measured together), one
+repeat (the run's seed), metrics = round seconds, the ratio to the parallel floor, wire/payload
+bytes, per-process memory and start-up. The results are ratios of graphfl's round time to floors
+measured in the same run on the same machine: every case is measured in the run that writes the
+result, none is cached across runs (a cached time beside a fresh floor would compare two loads).
+The 128-peer case is skipped by the memory available when the run starts, a Flower case by the
+memory available when it is reached. What this module adds: the measurements, the per-case
+``rows`` with every figure, the in-process engine and mixing-step timings, and its own tables.
 """
 
 from __future__ import annotations
@@ -63,17 +71,21 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from graphfl.bench.ring_floor import recv_into, ring_weights
-from graphfl.common.envinfo import env_info
 from graphfl.common.ports import free_ports
-from graphfl.common.results import markdown_table, plot_panels, write_json
+from graphfl.common.results import markdown_table
 from graphfl.deploy.p2p_launch import PeerProcesses, prepare_network
 from graphfl.p2p.mixing import mix
+
+from .harness import Bench, Cell, Metric, run_bench
+from .report import build_doc, metric_panels, write_report
 
 logger = logging.getLogger(__name__)
 
@@ -395,8 +407,8 @@ def _first_line(text: str, limit: int = 300) -> str:
     return joined[:limit]
 
 
-def render(doc: dict[str, Any]) -> str:
-    """The Markdown report of a result dict (what :func:`run` writes; re-renders a stored JSON)."""
+def render(doc: Mapping[str, Any]) -> str:
+    """The per-case Markdown tables of a result dict (the first part of the report :func:`run` writes)."""
     rows = doc["rows"]
     cfg = doc["config"]
     ring_rounds, rounds = cfg.get("ring_rounds", cfg["rounds"]), cfg["rounds"]
@@ -455,127 +467,183 @@ def render(doc: dict[str, Any]) -> str:
     )
 
 
-def run(quick: bool, seed: int, out: Path) -> dict[str, Any]:
-    """Measure and write ``<out>/p2p_throughput.{json,md,png}``; returns the result dict."""
+METHODS = ("serial-floor", "parallel-floor", "parallel-floor-tls", "grpc", "socket", "flower")
+METRICS = (Metric("round_s", "round s (median)", fmt=".4g"),
+           Metric("ratio_to_parallel_floor", "/ parallel floor", fmt=".3g", paired=False),
+           Metric("wire_over_payload", "wire/payload", fmt=".5f", paired=False),
+           Metric("rss_mb", "RSS MB per process (median)", fmt=".0f", paired=False),
+           Metric("startup_s", "start-up s (median)", fmt=".3g", paired=False))
+PAIRS = (("grpc", "parallel-floor"), ("socket", "grpc"), ("flower", "grpc"))
+
+
+def methods_at(point: Mapping[str, Any]) -> list[str]:
+    """What a case measures: the TLS floor only for TLS cases, Flower only up to :data:`FLOWER_MAX_NODES` nodes."""
+    return [m for m in METHODS if (m != "parallel-floor-tls" or point["tls"])
+            and (m != "flower" or point["peers"] <= FLOWER_MAX_NODES)]
+
+
+def measure_case(out: Path, rounds: int, ring_rounds: int, d: int, n: int, insecure: bool) -> dict[str, Any]:
+    """One case's row: both floors, graphfl's ring on both data paths and (up to :data:`FLOWER_MAX_NODES`
+    nodes) its Flower deployment for the same bytes, all measured now, one after the other.
+    """
+    label = f"{'plain' if insecure else 'tls'}-{n}peers"
+    logger.info("p2p throughput: %d params, %d peers, %s", d, n, label)
+    case = f"{d}-{n}-{label}"
+    for folder in (out / "runs" / case, out / "runs" / f"{case}-socket", out / "flower" / case):
+        _fresh(folder)
+    floor = raw_floor(d, n)
+    pfloor = parallel_floor(d, n, rounds=ring_rounds)
+    res = measure_ring(out / "runs" / case, d, n, ring_rounds, insecure, timeout=900 + 10 * n)
+    res["floor_s"] = floor
+    res["parallel_floor_s"] = pfloor["median_round_s"]
+    res["parallel_floor"] = pfloor
+    med = res.get("median_round_s")
+    res["ratio_to_floor"] = med / floor if med else None
+    res["ratio_to_parallel_floor"] = med / pfloor["median_round_s"] if med else None
+    # the same ring with [run] data-path = "socket": the same frames over TCP / TLS instead of gRPC's Push
+    sres = measure_ring(out / "runs" / f"{case}-socket", d, n, ring_rounds, insecure, timeout=900 + 10 * n,
+                        data_path="socket")
+    smed = sres.get("median_round_s")
+    sres["ratio_to_parallel_floor"] = smed / pfloor["median_round_s"] if smed else None
+    res["socket"] = sres
+    if not insecure:  # the same ring over TLS sockets: what the encryption itself costs
+        from graphfl.common.certs import generate_tls
+
+        cert_dir = out / "runs" / case / "floor-certs"
+        generate_tls(cert_dir)
+        tfloor = parallel_floor(d, n, rounds=ring_rounds, cert_dir=cert_dir)
+        res["parallel_floor_tls"] = tfloor
+        res["parallel_floor_tls_s"] = tfloor["median_round_s"]
+        res["ratio_to_parallel_floor_tls"] = med / tfloor["median_round_s"] if med else None
+        sres["ratio_to_parallel_floor_tls"] = smed / tfloor["median_round_s"] if smed else None
+    if n <= FLOWER_MAX_NODES:
+        flower_need, avail = flower_memory_mb(d, n), _mem_available_mb()
+        if avail is not None and flower_need > avail:
+            reason = (f"Flower, {d} params x {n} nodes: needs ~{flower_need:.0f} MB (bench.p2p_throughput."
+                      f"flower_memory_mb), {avail:.0f} MB available; not run")
+            logger.warning("p2p throughput: skipping %s", reason)
+            res["flower"] = {"ok": None, "skipped": reason}
+        else:
+            fl = measure_flower(out / "flower" / case, d, n, rounds, insecure, timeout=600 + 10 * n)
+            res["flower"] = fl
+            fmed = fl.get("median_round_s")
+            res["flower_over_p2p"] = fmed / med if (fmed and med) else None
+    return res
+
+
+def case_methods(res: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """A case row's share per method (``final`` metrics; ``failed`` / ``skipped`` when it has none)."""
+    pfloor = res["parallel_floor"]["median_round_s"]
+
+    def ring(r: Mapping[str, Any], name: str) -> dict[str, Any]:
+        final = {"round_s": r.get("median_round_s"), "ratio_to_parallel_floor": r.get("ratio_to_parallel_floor"),
+                 "wire_over_payload": r.get("wire_over_payload"), "rss_mb": r.get("rss_mb_median"),
+                 "startup_s": r.get("startup_s_median")}
+        ok = r.get("ok") and final["round_s"] is not None
+        return {"final": final, "failed": None if ok else f"{name} ring did not finish (exit codes "
+                                                          f"{r.get('exit_codes')})"}
+
+    def floor(f: Mapping[str, Any]) -> dict[str, Any]:
+        return {"final": {"round_s": f["median_round_s"], "ratio_to_parallel_floor": f["median_round_s"] / pfloor,
+                          "rss_mb": f["rss_mb"], "startup_s": f["startup_s"]}}
+
+    out = {"serial-floor": {"final": {"round_s": res["floor_s"], "ratio_to_parallel_floor": res["floor_s"] / pfloor}},
+           "parallel-floor": floor(res["parallel_floor"]), "grpc": ring(res, "gRPC"),
+           "socket": ring(res.get("socket") or {}, "socket")}
+    if "parallel_floor_tls" in res:
+        out["parallel-floor-tls"] = floor(res["parallel_floor_tls"])
+    fl = res.get("flower")
+    if fl is not None:
+        fmed = fl.get("median_round_s")
+        if fl.get("skipped"):
+            out["flower"] = {"skipped": fl["skipped"]}
+        else:
+            out["flower"] = {"final": {"round_s": fmed, "ratio_to_parallel_floor": fmed / pfloor if fmed else None},
+                             "failed": None if fl.get("ok") and fmed else
+                             f"Flower run not completed: {_first_line(fl.get('error') or fl.get('run_error') or '')}"}
+    return out
+
+
+def _case_cell(out: Path, rounds: int, ring_rounds: int, cell: Cell) -> dict[str, Any]:
+    p = cell.at
+    row = measure_case(out, rounds, ring_rounds, p["params"], p["peers"], not p["tls"])
+    return {"row": row, "methods": case_methods(row)}
+
+
+def scale_case_skip(d: int, n: int) -> str | None:
+    """Why the 128-peer case does not fit now (1.5 x ``n`` x the per-peer estimate ``60 MB + 20 x model``)."""
+    per_peer = 60.0 + 20 * 4 * d / 2**20
+    avail = _mem_available_mb()
+    need = 1.5 * n * per_peer
+    if avail is None or avail < need:
+        return (f"{n} peers: needs ~{need:.0f} MB ({per_peer:.0f} MB per peer estimated, x1.5), "
+                f"{avail if avail is None else round(avail)} MB available")
+    return None
+
+
+def declare(out: Path, seed: int, cases: Sequence[tuple[int, int, bool]], rounds: int, ring_rounds: int) -> Bench:
+    """The benchmark on the harness, measurement mode; ``cases`` = ``(params, peers, insecure)``."""
+    skipped = {(d, n, insecure): scale_case_skip(d, n) for d, n, insecure in cases if n == SCALE_PEERS}
+    for why in skipped.values():
+        if why:
+            logger.warning("p2p throughput: skipping %s", why)
+
+    def skip(cell: Cell) -> str | None:
+        return skipped.get((cell.at["params"], cell.at["peers"], not cell.at["tls"]))
+
+    return Bench(name=NAME, title="p2p exchange round vs raw floors and Flower (ring, gossip, float32)",
+                 methods=METHODS, points=[{"params": d, "peers": n, "tls": not insecure} for d, n, insecure in cases],
+                 seeds=[seed], metrics=METRICS, run_cell=partial(_case_cell, out, rounds, ring_rounds), joint=True,
+                 methods_at=methods_at, skip=skip, pairs=PAIRS, cost=lambda c: float(c.at["peers"] * c.at["params"]),
+                 cache="none")
+
+
+def run(quick: bool, seed: int, out: Path, cases: Sequence[tuple[int, int, bool]] | None = None) -> dict[str, Any]:
+    """Measure and write ``<out>/p2p_throughput.{json,md,png}``; returns the result dict.
+
+    ``cases`` (``(params, peers, insecure)``) replaces the form's grid.
+    """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     sizes = QUICK_SIZES if quick else FULL_SIZES
     peer_counts = QUICK_PEERS if quick else FULL_PEERS
     rounds = 4 if quick else 5  # Flower rounds (seconds each)
     ring_rounds = RING_ROUNDS_QUICK if quick else RING_ROUNDS_FULL  # p2p and floor rounds (milliseconds each)
-    cases = [(d, n, True) for d in sizes for n in peer_counts]
-    if not quick:
-        cases += [(d, 4, False) for d in sizes]  # mutual TLS
-        cases.append((SCALE_PARAMS, SCALE_PEERS, True))
-    rows: list[dict[str, Any]] = []
-    methods: dict[str, Any] = {}
-    skipped: list[str] = []
-    for d, n, insecure in cases:
-        label = f"{'plain' if insecure else 'tls'}-{n}peers"
-        if n == SCALE_PEERS:
-            # measured (docs/p2p.md): ~60 MB per numpy peer plus ~20 copies of the model at peak
-            per_peer = 60.0 + 20 * 4 * d / 2**20
-            avail = _mem_available_mb()
-            need = 1.5 * n * per_peer
-            if avail is None or avail < need:
-                skipped.append(f"{n} peers: needs ~{need:.0f} MB ({per_peer:.0f} MB per peer estimated, x1.5), "
-                               f"{avail if avail is None else round(avail)} MB available")
-                logger.warning("p2p throughput: skipping %s", skipped[-1])
-                continue
-        logger.info("p2p throughput: %d params, %d peers, %s", d, n, label)
-        case = f"{d}-{n}-{label}"
-        for folder in (out / "runs" / case, out / "runs" / f"{case}-socket", out / "flower" / case):
-            _fresh(folder)
-        floor = raw_floor(d, n)
-        pfloor = parallel_floor(d, n, rounds=ring_rounds)
-        res = measure_ring(out / "runs" / case, d, n, ring_rounds, insecure, timeout=900 + 10 * n)
-        res["floor_s"] = floor
-        res["parallel_floor_s"] = pfloor["median_round_s"]
-        res["parallel_floor"] = pfloor
-        med = res.get("median_round_s")
-        res["ratio_to_floor"] = med / floor if med else None
-        res["ratio_to_parallel_floor"] = med / pfloor["median_round_s"] if med else None
-        # the same ring with [run] data-path = "socket": the same frames over TCP / TLS instead of gRPC's Push
-        sres = measure_ring(out / "runs" / f"{case}-socket", d, n, ring_rounds, insecure, timeout=900 + 10 * n,
-                            data_path="socket")
-        smed = sres.get("median_round_s")
-        sres["ratio_to_parallel_floor"] = smed / pfloor["median_round_s"] if smed else None
-        res["socket"] = sres
-        if not insecure:  # the same ring over TLS sockets: what the encryption itself costs
-            from graphfl.common.certs import generate_tls
-
-            cert_dir = out / "runs" / case / "floor-certs"
-            generate_tls(cert_dir)
-            tfloor = parallel_floor(d, n, rounds=ring_rounds, cert_dir=cert_dir)
-            res["parallel_floor_tls"] = tfloor
-            res["parallel_floor_tls_s"] = tfloor["median_round_s"]
-            res["ratio_to_parallel_floor_tls"] = med / tfloor["median_round_s"] if med else None
-            sres["ratio_to_parallel_floor_tls"] = smed / tfloor["median_round_s"] if smed else None
-        if n <= FLOWER_MAX_NODES:
-            flower_need, avail = flower_memory_mb(d, n), _mem_available_mb()
-            if avail is not None and flower_need > avail:
-                reason = (f"Flower, {d} params x {n} nodes: needs ~{flower_need:.0f} MB (bench.p2p_throughput."
-                          f"flower_memory_mb), {avail:.0f} MB available; not run")
-                skipped.append(reason)
-                logger.warning("p2p throughput: skipping %s", reason)
-                res["flower"] = {"ok": None, "skipped": reason}
-            else:
-                fl = measure_flower(out / "flower" / case, d, n, rounds, insecure, timeout=600 + 10 * n)
-                res["flower"] = fl
-                fmed = fl.get("median_round_s")
-                res["flower_over_p2p"] = fmed / med if (fmed and med) else None
-        rows.append(res)
-        m = methods.setdefault(label, {"final": {}, "curve": []})
-        m["curve"].append({"round": len(m["curve"]) + 1, "params": d, "seconds": med, "floor_s": floor,
-                           "parallel_floor_s": pfloor["median_round_s"], "ratio": res["ratio_to_floor"],
-                           "ratio_parallel": res["ratio_to_parallel_floor"],
-                           "bytes_up": res.get("wire_bytes_per_round"), "payload": res.get("payload_bytes_per_round")})
-        m["final"][str(d)] = {"round_s": med, "ratio_to_floor": res["ratio_to_floor"],
-                              "ratio_to_parallel_floor": res["ratio_to_parallel_floor"]}
-        if smed:
-            sm = methods.setdefault(f"{label}-socket", {"final": {}, "curve": []})
-            sm["curve"].append({"round": len(sm["curve"]) + 1, "params": d, "seconds": smed,
-                                "parallel_floor_s": pfloor["median_round_s"],
-                                "ratio_parallel": sres["ratio_to_parallel_floor"],
-                                "bytes_up": sres.get("wire_bytes_per_round")})
-            sm["final"][str(d)] = {"round_s": smed, "ratio_to_parallel_floor": sres["ratio_to_parallel_floor"],
-                                   "ratio_to_parallel_floor_tls": sres.get("ratio_to_parallel_floor_tls")}
-        fmed = (res.get("flower") or {}).get("median_round_s")
-        if fmed:
-            fm = methods.setdefault(f"flower-{'plain' if insecure else 'tls'}-{n}nodes", {"final": {}, "curve": []})
-            fm["curve"].append({"round": len(fm["curve"]) + 1, "params": d, "seconds": fmed,
-                                "ratio_parallel": fmed / pfloor["median_round_s"]})
-            fm["final"][str(d)] = {"round_s": fmed, "ratio_to_parallel_floor": fmed / pfloor["median_round_s"]}
+    if cases is None:
+        cases = [(d, n, True) for d in sizes for n in peer_counts]
+        if not quick:
+            cases += [(d, 4, False) for d in sizes]  # mutual TLS
+            cases.append((SCALE_PARAMS, SCALE_PEERS, True))
+    bench = declare(out, seed, cases, rounds, ring_rounds)
+    outcome = run_bench(bench, None)
+    rows = [r["row"] for r in outcome.joint.values() if "row" in r]
+    skipped = [str(r["skipped"]) for r in outcome.joint.values() if r.get("skipped")]
+    skipped += [r["flower"]["skipped"] for r in rows if (r.get("flower") or {}).get("skipped")]
     inproc = measure_inprocess(out / "inprocess", INPROCESS_NODES, 10 if quick else 30)
     mixing = measure_mixing()
     p2pfl = ("measured" if importlib.util.find_spec("p2pfl") is not None else
              "skipped: p2pfl is not installed (optional; it is not a graphfl dependency)")
     if p2pfl == "measured":  # pragma: no cover - not installed in CI
         p2pfl = "skipped: p2pfl is installed but its ring round is not automated in this bench"
-    doc = {
-        "name": NAME,
-        "config": {"quick": quick, "seed": seed, "sizes": list(sizes), "peers": list(peer_counts), "rounds": rounds,
-                   "ring_rounds": ring_rounds, "ring_round_measure": RING_MEASURE,
-                   "topology": "ring", "algorithm": "gossip", "dtype": "float32", "cpus": os.cpu_count(),
-                   "malloc": ("peers and parallel-floor processes keep freed memory (graphfl.common.malloc; rows "
-                              "list what each process reported); the serial floor runs in the bench process with "
-                              "glibc's defaults (keeping 2n model copies there would hold GBs through the Flower runs)")},
-        "methods": methods,
-        "rows": rows,
-        "inprocess": inproc,
-        "mixing": mixing,
-        "skipped": skipped,
+    config = {"seed": seed, "sizes": sorted({d for d, _, _ in cases}), "peers": sorted({n for _, n, _ in cases}),
+              "rounds": rounds, "ring_rounds": ring_rounds, "ring_round_measure": RING_MEASURE,
+              "topology": "ring", "algorithm": "gossip", "dtype": "float32", "cpus": os.cpu_count(),
+              "malloc": ("peers and parallel-floor processes keep freed memory (graphfl.common.malloc; rows "
+                         "list what each process reported); the serial floor runs in the bench process with "
+                         "glibc's defaults (keeping 2n model copies there would hold GBs through the Flower runs)")}
+    doc = build_doc(bench, outcome, quick, config, extra={
+        "rows": rows, "inprocess": inproc, "mixing": mixing, "skipped": skipped,
         "flower": ("measured in this run: graphfl's Flower deployment (warm ClientApp workers), FedAvg on "
                    "synthetic-vector with the same parameter count, one SGD step per client; rounds 2.. median"),
-        "p2pfl": p2pfl,
-        "env": env_info(),
-    }
-    write_json(out / f"{NAME}.json", doc)
-    (out / f"{NAME}.md").write_text(render(doc))
-    plot_panels(out / f"{NAME}.png", [
-        {"x": "params", "y": "seconds", "ylabel": "round time (s)", "series": {k: v["curve"] for k, v in methods.items()},
-         "logx": True, "logy": True},
-        {"x": "params", "y": "ratio_parallel", "ylabel": "round time / parallel floor",
-         "series": {k: v["curve"] for k, v in methods.items()}, "logx": True},
-    ], title="p2p exchange round vs raw floors")
+        "p2pfl": p2pfl})
+    panels = []
+    for tls in sorted({not insecure for _, _, insecure in cases}):
+        where = {"tls": tls}
+        panels += metric_panels(doc, "round_s", "params", panel_axis="peers", where=where, logx=True,
+                                ylabel="round time (s)", title="TLS" if tls else "plaintext")
+    panels = [p for p in panels if p["series"]]  # a (tls, peers) pair without a case draws nothing
+    for panel in panels:
+        panel["logy"] = True
+    write_report(out, doc, intro=render(doc).split("\n")[2:], panels=panels,
+                 plot_title="p2p exchange round vs raw floors")
     return doc

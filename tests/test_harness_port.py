@@ -102,3 +102,68 @@ def test_jgesr_cost_on_the_measurement_mode(tmp_path: Path) -> None:
     assert bench_results.is_result(saved) and view["layout"] == "harness" and view["methods"] == 4
     assert (tmp_path / "jgesr-cost.png").stat().st_size > 0
     assert "measured in this run" in (tmp_path / "jgesr-cost.md").read_text()
+
+
+def test_p2p_throughput_assembles_each_case_on_the_measurement_mode(tmp_path: Path, monkeypatch) -> None:
+    """The harness side of p2p-throughput: one joint cell per case, methods by case, ratios, skips, files.
+
+    The measurements themselves (real peers, floors, Flower) are tested in test_bench_p2p_ring.py,
+    test_ring_floor.py and test_bench_p2p_flower.py; here they are replaced by fixed numbers.
+    """
+    import json
+
+    from graphfl.bench import p2p_throughput as pt
+    from graphfl.dashboard import bench_results
+
+    measured: list[tuple[Any, ...]] = []
+
+    def floor(d: int, n: int, rounds: int = 5, timeout: float = 300.0, cert_dir: Path | None = None) -> dict:
+        measured.append(("parallel", d, n, cert_dir is not None))
+        return {"median_round_s": 0.1 * (2 if cert_dir else 1), "rss_mb": 30.0, "startup_s": 0.2}
+
+    def ring(out: Path, d: int, n: int, rounds: int, insecure: bool, timeout: float, data_path: str = "grpc") -> dict:
+        measured.append((data_path, d, n, insecure))
+        ok = not (data_path == "socket" and not insecure)  # the TLS socket ring "fails"
+        return {"params": d, "peers": n, "tls": not insecure, "ok": ok, "exit_codes": [0 if ok else 1] * n,
+                "median_round_s": 0.3 if data_path == "grpc" else 0.2,
+                "wire_over_payload": 1.01, "rss_mb_median": 80.0, "startup_s_median": 1.5}
+
+    def flower(out: Path, d: int, n: int, rounds: int, insecure: bool, timeout: float) -> dict:
+        measured.append(("flower", d, n, insecure))
+        return {"ok": True, "median_round_s": 1.2}
+
+    monkeypatch.setattr(pt, "raw_floor", lambda d, n: 0.05)
+    monkeypatch.setattr(pt, "parallel_floor", floor)
+    monkeypatch.setattr(pt, "measure_ring", ring)
+    monkeypatch.setattr(pt, "measure_flower", flower)
+    monkeypatch.setattr("graphfl.common.certs.generate_tls", lambda folder: None)
+    monkeypatch.setattr(pt, "_mem_available_mb", lambda: 5000.0)  # the 128-peer case does not fit, Flower does
+    monkeypatch.setattr(pt, "measure_inprocess", lambda out, nodes, rounds: {
+        "nodes": nodes, "vectorised": {"ms_per_round": 1.0}, "per_node": {"ms_per_round": 9.0}, "speedup": 9.0})
+    monkeypatch.setattr(pt, "measure_mixing", lambda: {
+        "float32_in_place": {"median_ms": 1.0}, "float64_copies": {"median_ms": 3.0}, "speedup_median": 3.0,
+        "speedup_min": 3.0, "max_abs_difference": 0.0})
+    doc = pt.run(quick=True, seed=0, out=tmp_path,
+                 cases=[(1000, 4, True), (1000, 4, False), (pt.SCALE_PARAMS, pt.SCALE_PEERS, True)])
+    assert doc["config"]["cache"] == "none" and doc["estimate"]["cells_to_run"] == 2
+    assert len(doc["rows"]) == 2 and len(doc["skipped"]) == 1 and "128 peers" in doc["skipped"][0]
+    assert sum(m[0] == "flower" for m in measured) == 2 and sum(m[0] == "parallel" and m[3] for m in measured) == 1
+    grpc = report_result(doc, "grpc", params=1000, peers=4, tls=False)
+    assert grpc["metrics"]["ratio_to_parallel_floor"]["mean"] == pytest.approx(3.0)
+    assert report_result(doc, "parallel-floor-tls", tls=True)["metrics"]["round_s"]["mean"] == pytest.approx(0.2)
+    assert not [r for r in doc["results"] if r["method"] == "parallel-floor-tls" and not r["point"]["tls"]]
+    socket_tls = report_result(doc, "socket", tls=True)
+    assert socket_tls["failed"] == 1 and "socket ring did not finish" in socket_tls["failures"][0]
+    scale = report_result(doc, "grpc", peers=pt.SCALE_PEERS)
+    assert scale["skipped"] and "128 peers" in scale["skipped"]
+    saved = json.loads((tmp_path / "p2p_throughput.json").read_text())
+    assert bench_results.view("p2p_throughput.json", saved)["layout"] == "harness"
+    text = (tmp_path / "p2p_throughput.md").read_text()
+    assert "measured in this run" in text and "gRPC round s (median)" in text
+    assert (tmp_path / "p2p_throughput.png").stat().st_size > 0
+
+
+def report_result(doc: dict, method: str, **point: Any) -> dict:
+    from graphfl.bench.report import result
+
+    return result(doc, method, **point)
