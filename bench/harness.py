@@ -9,7 +9,8 @@ validation split). :func:`run_bench` then
    under ``<out>/cache``, keyed by ``Bench.key``), so a killed benchmark continues where it
    stopped; a failed cell (diverged, error) is cached too;
 2. **tunes on validation** where the benchmark declares a :class:`Tuning`: per grid point (or at
-   the point ``Tuning.at`` names), one value for all methods (``shared``) or one per method, by
+   the point ``Tuning.at`` names), one value for all methods (``shared``), per group of methods
+   (``groups``) or per method, by
    :func:`~graphfl.bench.tuning.search_grid` on the cells' validation metric — the test split is
    never used for a choice; a test cell that fails at the chosen value backs off to smaller
    values when ``Tuning.backoff_halvings`` is set;
