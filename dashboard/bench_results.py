@@ -10,7 +10,7 @@ layouts, tried in this order:
 * ``results`` as a mapping of settings, each holding ``methods`` or method entries directly,
   and ``paired`` as ``{<a>_minus_<b>: stat}`` (``bench/multicenter.py``);
 * ``cells`` as a list of ``{cell, results: {method: entry}, <a>_minus_<b>: {m: stat}}``
-  (``bench/dfl_regime.py``);
+  (``bench/dfl_regime.py``'s per-entry rows; its results also have the harness layout, read first);
 * ``methods`` as a mapping of method entries (the benches written before the harness), unless
   none of them has a number and the document has ``rows``;
 * ``table`` as a mapping of method -> ``{column: stat}`` (``bench/jgesr.py``);
