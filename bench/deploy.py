@@ -39,11 +39,16 @@ the server -> task claimed), *reply push* (ClientApp -> SuperNode) and *reply to
 ``run(quick, seed, out)`` writes ``<out>/deploy.{json,md,png}``; each run's own files stay under
 ``<out>/runs/``.
 
-Not on the benchmark harness (:mod:`graphfl.bench.harness`): what it measures is wall time of
-freshly started process federations, so a repetition's numbers belong to the machine's state at
-that moment. Repetitions are interleaved (the order of the variants rotates) so that load falls on
-every variant alike; a run cache would mix repetitions from different runs and break that, and
-there is no validation tuning, no seeds in the statistical sense and no paired comparison.
+On the benchmark harness (:mod:`graphfl.bench.harness`) in its measurement mode (``cache="none"``):
+methods = the variants, one point (the experiment: nodes, rounds), seeds = repetitions (every
+repetition runs the experiment with the run's seed), one **joint cell per repetition**
+(:func:`measure_repetition`: every variant of a repetition on its own federation, one after the
+other, the order rotated per repetition, so that load falls on every variant alike), metrics =
+the timings above (each repetition's median over rounds) and the round time over graphfl-warm's
+in the same repetition, paired per repetition against ``graphfl-warm``. Nothing is cached across
+runs: a repetition's numbers belong to the machine's state while it ran. What this module adds:
+the variants' runs, the warm-trace split, the worker-model probe, and its own tables
+(``summary``, ``ratios_vs_warm``, ``repetitions``, ``worker_models`` beside the harness layout).
 """
 
 from __future__ import annotations
@@ -53,12 +58,15 @@ import logging
 import statistics
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from graphfl.common.config import dump_toml, parse_run_config
-from graphfl.common.envinfo import env_info
-from graphfl.common.results import markdown_table, plot_panels, write_json
+from graphfl.common.results import markdown_table
+
+from .harness import Bench, Cell, Metric, run_bench
+from .report import build_doc, write_report
 
 logger = logging.getLogger(__name__)
 
@@ -483,57 +491,101 @@ def _fmt(st: dict[str, Any] | None, digits: int = 2) -> str:
     return f"{st['mean']:.{digits}f} ± {st['sd']:.{digits}f}"
 
 
+METRICS = (Metric("round_s", "round s", fmt=".3f"),
+           Metric("round_over_warm", "round / graphfl-warm", fmt=".2f", paired=False),
+           Metric("join_s", "join s", fmt=".3f"),
+           Metric("final_eval_s", "final eval s", fmt=".3f"),
+           Metric("test_acc", "test acc", lower_is_better=False, fmt=".4f"),
+           Metric("boot_s", "ClientApp start s", fmt=".3f"),
+           Metric("handler_s", "handler s", fmt=".3f"),
+           Metric("transport_s", "transport s", fmt=".3f"),
+           Metric("train_exchange_s", "vanilla train exchange s", fmt=".3f", paired=False),
+           Metric("eval_exchange_s", "vanilla eval exchange s", fmt=".3f", paired=False),
+           Metric("first_round_s", "vanilla first round s", fmt=".3f", paired=False),
+           Metric("federation_start_s", "federation start s", fmt=".1f"))
+"""Per variant and repetition: each per-round timing's median over rounds (transport = round - start - handler)."""
+REFERENCE = "graphfl-warm"
+
+
+def variant_final(res: dict[str, Any], warm_round: float | None) -> dict[str, Any]:
+    """One repetition's metrics of a variant (:data:`METRICS`) from its run's timings."""
+    rnd, boot, handler = _median(res["rounds"]), _median(res.get("boot") or []), _median(res.get("handler") or [])
+    return {"round_s": rnd, "round_over_warm": rnd / warm_round if rnd and warm_round else None,
+            "join_s": res.get("join"), "final_eval_s": res.get("final_eval"), "test_acc": res.get("test_acc"),
+            "boot_s": boot, "handler_s": handler,
+            "transport_s": None if None in (rnd, boot, handler) else rnd - boot - handler,  # type: ignore[operator]
+            "train_exchange_s": _median(res.get("train_exchange") or []),
+            "eval_exchange_s": _median(res.get("eval_exchange") or []),
+            "first_round_s": res.get("first_round"), "federation_start_s": res.get("federation_start")}
+
+
+def measure_repetition(out: Path, seed: int, rounds: int, variants: tuple[str, ...], say: Callable[[str], None],
+                       repetitions: int, cell: Cell) -> dict[str, Any]:
+    """Repetition ``cell.seed``: every variant on its own fresh federation, the order rotated by the repetition."""
+    k = cell.seed
+    order = variants[k % len(variants):] + variants[:k % len(variants)]
+    runs: dict[str, dict[str, Any]] = {}
+    for variant in order:
+        where = out / "runs" / f"{variant}-{k}"
+        say(f"repetition {k + 1}/{repetitions}: {variant}")
+        res = run_vanilla(where, seed, rounds) if variant == "vanilla-flower" else run_graphfl(variant, where, seed, rounds)
+        res["repetition"] = k
+        runs[variant] = res
+        say("  rounds " + ", ".join(f"{x:.2f}" for x in res["rounds"]) + " s")
+    warm = _median(runs[REFERENCE]["rounds"]) if REFERENCE in runs else None
+    return {"order": list(order), "runs": runs,
+            "methods": {v: {"final": variant_final(r, warm),
+                            "curve": [{"round": i + 1, "seconds": x} for i, x in enumerate(r["rounds"])]}
+                        for v, r in runs.items()}}
+
+
+def declare(out: Path, seed: int, rounds: int, variants: tuple[str, ...], repetitions: int,
+            say: Callable[[str], None]) -> Bench:
+    """The benchmark on the harness, measurement mode: one joint cell per repetition."""
+    return Bench(name=NAME, title=f"bench deploy: round times of graphfl warm / cold vs vanilla Flower "
+                                  f"({BASE_CONFIG['strategy']} on {BASE_CONFIG['task']})",
+                 methods=variants, points=[{"nodes": int(BASE_CONFIG["nodes"]), "rounds": rounds}],
+                 seeds=list(range(repetitions)), metrics=METRICS,
+                 run_cell=partial(measure_repetition, out, seed, rounds, variants, say, repetitions), joint=True,
+                 pairs=[(v, REFERENCE) for v in variants if v != REFERENCE] if REFERENCE in variants else [],
+                 curve_keys=("seconds",), curve_sd_keys=("seconds",), cache="none")
+
+
 def run(quick: bool = False, seed: int = 0, out: Path | None = None,
-        progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Run the benchmark; write ``<out>/deploy.{json,md,png}``; return the document."""
+        progress: Callable[[str], None] | None = None, variants: tuple[str, ...] | None = None,
+        repetitions: int | None = None, rounds: int | None = None) -> dict[str, Any]:
+    """Run the benchmark; write ``<out>/deploy.{json,md,png}``; return the document.
+
+    ``variants``, ``repetitions``, ``rounds`` replace the form's (a small case for a check).
+    """
     out = Path(out or "runs/bench-deploy").resolve()
     out.mkdir(parents=True, exist_ok=True)
-    variants = VARIANTS_QUICK if quick else VARIANTS_FULL
-    repetitions = 3 if quick else 5
-    rounds = int(BASE_CONFIG["rounds"])
+    variants = tuple(variants or (VARIANTS_QUICK if quick else VARIANTS_FULL))
+    unknown = [v for v in variants if v != "vanilla-flower" and v not in GRAPHFL_VARIANTS]
+    if unknown:
+        raise ValueError(f"unknown deploy variants {unknown}; valid: {[*GRAPHFL_VARIANTS, 'vanilla-flower']}")
+    repetitions = repetitions or (3 if quick else 5)
+    rounds = rounds or int(BASE_CONFIG["rounds"])
     say = progress or (lambda text: logger.info("%s", text))
+    bench = declare(out, seed, rounds, variants, repetitions, say)
+    outcome = run_bench(bench, None)
     reps: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
-    t0 = time.perf_counter()
     for k in range(repetitions):
-        order = variants[k % len(variants):] + variants[:k % len(variants)]
-        for variant in order:
-            where = out / "runs" / f"{variant}-{k}"
-            say(f"repetition {k + 1}/{repetitions}: {variant}")
-            res = run_vanilla(where, seed, rounds) if variant == "vanilla-flower" else run_graphfl(variant, where, seed, rounds)
-            res["repetition"] = k
-            reps[variant].append(res)
-            say("  rounds " + ", ".join(f"{x:.2f}" for x in res["rounds"]) + " s")
+        for v, res in outcome.joint[(tuple(bench.points[0].items()), k)]["runs"].items():
+            reps[v].append(res)
     summary = summarize(reps)
     say("worker models: zygote vs persistent vs fresh process")
     models = probe_worker_models(4 if quick else 8)
-    doc: dict[str, Any] = {
-        "name": NAME,
-        "config": {**BASE_CONFIG, "seed": seed, "repetitions": repetitions, "variants": list(variants),
-                   "quick": quick, "interleaved": True},
-        "summary": summary,
-        "ratios_vs_warm": ratios(reps),
-        "repetitions": reps,
-        "worker_models": models,
-        "methods": {v: {"final": {"seconds_per_round": summary[v]["rounds"]["mean"],
-                                  "test_acc": summary[v].get("test_acc", {}).get("mean")},
-                        "curve": _mean_curve(reps[v])} for v in variants},
-        "seconds": time.perf_counter() - t0,
-        "env": env_info(),
-    }
-    write_json(out / f"{NAME}.json", doc)
-    (out / f"{NAME}.md").write_text(render(doc))
-    _plot(out / f"{NAME}.png", doc)
+    config = {**BASE_CONFIG, "rounds": rounds, "seed": seed, "repetitions": repetitions, "variants": list(variants),
+              "quick": quick, "interleaved": True,
+              "repeats": "each repetition runs every variant with the run's seed, the order rotated by one per "
+                         "repetition; a metric is the repetition's median over rounds"}
+    doc = build_doc(bench, outcome, quick, config, extra={
+        "summary": summary, "ratios_vs_warm": ratios(reps), "repetitions": reps, "worker_models": models})
+    text = render(doc).split("\n")
+    write_report(out, doc, intro=text[2:3], sections=text[4:text.index("## Environment")], panels=_panels(doc),
+                 plot_title="graphfl bench deploy")
     return doc
-
-
-def _mean_curve(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per round: mean and sd over repetitions of the round time."""
-    n = max((len(r["rounds"]) for r in runs), default=0)
-    curve = []
-    for i in range(n):
-        st = _stats([r["rounds"][i] for r in runs if i < len(r["rounds"])])
-        curve.append({"round": i + 1, "seconds": st["mean"], "seconds_sd": st["sd"]})
-    return curve
 
 
 def render(doc: dict[str, Any]) -> str:
@@ -587,8 +639,9 @@ def render(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _plot(path: Path, doc: dict[str, Any]) -> None:
-    series = {v: res["curve"] for v, res in doc["methods"].items()}
+def _panels(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """Round time per round (mean ± sd over repetitions) per variant, and the split of a graphfl round."""
+    series = {r["method"]: r["curve"] for r in doc["results"] if r["curve"]}
     split = []
     for i, (v, st) in enumerate(doc["summary"].items()):
         if "boot" in st:
@@ -601,7 +654,4 @@ def _plot(path: Path, doc: dict[str, Any]) -> None:
         panels.append({"x": "x", "y": "value", "title": f"graphfl round split ({names})", "ylabel": "seconds",
                        "series": {part: [{"x": p["x"], "value": p[part]} for p in split]
                                   for part in ("start", "handler", "transport")}})
-    try:
-        plot_panels(path, panels, "graphfl bench deploy")
-    except Exception:
-        logger.exception("could not draw %s", path)
+    return panels
