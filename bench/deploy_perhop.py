@@ -46,8 +46,19 @@ per in-flight message.
 
 The machine this runs on may be shared: every case is repeated (fresh deployment, fresh ring),
 the median and the spread (min..max) over repeats are reported. ``run(quick, seed, out)`` writes
-``<out>/deploy_perhop.{json,md}`` (after each repeat) and keeps the traces under ``<out>/cases``;
+``<out>/deploy_perhop.{json,md}`` (after each repeat the cases measured so far, so a stopped run
+keeps what it measured; at the end the full result) and keeps the traces under ``<out>/cases``;
 :func:`reanalyse` recomputes the splits from them.
+
+On the benchmark harness (:mod:`graphfl.bench.harness`) in its measurement mode (``cache="none"``):
+points = the cases ``(params, nodes)``, methods = what one repeat measures (``flower``: the traced
+deployment's round window; ``p2p``: the ring; ``floor-plain`` / ``floor-tls``: the parallel
+floors), seeds = repeats, one **joint cell per (case, repeat)** (:func:`measure_repeat`: the four
+measured together, one after the other, on the same machine state), metrics = round seconds
+(each repeat's median over rounds 2..), the recorder's round and Flower / p2p, paired per repeat
+``flower − p2p`` and ``floor-tls − floor-plain`` (what TLS costs). Nothing is cached across runs.
+What this module adds: the traced deployment, the per-hop, per-activity and memory splits, their
+median (min..max) ``summary`` per case, the ``cases`` with every repeat, and its own tables.
 """
 
 from __future__ import annotations
@@ -59,12 +70,16 @@ import statistics
 import threading
 import time
 from collections import defaultdict
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from graphfl.bench.p2p_throughput import measure_flower, measure_ring, parallel_floor
 from graphfl.common.envinfo import env_info
 from graphfl.common.results import markdown_table, write_json
+
+from .harness import Bench, Cell, Metric, run_bench
+from .report import build_doc, write_report
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +106,7 @@ ACTIVITIES = ("graphfl_pack_arrays", "graphfl_unpack_arrays", "graphfl_array_rec
               "serialise_array", "deserialise_array", "chunk_array", "deflate", "inflate", "hash_sha256",
               "object_store_put", "object_store_get", "validate_object")
 ROLES = ("serverapp", "superlink", "supernode", "worker")
+TITLE = "Where a Flower round's time goes (graphfl deployment, TLS, warm workers)"
 
 
 class RssMonitor:
@@ -278,8 +294,11 @@ def reanalyse(out: Path) -> dict[str, Any]:
             if trace.is_dir():
                 rep["flower"]["rounds"] = round_splits(trace, rep["flower"].get("round_s") or [])
     doc["summary"] = [summarise(c) for c in doc["cases"]]
-    write_json(out / f"{NAME}.json", doc)
-    (out / f"{NAME}.md").write_text(render(doc))
+    if "results" in doc:  # a finished run (the harness layout); else the cases a stopped run measured
+        _write_report(out, doc)
+    else:
+        write_json(out / f"{NAME}.json", doc)
+        (out / f"{NAME}.md").write_text(render(doc))
     return doc
 
 
@@ -320,15 +339,18 @@ def _spread(values: list[float | None]) -> dict[str, float | None]:
     return {"median": float(statistics.median(v)), "min": min(v), "max": max(v), "n": len(v)}
 
 
+def _rep_median(rep: dict[str, Any], get: Any) -> float | None:
+    """A repeat's median over its measured rounds 2.. (all rounds when there is only one) of ``get(round)``."""
+    rounds = [r for r in rep["flower"].get("rounds", []) if r["round"] >= 2] or rep["flower"].get("rounds", [])
+    vals = [get(r) for r in rounds]
+    vals = [x for x in vals if x is not None]
+    return float(statistics.median(vals)) if vals else None
+
+
 def summarise(case: dict[str, Any]) -> dict[str, Any]:
     """Median and spread over repeats (each repeat: the median over its measured rounds 2..)."""
     reps = case["repeats"]
-
-    def rep_median(rep: dict[str, Any], get: Any) -> float | None:
-        rounds = [r for r in rep["flower"].get("rounds", []) if r["round"] >= 2] or rep["flower"].get("rounds", [])
-        vals = [get(r) for r in rounds]
-        vals = [x for x in vals if x is not None]
-        return float(statistics.median(vals)) if vals else None
+    rep_median = _rep_median
 
     s: dict[str, Any] = {"params": case["params"], "nodes": case["nodes"], "model_mb": 4 * case["params"] / 2**20}
     s["flower_round_s"] = _spread([rep_median(r, lambda x: x["window_s"]) for r in reps])
@@ -379,7 +401,7 @@ def _fmt(sp: dict[str, Any], digits: int = 3) -> str:
 
 def render(doc: dict[str, Any]) -> str:
     """The Markdown report of a result dict (what :func:`run` writes)."""
-    parts = [f"# Where a Flower round's time goes (graphfl deployment, TLS, warm workers)\n\n"
+    parts = [f"# {TITLE}\n\n"
              f"{doc['config']['repeats']} repeats per case (fresh deployment and ring each); every cell is the "
              "median over repeats of the per-repeat median over rounds 2.., with (min..max) over repeats. "
              f"Machine: {doc['config']['cpus']} CPUs, shared (load average at start "
@@ -426,6 +448,58 @@ def render(doc: dict[str, Any]) -> str:
     return "".join(parts)
 
 
+METHODS = ("flower", "p2p", "floor-plain", "floor-tls")
+METRICS = (Metric("round_s", "round s", fmt=".4f"),
+           Metric("recorder_round_s", "recorder round s", fmt=".4f", paired=False),
+           Metric("flower_over_p2p", "Flower / p2p", fmt=".2f", paired=False))
+PAIRS = (("flower", "p2p"), ("floor-tls", "floor-plain"))
+
+
+def repeat_methods(rep: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """A repeat's share per method (:data:`METRICS`; ``failed`` when a run did not complete)."""
+    fl, ring = rep["flower"], rep["ring"]
+    window = _rep_median(rep, lambda x: x["window_s"])
+    p2p = ring.get("median_round_s")
+    return {"flower": {"final": {"round_s": window, "recorder_round_s": _rep_median(rep, lambda x: x["recorder_round_s"]),
+                                 "flower_over_p2p": window / p2p if window and p2p else None},
+                       "failed": None if fl.get("ok") and window is not None else
+                       f"Flower run not completed: {fl.get('error') or 'no round traced'}"},
+            "p2p": {"final": {"round_s": p2p},
+                    "failed": None if ring.get("ok") and p2p else f"ring did not finish (exit codes "
+                                                                  f"{ring.get('exit_codes')})"},
+            "floor-plain": {"final": {"round_s": rep["floor_plain_s"]}},
+            "floor-tls": {"final": {"round_s": rep["floor_tls_s"]}}}
+
+
+def measure_repeat(out: Path, cert_dir: Path, rounds: int, done: list[tuple[dict[str, Any], int, dict[str, Any]]],
+                   write: Any, cell: Cell) -> dict[str, Any]:
+    """Repeat ``cell.seed`` of case ``cell.at``: the traced Flower deployment, the ring, both floors, now.
+
+    Appends the repeat to ``done`` and calls ``write()`` (the cases measured so far on disk).
+    """
+    d, n, k = cell.at["params"], cell.at["nodes"], cell.seed
+    folder = out / "cases" / f"{d}-{n}" / f"rep{k}"
+    logger.info("deploy-perhop: %d params x %d nodes, repeat %d", d, n, k + 1)
+    fl = profile_flower(folder / "flower", d, n, rounds, timeout=600 + 10 * n)
+    ring = measure_ring(folder / "ring", d, n, RING_ROUNDS, insecure=False, timeout=600 + 10 * n)
+    plain = parallel_floor(d, n, rounds=5)
+    tls = parallel_floor(d, n, rounds=5, cert_dir=cert_dir)
+    rep = {"flower": fl, "ring": {k2: v for k2, v in ring.items() if k2 != "round_s"},
+           "floor_plain_s": plain["median_round_s"], "floor_tls_s": tls["median_round_s"]}
+    done.append((dict(cell.at), k, rep))
+    write()  # a stopped run keeps what it measured
+    return {"repeat": rep, "methods": repeat_methods(rep)}
+
+
+def _cases(done: list[tuple[dict[str, Any], int, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The measured repeats grouped by case, in order: ``{params, nodes, repeats}``."""
+    cases: dict[tuple[int, int], dict[str, Any]] = {}
+    for at, _k, rep in done:
+        key = (at["params"], at["nodes"])
+        cases.setdefault(key, {"params": key[0], "nodes": key[1], "repeats": []})["repeats"].append(rep)
+    return list(cases.values())
+
+
 def run(quick: bool, seed: int, out: Path, sizes: tuple[int, ...] | None = None, nodes: int | None = None,
         repeats: int | None = None, rounds: int | None = None) -> dict[str, Any]:
     """Measure and write ``<out>/deploy_perhop.{json,md}``; returns the result dict.
@@ -443,30 +517,41 @@ def run(quick: bool, seed: int, out: Path, sizes: tuple[int, ...] | None = None,
     rounds = rounds or ROUNDS
     cert_dir = out / "floor-certs"
     generate_tls(cert_dir)
-    cases: list[dict[str, Any]] = []
-    for d in sizes:
-        case: dict[str, Any] = {"params": d, "nodes": n, "repeats": []}
-        for k in range(repeats):
-            folder = out / "cases" / f"{d}-{n}" / f"rep{k}"
-            logger.info("deploy-perhop: %d params x %d nodes, repeat %d", d, n, k + 1)
-            fl = profile_flower(folder / "flower", d, n, rounds, timeout=600 + 10 * n)
-            ring = measure_ring(folder / "ring", d, n, RING_ROUNDS, insecure=False, timeout=600 + 10 * n)
-            plain = parallel_floor(d, n, rounds=5)
-            tls = parallel_floor(d, n, rounds=5, cert_dir=cert_dir)
-            case["repeats"].append({"flower": fl, "ring": {k2: v for k2, v in ring.items() if k2 != "round_s"},
-                                    "floor_plain_s": plain["median_round_s"], "floor_tls_s": tls["median_round_s"]})
-            _write(out, [*cases, case], quick, seed, sizes, n, repeats, rounds)  # a stopped run keeps what it measured
-        cases.append(case)
-    return _write(out, cases, quick, seed, sizes, n, repeats, rounds)
+    done: list[tuple[dict[str, Any], int, dict[str, Any]]] = []
+
+    def write() -> None:
+        _write(out, _cases(done), quick, seed, sizes, n, repeats, rounds)
+
+    bench = Bench(name=NAME, title=TITLE, methods=METHODS, points=[{"params": d, "nodes": n} for d in sizes],
+                  seeds=list(range(repeats)), metrics=METRICS,
+                  run_cell=partial(measure_repeat, out, cert_dir, rounds, done, write), joint=True, pairs=PAIRS,
+                  cost=lambda c: float(c.at["params"] * c.at["nodes"]), cache="none")
+    outcome = run_bench(bench, None)
+    cases = _cases(done)
+    doc = build_doc(bench, outcome, quick, _config(quick, seed, sizes, n, repeats, rounds), extra={
+        "hops": list(HOPS), "cases": cases, "summary": [summarise(c) for c in cases], "notes": NOTES})
+    _write_report(out, doc)
+    return doc
+
+
+def _config(quick: bool, seed: int, sizes: tuple[int, ...], n: int, repeats: int, rounds: int) -> dict[str, Any]:
+    return {"quick": quick, "seed": seed, "sizes": list(sizes), "nodes": n, "repeats": repeats,
+            "rounds": rounds, "ring_rounds": RING_ROUNDS, "tls": True, "clientapp_mode": "warm",
+            "cpus": os.cpu_count(), "loadavg": os.getloadavg()}
+
+
+def _write_report(out: Path, doc: dict[str, Any]) -> None:
+    """``<out>/deploy_perhop.{json,md}`` of a harness result: the common tables, then :func:`render`'s."""
+    text = render(doc).split("\n")
+    write_report(out, doc, intro=text[2:3], sections=text[3:])
 
 
 def _write(out: Path, cases: list[dict[str, Any]], quick: bool, seed: int, sizes: tuple[int, ...], n: int,
            repeats: int, rounds: int) -> dict[str, Any]:
-    """Write ``<out>/deploy_perhop.{json,md}`` for the cases measured so far; returns the document."""
-    doc = {"name": NAME,
-           "config": {"quick": quick, "seed": seed, "sizes": list(sizes), "nodes": n, "repeats": repeats,
-                      "rounds": rounds, "ring_rounds": RING_ROUNDS, "tls": True, "clientapp_mode": "warm",
-                      "cpus": os.cpu_count(), "loadavg": os.getloadavg()},
+    """Write ``<out>/deploy_perhop.{json,md}`` for the cases measured so far while the run goes on (this
+    layout: ``cases`` and ``summary``, no harness tables); returns the document.
+    """
+    doc = {"name": NAME, "config": _config(quick, seed, sizes, n, repeats, rounds),
            "hops": list(HOPS), "cases": cases, "summary": [summarise(c) for c in cases],
            "notes": NOTES,
            "env": env_info()}

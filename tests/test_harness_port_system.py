@@ -68,3 +68,49 @@ def test_deploy_one_joint_cell_per_repetition_rotates_the_variants(tmp_path: Pat
     text = (tmp_path / "deploy.md").read_text()
     assert "## Ratio of round times to graphfl-warm (same repetition)" in text and "repeats [0, 1, 2]" in text
     assert (tmp_path / "deploy.png").stat().st_size > 0
+
+
+def test_deploy_perhop_one_joint_cell_per_case_and_repeat_keeps_cases_and_summary(tmp_path: Path,
+                                                                                 monkeypatch) -> None:
+    from graphfl.bench import deploy_perhop as dp
+
+    seen: list[tuple[str, Path]] = []
+    written: list[int] = []
+
+    def flower(out: Path, d: int, n: int, rounds: int, timeout: float) -> dict[str, Any]:
+        seen.append(("flower", out))
+        hops = {h: 0.1 for h in dp.HOPS}
+        return {"ok": True, "roles": list(dp.ROLES), "hook_errors": [], "memory": {},
+                "rounds": [{"round": r, "window_s": 0.8 * r, "recorder_round_s": 0.85 * r, "hops": hops,
+                            "activities": {}, "activities_cpu": {}, "rpc": {}} for r in range(1, rounds + 1)]}
+
+    def ring(out: Path, d: int, n: int, rounds: int, insecure: bool, timeout: float) -> dict[str, Any]:
+        return {"ok": True, "median_round_s": 0.4, "round_s": [0.4] * rounds}
+
+    def floor(d: int, n: int, rounds: int = 5, cert_dir: Path | None = None) -> dict[str, Any]:
+        return {"median_round_s": 0.03 if cert_dir else 0.02}
+
+    monkeypatch.setattr(dp, "profile_flower", flower)
+    monkeypatch.setattr(dp, "measure_ring", ring)
+    monkeypatch.setattr(dp, "parallel_floor", floor)
+    monkeypatch.setattr("graphfl.common.certs.generate_tls", lambda folder: None)
+    real_write = dp._write
+    monkeypatch.setattr(dp, "_write", lambda out, cases, *a: written.append(sum(len(c["repeats"]) for c in cases))
+                        or real_write(out, cases, *a))
+    doc = dp.run(True, 0, tmp_path, sizes=(1000, 2000), nodes=2, repeats=2, rounds=3)
+    assert written == [1, 2, 3, 4], "each repeat is on disk as soon as it is measured"
+    assert [p.parts[-3:] for _, p in seen] == [("1000-2", "rep0", "flower"), ("1000-2", "rep1", "flower"),
+                                              ("2000-2", "rep0", "flower"), ("2000-2", "rep1", "flower")]
+    assert doc["config"]["cache"] == "none" and doc["estimate"]["cells_to_run"] == 4
+    fl = result(doc, "flower", params=2000)
+    assert fl["metrics"]["round_s"]["mean"] == pytest.approx(2.0)  # median of rounds 2.. (1.6, 2.4)
+    assert fl["metrics"]["flower_over_p2p"]["mean"] == pytest.approx(5.0)
+    assert pair(doc, "floor-tls", "floor-plain", params=1000)["metrics"]["round_s"]["mean"] == pytest.approx(0.01)
+    assert [len(c["repeats"]) for c in doc["cases"]] == [2, 2]
+    assert doc["summary"][1]["flower_over_p2p"]["median"] == pytest.approx(5.0)
+    saved = _saved(tmp_path, "deploy_perhop")
+    assert saved["cases"] == json.loads(json.dumps(doc["cases"]))
+    text = (tmp_path / "deploy_perhop.md").read_text()
+    assert "| serverapp_push |" in text and "Flower / p2p" in text and "repeats [0, 1]" in text
+    again = dp.reanalyse(tmp_path)  # the traces are gone here: the splits stay, the harness layout too
+    assert again["results"] == saved["results"] and "| serverapp_push |" in (tmp_path / "deploy_perhop.md").read_text()
