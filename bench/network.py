@@ -33,10 +33,18 @@ neighbour; connection resets and stalls of the links), and the final test loss /
 ``<out>/runs``). ``--quick``: 3 profiles, 4 nodes, 3 Flower rounds, 20 p2p rounds, one seed. The
 full form: 4 profiles (adds ``wan-resets``), 8 Flower rounds, 50 p2p rounds, 2 seeds.
 
-Not on the benchmark harness (:mod:`graphfl.bench.harness`): its values are times over links
-emulated in this run (the emulation method itself is detected per run), and the time to target
-loss is measured against the same run's ``lan`` profile; a cached cell from another run would
-compare numbers from different machine states and emulations. No tuning, no paired seeds.
+On the benchmark harness (:mod:`graphfl.bench.harness`) in its measurement mode (``cache="none"``):
+points = the link profiles, methods = ``flower-<strategy>`` and ``p2p-dfl-gt``, seeds = the plan's
+seeds (training seeds), one **joint cell per (profile, seed)** (:func:`measure_profile`: one
+emulated network, the Flower federation with each strategy in turn, then the p2p ring, as
+above), metrics = the figures above (a run counts as failed only when it completed no round; its
+errors stay in ``runs`` and ``summary``), paired per seed ``p2p-dfl-gt − flower-fedavg`` and
+``flower-pfedgraph − flower-fedavg``. The time to target is read against the same run's ``lan``
+cell of the same seed when the results are aggregated, after every cell was measured. Nothing
+is cached across runs: the values are times over links emulated in this run (the emulation
+method itself detected per run). What this module adds: the emulation (its detection, the
+proxies, the namespaces), the runs, the per-(runtime, strategy, profile) ``summary`` rows (medians
+over seeds, as before), the link profiles' table and the loss-vs-time plot.
 """
 
 from __future__ import annotations
@@ -51,14 +59,17 @@ import subprocess
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from graphfl.bench.linkemu import LinkProfile, LinkProxy
 from graphfl.common.config import parse_run_config
-from graphfl.common.envinfo import env_info
-from graphfl.common.results import markdown_table, plot_panels, write_json
+from graphfl.common.results import markdown_table, plot_panels
 from graphfl.deploy.federation import FederationError, LocalFederation
+
+from .harness import Bench, Cell, Metric, run_bench
+from .report import build_doc, write_report
 
 logger = logging.getLogger(__name__)
 
@@ -329,7 +340,8 @@ def p2p_run(profile: LinkProfile, out: Path, seed: int, rounds: int, nodes: int 
     at its address there (certificates re-issued to name the lab's addresses), no proxies.
     """
     from graphfl.common.certs import generate_network_certs
-    from graphfl.deploy.p2p_launch import PeerProcesses, collect, prepare_network, write_report
+    from graphfl.deploy.p2p_launch import PeerProcesses, collect, prepare_network
+    from graphfl.deploy.p2p_launch import write_report as write_peer_report
     from graphfl.p2p.config import load_network_file, write_network_file
 
     settings = {**P2P_SETTINGS, "rounds": rounds, "seed": seed}
@@ -376,7 +388,7 @@ def p2p_run(profile: LinkProfile, out: Path, seed: int, rounds: int, nodes: int 
         for proxy in proxies:
             proxy.close()
     doc = collect(out, network_file, codes, wall)
-    write_report(out, doc)
+    write_peer_report(out, doc)
     if not doc["ok"] and error is None:
         error = "; ".join(f"peer {i}: {p['outcome']} (exit {p['exit_code']})"
                           for i, p in doc["peers"].items() if p["outcome"] != "done")
@@ -450,6 +462,87 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+METRICS = (Metric("s_per_round", "s/round (median)", fmt=".3f"),
+           Metric("time_to_target_s", "time to target s", fmt=".2f"),
+           Metric("final_loss", "final loss", fmt=".4f"),
+           Metric("final_acc", "final acc", lower_is_better=False, fmt=".4f"),
+           Metric("payload_MB", "payload MB", fmt=".3f"),
+           Metric("wire_MB", "wire MB", fmt=".3f"),
+           Metric("failed_rounds", "failed rounds", fmt=".0f", paired=False),
+           Metric("missing_replies", "missing", fmt=".0f", paired=False),
+           Metric("link_resets", "resets", fmt=".0f", paired=False),
+           Metric("link_stalls", "stalls", fmt=".0f", paired=False))
+REFERENCE = "flower-fedavg"
+
+
+def method_name(res: dict[str, Any]) -> str:
+    """A run's method on the harness: ``<runtime>-<strategy>`` (``flower-fedavg``, ``p2p-dfl-gt``)."""
+    return f"{res['runtime']}-{res['strategy']}"
+
+
+def run_final(res: dict[str, Any], targets: dict[tuple[str, str, int], float | None]) -> dict[str, Any]:
+    """One run's metrics (:data:`METRICS`); ``targets``: the lan runs' target losses by (runtime, strategy, seed)."""
+    link = res.get("link") or {}
+    return {"s_per_round": _median(res["rounds"]),
+            "time_to_target_s": time_to_target(res["rounds"], res["losses"],
+                                               targets.get((res["runtime"], res["strategy"], res["seed"]))),
+            "final_loss": res.get("final_loss"), "final_acc": res.get("final_acc"),
+            "payload_MB": res.get("payload_bytes", 0) / 1e6,
+            "wire_MB": (link.get("bytes_up", 0) + link.get("bytes_down", 0)) / 1e6,
+            "failed_rounds": res.get("failed_rounds", 0), "missing_replies": res.get("missing_replies", 0),
+            "link_resets": link.get("resets", 0), "link_stalls": link.get("stalls", 0)}
+
+
+def lan_target(res: dict[str, Any]) -> float | None:
+    """The target loss a lan run sets for its runtime, strategy and seed (:data:`TARGET_SLACK`)."""
+    return None if res.get("final_loss") is None else res["final_loss"] * (1 + TARGET_SLACK)
+
+
+def run_failed(res: dict[str, Any]) -> str | None:
+    """Why a run counts as failed on the harness: it completed no round (its other errors stay in ``runs``).
+
+    A joint cell's whole result (``methods``: every run of a profile and seed) has not failed.
+    """
+    if res.get("rounds_completed") or "methods" in res:
+        return None
+    return str(res.get("error") or res.get("status") or "no round completed")
+
+
+def measure_profile(out: Path, plan: Plan, method: str, say: Callable[[str], None],
+                    targets: dict[tuple[str, str, int], float | None], cell: Cell) -> dict[str, Any]:
+    """Profile ``cell.at["profile"]`` with seed ``cell.seed``: one emulated network, Flower's strategies, the ring."""
+    name, s = cell.at["profile"], cell.seed
+    profile = PROFILES[name]
+    runs: list[dict[str, Any]] = []
+    with _lab(method, plan.nodes, profile) as lab:
+        say(f"seed {s}, {name}: Flower ({', '.join(plan.strategies)}), {plan.flower_rounds} rounds")
+        for res in flower_runs(profile, out / "runs" / f"flower-{name}-s{s}", s, plan.flower_rounds,
+                               plan.strategies, plan.nodes, lab=lab):
+            runs.append(res)
+            say(f"  {res['strategy']}: rounds " + ", ".join(f"{x:.2f}" for x in res["rounds"]) + " s")
+        say(f"seed {s}, {name}: p2p DFL-GT, {plan.p2p_rounds} rounds")
+        res = p2p_run(profile, out / "runs" / f"p2p-{name}-s{s}", s, plan.p2p_rounds, plan.nodes, lab=lab)
+    runs.append(res)
+    say(f"  p2p: median round {_median(res['rounds']) or float('nan'):.3f} s, "
+        f"{res['rounds_completed']} rounds, {res['failed_rounds']} with a missing neighbour")
+    if name == "lan":
+        for r in runs:
+            targets[(r["runtime"], r["strategy"], s)] = lan_target(r)
+    return {"runs": runs, "methods": {method_name(r): r for r in runs}}
+
+
+def declare(out: Path, plan: Plan, method: str, say: Callable[[str], None]) -> tuple[Bench, dict[Any, Any]]:
+    """The benchmark on the harness, measurement mode; also the lan targets its cells fill in."""
+    targets: dict[tuple[str, str, int], float | None] = {}
+    methods = [f"flower-{s}" for s in plan.strategies] + [f"p2p-{P2P_SETTINGS['algorithm']}"]
+    pairs = [(m, REFERENCE) for m in methods if m != REFERENCE] if REFERENCE in methods else []
+    bench = Bench(name=NAME, title=f"bench network: Flower and p2p over emulated links ({method})",
+                  methods=methods, points=[{"profile": n} for n in plan.profiles], seeds=list(plan.seeds),
+                  metrics=METRICS, run_cell=partial(measure_profile, out, plan, method, say, targets), joint=True,
+                  final=lambda res: run_final(res, targets), failed=run_failed, pairs=pairs, cache="none")
+    return bench, targets
+
+
 def run(quick: bool = False, seed: int = 0, out: Path | None = None, plan: Plan | None = None,
         progress: Callable[[str], None] | None = None, emulation: str = "auto") -> dict[str, Any]:
     """Run the benchmark; write ``<out>/network.{json,md,png}``; return the document.
@@ -460,48 +553,35 @@ def run(quick: bool = False, seed: int = 0, out: Path | None = None, plan: Plan 
     out.mkdir(parents=True, exist_ok=True)
     plan = plan or plan_for(quick, seed)
     say = progress or (lambda text: logger.info("%s", text))
-    t0 = time.perf_counter()
     load_before = os.getloadavg()
     how = emulation_method(detect_netem(), emulation, [PROFILES[n] for n in plan.profiles])
     say(f"emulation: {how['why']}")
     if how["not_emulated"]:
         say(f"not emulated by the kernel path: {how['not_emulated']}")
-    runs: list[dict[str, Any]] = []
-    for s in plan.seeds:
-        for name in plan.profiles:
-            profile = PROFILES[name]
-            with _lab(how["method"], plan.nodes, profile) as lab:
-                say(f"seed {s}, {name}: Flower ({', '.join(plan.strategies)}), {plan.flower_rounds} rounds")
-                for res in flower_runs(profile, out / "runs" / f"flower-{name}-s{s}", s, plan.flower_rounds,
-                                       plan.strategies, plan.nodes, lab=lab):
-                    runs.append(res)
-                    say(f"  {res['strategy']}: rounds " + ", ".join(f"{x:.2f}" for x in res["rounds"]) + " s")
-                say(f"seed {s}, {name}: p2p DFL-GT, {plan.p2p_rounds} rounds")
-                res = p2p_run(profile, out / "runs" / f"p2p-{name}-s{s}", s, plan.p2p_rounds, plan.nodes, lab=lab)
-            runs.append(res)
-            say(f"  p2p: median round {_median(res['rounds']) or float('nan'):.3f} s, "
-                f"{res['rounds_completed']} rounds, {res['failed_rounds']} with a missing neighbour")
-    doc: dict[str, Any] = {
-        "name": NAME,
-        "config": {"quick": quick, "seeds": list(plan.seeds), "nodes": plan.nodes, "task": TASK,
-                   "strategies": list(plan.strategies), "flower_rounds": plan.flower_rounds,
-                   "p2p_rounds": plan.p2p_rounds, "p2p_settings": P2P_SETTINGS, "target_slack": TARGET_SLACK,
-                   "profiles": {n: PROFILES[n].to_dict() for n in plan.profiles},
-                   "flower": ("warm ClientApp workers, TLS, " + (
-                       "one proxy per SuperNode -> SuperLink" if how["method"] == "user-space"
-                       else "SuperNode i in namespace i, behind its own shaped access link")),
-                   "p2p": "ring, mutual TLS, " + (
-                       "one proxy in front of each peer (each connection its own link)" if how["method"] == "user-space"
-                       else "peer i in namespace i: a path i -> j crosses i's uplink and j's downlink")},
-        "emulation": how,
-        "summary": summarize(runs),
-        "runs": runs,
-        "seconds": time.perf_counter() - t0,
-        "load_average": {"start": list(load_before), "end": list(os.getloadavg()), "cpus": os.cpu_count()},
-        "env": env_info(),
-    }
-    write_json(out / f"{NAME}.json", doc)
-    (out / f"{NAME}.md").write_text(render(doc))
+    bench, _ = declare(out, plan, how["method"], say)
+    outcome = run_bench(bench, None)
+    runs = [r for point in plan.profiles for s in plan.seeds
+            for r in outcome.joint[((("profile", point),), s)].get("runs", [])]
+    config = {"quick": quick, "nodes": plan.nodes, "task": TASK,
+              "strategies": list(plan.strategies), "flower_rounds": plan.flower_rounds,
+              "p2p_rounds": plan.p2p_rounds, "p2p_settings": P2P_SETTINGS, "target_slack": TARGET_SLACK,
+              "profiles": {n: PROFILES[n].to_dict() for n in plan.profiles},
+              "flower": ("warm ClientApp workers, TLS, " + (
+                  "one proxy per SuperNode -> SuperLink" if how["method"] == "user-space"
+                  else "SuperNode i in namespace i, behind its own shaped access link")),
+              "p2p": "ring, mutual TLS, " + (
+                  "one proxy in front of each peer (each connection its own link)" if how["method"] == "user-space"
+                  else "peer i in namespace i: a path i -> j crosses i's uplink and j's downlink")}
+    doc = build_doc(bench, outcome, quick, config, extra={
+        "emulation": how, "summary": summarize(runs), "runs": runs,
+        "load_average": {"start": list(load_before), "end": list(os.getloadavg()), "cpus": os.cpu_count()}})
+    text = render(doc).split("\n")
+    profiles_at, env_at = text.index("## Link profiles (each direction of each connection)"), text.index("## Environment")
+    load = doc["load_average"]
+    write_report(out, doc, intro=text[2:profiles_at - 1], sections=[
+        *text[profiles_at:env_at],
+        f"Load average (1/5/15 min) at start {_loads(load['start'])}, at end {_loads(load['end'])} on "
+        f"{load['cpus']} CPUs."])
     plot(out / f"{NAME}.png", doc)
     return doc
 
@@ -541,7 +621,7 @@ def render(doc: dict[str, Any]) -> str:
              "stalls": f"{p['stall_per_s']:g}/s × {p['stall_ms']:g} ms" if p["stall_per_s"] else "none",
              "resets": f"{p['reset_per_s']:g}/s" if p["reset_per_s"] else "none"} for n, p in cfg["profiles"].items()]
     lines += [markdown_table(prow, list(prow[0])), "",
-              "## Results", "",
+              "## Per runtime, strategy and profile (medians over seeds)", "",
               f"s/round: median over rounds (median over seeds). Time to target: seconds of rounds 1..r until the "
               f"mean test loss is within {100 * cfg['target_slack']:.0f} % of the lan run's final loss (same runtime "
               "and strategy; join excluded). payload: graphfl's model bytes; wire: bytes through the proxies (TLS, "

@@ -114,3 +114,54 @@ def test_deploy_perhop_one_joint_cell_per_case_and_repeat_keeps_cases_and_summar
     assert "| serverapp_push |" in text and "Flower / p2p" in text and "repeats [0, 1]" in text
     again = dp.reanalyse(tmp_path)  # the traces are gone here: the splits stay, the harness layout too
     assert again["results"] == saved["results"] and "| serverapp_push |" in (tmp_path / "deploy_perhop.md").read_text()
+
+
+def test_network_one_joint_cell_per_profile_and_seed_time_to_target_from_the_lan_cell(tmp_path: Path,
+                                                                                     monkeypatch) -> None:
+    from graphfl.bench import network
+
+    order: list[tuple[str, int]] = []
+    slow = {"lan": 1.0, "wan": 3.0}
+
+    def flower(profile, out: Path, seed: int, rounds: int, strategies, nodes: int, lab=None) -> list[dict[str, Any]]:
+        order.append((profile.name, seed))
+        return [{"runtime": "flower", "strategy": s, "profile": profile.name, "seed": seed, "error": None,
+                 "rounds": [slow[profile.name]] * rounds, "losses": [3.0, 1.0 + seed, 1.0 + seed][:rounds],
+                 "rounds_completed": rounds, "payload_bytes": 10**6, "failed_rounds": 0, "missing_replies": 0,
+                 "final_loss": 1.0 + seed, "final_acc": 0.8, "link": {"bytes_up": 2e6, "bytes_down": 1e6}}
+                for s in strategies]
+
+    def p2p(profile, out: Path, seed: int, rounds: int, nodes: int, lab=None) -> dict[str, Any]:
+        done = 0 if profile.name == "wan" and seed == 1 else rounds  # this ring never finished a round
+        return {"runtime": "p2p", "strategy": "dfl-gt", "profile": profile.name, "seed": seed,
+                "error": None if done else "peers did not finish within 9 s", "status": "incomplete",
+                "rounds": [0.5 * slow[profile.name]] * done, "losses": [1.5] * done, "rounds_completed": done,
+                "payload_bytes": 5 * 10**5, "failed_rounds": 0, "missing_replies": 0, "final_loss": 1.5 if done else None,
+                "final_acc": None, "peers_done": 3, "link": {"bytes_up": 1e6, "bytes_down": 0.0, "resets": 2.0}}
+
+    monkeypatch.setattr(network, "flower_runs", flower)
+    monkeypatch.setattr(network, "p2p_run", p2p)
+    monkeypatch.setattr(network, "detect_netem", lambda: {"root": False, "netns": False, "netem": False,
+                                                          "detail": "not root: test"})
+    plan = network.Plan(profiles=("lan", "wan"), flower_rounds=3, p2p_rounds=4, seeds=(0, 1),
+                        strategies=("fedavg", "pfedgraph"), nodes=3)
+    doc = network.run(out=tmp_path, plan=plan)
+    assert order == [("lan", 0), ("lan", 1), ("wan", 0), ("wan", 1)]
+    assert doc["config"]["cache"] == "none" and doc["estimate"]["cells_to_run"] == 4
+    assert doc["config"]["methods"] == ["flower-fedavg", "flower-pfedgraph", "p2p-dfl-gt"]
+    wan = result(doc, "flower-fedavg", profile="wan")
+    # target = 1.05 x the lan run's final loss of the same seed: reached at round 2 (6 s) with either seed
+    assert wan["metrics"]["time_to_target_s"]["per_seed"] == pytest.approx([6.0, 6.0])
+    assert wan["metrics"]["wire_MB"]["mean"] == pytest.approx(3.0)
+    ring = result(doc, "p2p-dfl-gt", profile="wan")
+    assert ring["failed"] == 1 and "did not finish" in ring["failures"][0]
+    assert ring["metrics"]["link_resets"]["mean"] == pytest.approx(2.0)
+    assert pair(doc, "p2p-dfl-gt", "flower-fedavg", profile="lan")["metrics"]["s_per_round"]["mean"] == \
+        pytest.approx(-0.5)
+    rows = {(r["runtime"], r["profile"]): r for r in doc["summary"] if r["strategy"] in ("fedavg", "dfl-gt")}
+    assert rows[("flower", "wan")]["time_to_target_s"] == pytest.approx(6.0)
+    assert "peers did not finish" in rows[("p2p", "wan")]["errors"]
+    assert len(doc["runs"]) == 12 and doc["emulation"]["method"] == "user-space"
+    saved = _saved(tmp_path, "network")
+    assert saved["emulation"]["why"] and "## Link profiles" in (tmp_path / "network.md").read_text()
+    assert (tmp_path / "network.png").stat().st_size > 0
