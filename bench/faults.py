@@ -60,9 +60,17 @@ in time and intact.
 ``run(quick, seed, out, rows=None)`` writes ``<out>/faults.{json,md,png}``; ``rows`` picks rows
 by name (the CI test runs a subset). The full form runs more rounds and peers.
 
-Not on the benchmark harness (:mod:`graphfl.bench.harness`): a row is one fault scenario with
-its own checks (green or red), not a method at a grid point with seeds and metrics to average;
-a row's outcome belongs to the processes of that run, so nothing is cached.
+On the benchmark harness (:mod:`graphfl.bench.harness`) in its measurement mode (``cache="none"``):
+methods = the rows (one fault scenario each), one point (the form), one repeat (the run's seed),
+one cell per row (:func:`run_row`), metrics = time to recover, its bound and their ratio; a row's
+checks are its cell's outcome: a red row is a failed cell whose reason names the checks that
+failed (or the error), a row that is not available a failed cell whose reason says why (the
+``rows`` and ``summary`` keep green / red / not available apart). There is nothing to pair and
+nothing to average: the harness gives the suite the common layout, the estimate and the
+measurement-mode statement (a row's outcome belongs to the processes of that run, nothing is
+cached). What this module adds: the rows themselves, their checks, the table of outcomes and the
+recover-vs-bound plot; after every row the rows measured so far are written (an interrupted suite
+keeps them).
 """
 
 from __future__ import annotations
@@ -79,6 +87,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +103,10 @@ from graphfl.deploy.processes import pids_with_env
 from graphfl.deploy.run import run_experiment
 from graphfl.p2p import hostile
 from graphfl.p2p.proto import graphfl_p2p_pb2 as pb
+
+from .harness import Bench, Cell, Metric, run_bench
+from .report import build_doc
+from .report import write_report as write_bench_report
 
 logger = logging.getLogger(__name__)
 
@@ -1163,9 +1176,8 @@ def _colour(row: Row) -> str:
     return {True: "green", False: "red", None: "not available"}[row.green]
 
 
-def write_report(out: Path, doc: dict[str, Any]) -> None:
-    """``faults.json``, ``faults.md`` (one table, then each row's checks) and ``faults.png``."""
-    write_json(out / f"{NAME}.json", doc)
+def render(doc: dict[str, Any]) -> str:
+    """The suite's own Markdown: the summary line, one table of rows, then each row's checks."""
     rows = [Row(**r) for r in doc["rows"]]
     table = markdown_table(
         columns=["row", "runtime", "fault", "outcome", "recover s", "bound s", "lost", "status recorded", "result"],
@@ -1174,7 +1186,8 @@ def write_report(out: Path, doc: dict[str, Any]) -> None:
     lines = [f"# Fault suite ({'quick' if doc['config']['quick'] else 'full'})", "",
              f"{doc['summary']['green']} green, {doc['summary']['red']} red, "
              f"{doc['summary']['not_available']} not available, of {len(rows)} rows; "
-             f"{doc['summary']['seconds']:.0f} s on {os.cpu_count()} CPUs.", "", table, "", "## Checks", ""]
+             f"{doc['summary']['seconds']:.0f} s on {os.cpu_count()} CPUs.", "", "## Rows", "", table, "",
+             "## Checks", ""]
     for r in rows:
         lines.append(f"### {r.name} ({_colour(r)})")
         lines.append("")
@@ -1183,8 +1196,14 @@ def write_report(out: Path, doc: dict[str, Any]) -> None:
         if r.error:
             lines.append(f"- error: {r.error[:400]}")
         lines.append("")
-    (out / f"{NAME}.md").write_text("\n".join(lines))
-    plot(out / f"{NAME}.png", rows)
+    return "\n".join(lines)
+
+
+def write_report(out: Path, doc: dict[str, Any]) -> None:
+    """``faults.json``, ``faults.md`` and ``faults.png`` of the rows measured so far (while the suite runs)."""
+    write_json(out / f"{NAME}.json", doc)
+    (out / f"{NAME}.md").write_text(render(doc))
+    plot(out / f"{NAME}.png", [Row(**r) for r in doc["rows"]])
 
 
 def plot(path: Path, rows: Sequence[Row]) -> None:
@@ -1216,6 +1235,37 @@ def plot(path: Path, rows: Sequence[Row]) -> None:
     os.replace(tmp, path)
 
 
+METRICS = (Metric("recover_s", "recover s", fmt=".3g", paired=False),
+           Metric("bound_s", "bound s", fmt=".3g", paired=False),
+           Metric("recover_over_bound", "recover / bound", fmt=".2f", paired=False))
+
+
+def row_failure(row: Row) -> str | None:
+    """A row's outcome as the harness's cell outcome: ``None`` when green, else why (red or not available)."""
+    if row.green is True:
+        return None
+    if row.green is None:
+        return f"not available: {row.outcome}" if not row.outcome.startswith("not available") else row.outcome
+    if row.error:
+        return f"red: {row.error}"
+    return "red: " + "; ".join(c["check"] for c in row.checks if not c["ok"])
+
+
+def row_cell(out: Path, scale: Scale, done: list[Row], write: Callable[[], None], cell: Cell) -> dict[str, Any]:
+    """Row ``cell.method`` now (:func:`run_row`); appends it to ``done`` and calls ``write()``."""
+    row = run_row(cell.method, out, scale, cell.seed)
+    done.append(row)
+    write()  # an interrupted suite keeps what it measured
+    ratio = row.recover_s / row.bound_s if row.recover_s is not None and row.bound_s else None
+    return {"final": {"recover_s": row.recover_s, "bound_s": row.bound_s, "recover_over_bound": ratio},
+            "failed": row_failure(row)}
+
+
+def _summary(rows: Sequence[Row], seconds: float) -> dict[str, Any]:
+    return {"green": sum(r.green is True for r in rows), "red": sum(r.green is False for r in rows),
+            "not_available": sum(r.green is None for r in rows), "seconds": seconds}
+
+
 def run(quick: bool, seed: int, out: Path, rows: str | Iterable[str] | None = None) -> dict[str, Any]:
     """Run the selected rows (all by default) and write ``<out>/faults.{json,md,png}``; returns the document."""
     out = Path(out)
@@ -1223,13 +1273,20 @@ def run(quick: bool, seed: int, out: Path, rows: str | Iterable[str] | None = No
     names = select_rows(rows)
     scale = QUICK if quick else FULL
     t0 = time.monotonic()
-    results: list[Row] = []
-    doc: dict[str, Any] = {"name": NAME, "config": {"quick": quick, "seed": seed, "rows": names, **asdict(scale)}}
-    for name in names:
-        results.append(run_row(name, out, scale, seed))
-        doc["rows"] = [asdict(r) for r in results]
-        doc["summary"] = {"green": sum(r.green is True for r in results), "red": sum(r.green is False for r in results),
-                          "not_available": sum(r.green is None for r in results), "seconds": time.monotonic() - t0}
-        doc["env"] = env_info()
-        write_report(out, doc)  # rewritten after every row: an interrupted suite keeps what it measured
+    done: list[Row] = []
+    config = {"quick": quick, "seed": seed, "rows": names, **asdict(scale)}
+
+    def write() -> None:
+        write_report(out, {"name": NAME, "config": config, "rows": [asdict(r) for r in done],
+                           "summary": _summary(done, time.monotonic() - t0), "env": env_info()})
+
+    bench = Bench(name=NAME, title=f"Fault suite ({'quick' if quick else 'full'})", methods=names,
+                  points=[{"form": "quick" if quick else "full"}], seeds=[seed], metrics=METRICS,
+                  run_cell=partial(row_cell, out, scale, done, write), cache="none")
+    outcome = run_bench(bench, None)
+    doc = build_doc(bench, outcome, quick, config, extra={
+        "rows": [asdict(r) for r in done], "summary": _summary(done, time.monotonic() - t0)})
+    text = render(doc).split("\n")
+    write_bench_report(out, doc, intro=text[2:3], sections=text[4:])
+    plot(out / f"{NAME}.png", done)
     return doc

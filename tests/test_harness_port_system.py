@@ -165,3 +165,41 @@ def test_network_one_joint_cell_per_profile_and_seed_time_to_target_from_the_lan
     saved = _saved(tmp_path, "network")
     assert saved["emulation"]["why"] and "## Link profiles" in (tmp_path / "network.md").read_text()
     assert (tmp_path / "network.png").stat().st_size > 0
+
+
+def test_faults_rows_are_methods_and_their_checks_the_cells_outcome(tmp_path: Path, monkeypatch) -> None:
+    from graphfl.bench import faults
+
+    def green(out: Path, scale: faults.Scale, seed: int) -> faults.Row:
+        row = faults.Row("green", "p2p", "a fault that is handled", recover_s=1.5, bound_s=6.0)
+        row.check("recovered within the bound", True, 1.5)
+        return row
+
+    def red(out: Path, scale: faults.Scale, seed: int) -> faults.Row:
+        row = faults.Row("red", "p2p", "a fault that is not", recover_s=9.0, bound_s=6.0)
+        row.check("every peer finished", True)
+        row.check("recovered within the bound", False, 9.0)
+        return row
+
+    def absent(out: Path, scale: faults.Scale, seed: int) -> faults.Row:
+        return faults.Row("absent", "flower", "needs an option", outcome="not available: no --resume")
+
+    written: list[int] = []
+    real_write = faults.write_report
+    monkeypatch.setattr(faults, "write_report", lambda out, doc: written.append(len(doc["rows"])) or
+                        real_write(out, doc))
+    for name, fn in (("green", green), ("red", red), ("absent", absent)):
+        monkeypatch.setitem(faults.ROWS, name, fn)
+    doc = faults.run(quick=True, seed=0, out=tmp_path, rows=["green", "red", "absent"])
+    assert written == [1, 2, 3], "the rows measured so far are on disk after every row"
+    assert doc["config"]["cache"] == "none" and doc["config"]["methods"] == ["green", "red", "absent"]
+    ok = result(doc, "green")
+    assert ok["failed"] == 0 and ok["metrics"]["recover_over_bound"]["mean"] == pytest.approx(0.25)
+    assert result(doc, "red")["failures"] == ["red: recovered within the bound"]
+    assert result(doc, "absent")["failures"] == ["not available: no --resume"]
+    assert doc["summary"] == {**doc["summary"], "green": 1, "red": 1, "not_available": 1}
+    saved = _saved(tmp_path, "faults")
+    assert [r["name"] for r in saved["rows"]] == ["green", "red", "absent"]
+    text = (tmp_path / "faults.md").read_text()
+    assert "| red | p2p |" in text and "- [ ] recovered within the bound" in text
+    assert (tmp_path / "faults.png").stat().st_size > 0
