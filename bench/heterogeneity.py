@@ -36,9 +36,9 @@ Personalised form (``--form personal``, :data:`PERSONAL`; ALGORITHMS.md §0.1 C5
 protocol with FedAvg, Local, APFL, APFLGate, FedGATE and the constants, from strong skew
 (Dirichlet 0.05) to B8's 0.5 and the quick form's 1. At its tuned step each gate-family
 method's own hyperparameters are chosen on the same validation runs: APFL's mixing weight
-over :attr:`Form.apfl_alpha` (plus adaptive ``α_i``
-started at 0.5 when :attr:`Form.apfl_adaptive`), FedGATE's ``τ`` over :attr:`Form.gate_tau` and
-APFLGate's ``(α, τ)`` over their product. ``τ`` is read as a multiple of the local steps ``R``
+over :attr:`Form.apfl_alpha` (plus adaptive ``α_i`` started at 0.5 when
+:attr:`Form.apfl_adaptive`), FedGATE's ``τ`` over :attr:`Form.gate_tau` and APFLGate's
+``(α, τ)`` over their product. ``τ`` is read as a multiple of the local steps ``R``
 (``tau-mode = multiple-of-steps``, C5); a grid with ``τ ≤ R/2`` is refused when the form is
 declared (the strategies refuse it too). The personal output is the locally trained copy
 (``personal-output = local-copy``, C6). Metric: APFL / APFLGate the mixture
