@@ -386,6 +386,8 @@ def declare(form: Form, seed: int) -> Bench:
             raise ValueError(f"bench {NAME}: {problem}")
     refs = [r for r in REFERENCES if r in form.methods]
     pairs = [(m, r) for r in refs for m in form.methods if m != r]
+    if {"APFLGate", "APFL"} <= set(form.methods):
+        pairs.append(("APFLGate", "APFL"))   # what gradient tracking adds to APFL's mixture
 
     def key(cell: Cell) -> dict[str, Any]:
         return {"bench": NAME, "method": cell.method, **run_values(*_args(cell, form))}

@@ -23,6 +23,7 @@ def test_personal_form_declares_the_gate_methods_their_grids_and_pairs():
     pairs = set(bench.pair_list())
     for m in ("APFL", "APFLGate", "FedGATE"):
         assert (m, "FedAvg") in pairs and (m, "Local") in pairs
+    assert ("APFLGate", "APFL") in pairs and ("APFLGate", "APFL") not in set(bh.declare(bh.QUICK, seed=0).pair_list())
     # τ is a multiple of R, every value above R/2 (C5), and the strategies read it so
     assert form.gate_tau and all(t > 0.5 for t in form.gate_tau)
     assert all(tau_problem("fedgate.tau", t, bh.TAU_MODE, form.local_steps) is None for t in form.gate_tau)
