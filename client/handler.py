@@ -96,7 +96,15 @@ def build_runtime(cfg: RunConfig, partition_id: int, num_partitions: int, device
         neighbourhood=neighbourhood(shared.graph, partition_id),
     )
     spec = registry.get_client(cfg.strategy)
-    return ClientRuntime(ctx, spec.client_trainer(ctx))
+    trainer = spec.client_trainer(ctx)
+    if cfg.train.eval_local:
+        from graphfl.client.trainers import eval_local_problem
+        from graphfl.common.errors import ConfigError
+
+        problem = eval_local_problem(cfg.strategy, trainer)
+        if problem:
+            raise ConfigError(problem)
+    return ClientRuntime(ctx, trainer)
 
 
 REQUEST_KINDS = (wire.JOIN, wire.TRAIN, wire.EVALUATE)

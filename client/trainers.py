@@ -7,6 +7,8 @@ upload the result. FedProx adds ``μ/2 ‖θ − θ_global‖²`` to the local l
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from graphfl.client.objective import LocalObjective, Penalty, proximal_term
@@ -19,6 +21,10 @@ from graphfl.strategies.local import LocalParams
 from graphfl.tasks.partition import client_rng
 
 STATE_MODEL_PREFIX = "model."
+TRAINED_PREFIX = "trained."
+"""Client-state prefix of the last locally trained model, kept when ``train.eval-local`` is on."""
+EVAL_LOCAL_PREFIX = "local_"
+"""Metric prefix of that model's evaluation (``local_test_acc``, as FeSEM reports its own)."""
 
 
 def state_model(state: ClientState) -> Arrays | None:
@@ -42,7 +48,8 @@ class SGDTrainer(ClientTrainer[P]):
     metrics and state). :meth:`fit` runs the three for one client; the batched engine
     (:mod:`graphfl.client.batched`) runs the steps of many clients at once between the same
     :meth:`objective` and :meth:`finish`. Evaluation is :meth:`evaluation_arrays` (the models to
-    evaluate, by metric prefix) on the test split.
+    evaluate, by metric prefix) on the test split. With ``train.eval-local`` the trained model of
+    the last round is kept in client state and also evaluated, as ``local_test_*``.
     """
 
     mu: float = 0.0
@@ -83,6 +90,10 @@ class SGDTrainer(ClientTrainer[P]):
         trainer keeps (:meth:`after_fit`).
         """
         self.after_fit(arrays, state)
+        if self.ctx.config.train.eval_local:
+            for k in [k for k in state if k.startswith(TRAINED_PREFIX)]:
+                del state[k]
+            state.update({TRAINED_PREFIX + k: v for k, v in arrays.items()})
         return FitResult(arrays, self.ctx.data.num_train, {"train_loss": loss, **objective.extra})
 
     def fit(self, server_round: int, payload: Payload, state: ClientState) -> FitResult:
@@ -118,8 +129,15 @@ class SGDTrainer(ClientTrainer[P]):
     def evaluation_arrays(self, payload: Payload, state: ClientState) -> dict[str, Arrays]:
         """The models :meth:`evaluate` reports, by metric prefix: ``""`` (``test_*``, ``num_test``)
         is :meth:`start_arrays`; any other prefix adds ``<prefix>test_*`` (without ``num_test``).
+        With ``train.eval-local``, once the client has trained, its last trained model adds
+        ``local_test_*``.
         """
-        return {"": self.start_arrays(payload, state)}
+        out = {"": self.start_arrays(payload, state)}
+        if self.ctx.config.train.eval_local:
+            trained = {k[len(TRAINED_PREFIX):]: v for k, v in state.items() if k.startswith(TRAINED_PREFIX)}
+            if trained:
+                out[EVAL_LOCAL_PREFIX] = trained
+        return out
 
     def evaluate(self, payload: Payload, state: ClientState) -> dict[str, float]:
         out: dict[str, float] = {}
@@ -129,6 +147,21 @@ class SGDTrainer(ClientTrainer[P]):
             metrics = evaluate_client(model, self.ctx.task, self.ctx.data, self.loss_fn, device=self.ctx.device)
             out.update(metrics if not prefix else {f"{prefix}{k}": v for k, v in metrics.items() if k != "num_test"})
         return out
+
+
+def eval_local_problem(strategy: str, trainer: ClientTrainer[Any]) -> str | None:
+    """Why ``trainer`` cannot serve ``train.eval-local`` (``None`` when it can).
+
+    The option is served by :class:`SGDTrainer` itself: its :meth:`~SGDTrainer.finish` keeps
+    the trained model and its :meth:`~SGDTrainer.evaluation_arrays` evaluates it; a trainer that
+    replaces either (or is no :class:`SGDTrainer`) would silently drop it.
+    """
+    if isinstance(trainer, SGDTrainer):
+        cls = type(trainer)
+        if cls.finish is SGDTrainer.finish and cls.evaluation_arrays is SGDTrainer.evaluation_arrays:
+            return None
+    return (f"train.eval-local = true: strategy {strategy!r} evaluates its own models ({type(trainer).__name__}); only "
+            "strategies with the generic SGD round and evaluation serve it (e.g. fedavg, fedprox, local)")
 
 
 class LocalTrainer(SGDTrainer[LocalParams]):

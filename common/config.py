@@ -169,6 +169,16 @@ class TrainConfig:
     lr: float = field(default=0.1, metadata={"min": 0.0})
     momentum: float = field(default=0.0, metadata={"min": 0.0, "max": 1.0})
     weight_decay: float = field(default=0.0, metadata={"min": 0.0})
+    eval_local: bool = False
+    """Also evaluate each client's locally trained model of the last round (the model it uploaded,
+    before aggregation) on its test split, reported as ``local_test_loss`` / ``local_test_acc``
+    ("global model + local fine-tuning"). Served by the trainers with the generic SGD round and
+    evaluation (fedavg, fedprox, fedamp, local, jgesr, cfl, pfedgraph); any other strategy refuses it."""
+
+
+HASH_OMIT_AT_DEFAULT: dict[str, Scalar] = {"train.eval-local": False}
+"""Keys left out of :func:`config_hash` while at these values, so the hash of every run that
+does not use them is the one it had before they existed."""
 
 
 DATA_SPLITS = ("auto", "random", "scaffold")
@@ -435,8 +445,11 @@ def stable_hash(obj: Any) -> str:
 
 
 def config_hash(cfg: RunConfig) -> str:
-    """Stable short hash of a resolved run config (written next to its results)."""
-    return stable_hash(cfg.to_flat())
+    """Stable short hash of a resolved run config (written next to its results); keys of
+    :data:`HASH_OMIT_AT_DEFAULT` at their listed value are left out.
+    """
+    flat = cfg.to_flat()
+    return stable_hash({k: v for k, v in flat.items() if k not in HASH_OMIT_AT_DEFAULT or HASH_OMIT_AT_DEFAULT[k] != v})
 
 
 def dump_toml(doc: Mapping[str, Any]) -> str:
