@@ -44,7 +44,12 @@ declared (the strategies refuse it too). The personal output is the locally trai
 (``personal-output = local-copy``, C6). Metric: APFL / APFLGate the mixture
 ``α_i h(v_i) + (1 − α_i) h(w_i)`` per client (the run's ``test_acc``, as bench apflgate reads
 it), FedGATE the global model; their last-round global-model accuracy and the mixture with the
-aggregated ``w`` are kept as diagnostics (``global_acc``, ``mix_aggregated_acc``).
+aggregated ``w`` are kept as diagnostics (``global_acc``, ``mix_aggregated_acc``). Their
+baseline ``FedAvg-FT`` (:data:`FINE_TUNED`) is FedAvg scored on the same locally trained copy:
+each client's model after the last round's local steps from the global model
+(``train.eval-local``), with its step tuned on that metric; APFL, APFLGate and FedGATE are
+paired with it. The step grid is extended past a winning edge (:attr:`Form.max_extensions`,
+every method alike).
 
 Declared on the harness (:mod:`graphfl.bench.harness`): every run goes through the run cache in
 ``<out>/cache`` (an interrupted sweep resumes), the time estimate is logged; results in
@@ -79,6 +84,7 @@ TAU_MODE = "multiple-of-steps"
 """FedGATE / APFLGate read every ``τ`` of a form as a multiple of the local steps ``R`` (C5)."""
 TRAINED: dict[str, tuple[str, dict[str, Any]]] = {
     "FedAvg": ("fedavg", {}),
+    "FedAvg-FT": ("fedavg", {"train.eval-local": True}),
     "Local": ("local", {}),
     "FeSEM": ("fesem", {}),
     "JGESR": ("jgesr", {"jgesr.solver": "pdca", "jgesr.log-graph": True}),
@@ -93,8 +99,12 @@ METHODS = (*TRAINED, *CONSTANTS)
 """Every method a form may name."""
 GRAPH_METHODS = ("FedAvg", "Local", "FeSEM", "JGESR", "pFedGraph", *CONSTANTS)
 """The methods of the quick and full forms."""
-PERSONAL_METHODS = ("FedAvg", "Local", "APFL", "APFLGate", "FedGATE", *CONSTANTS)
+PERSONAL_METHODS = ("FedAvg", "FedAvg-FT", "Local", "APFL", "APFLGate", "FedGATE", *CONSTANTS)
 """The methods of the personalised form."""
+FINE_TUNED = "FedAvg-FT"
+"""FedAvg scored on each client's model after the last round's local training from the global
+model (``train.eval-local``: the run's ``local_test_acc``): "FedAvg + local fine-tuning", the
+baseline of the mixing methods, whose personal output is that locally trained copy (C6)."""
 MIXING = ("APFL", "APFLGate")
 """Methods whose metric is the personal mixture ``α_i h(v_i) + (1 − α_i) h(w_i)``."""
 GATE_TAU = ("APFLGate", "FedGATE")
@@ -136,6 +146,8 @@ class Form:
     gate_tau: tuple[float, ...] = (1.0, 10.0, 100.0)
     """``τ`` tried for FedGATE and APFLGate, as multiples of ``R`` (each must exceed 1/2, C5)."""
     engine: str = "batched"
+    max_extensions: int = 0
+    """Steps tried past a winning edge of :attr:`lr_grid` (factor 3, :func:`graphfl.bench.tuning.search_grid`)."""
     permuted_nodes: int = 12
     """Clients of ``digits-permuted`` (a multiple of its 3 groups: 12 = 3 groups of 4)."""
 
@@ -143,7 +155,8 @@ class Form:
 QUICK = Form(nodes=10, rounds=30, local_steps=10, batch_size=32, seeds=3, lr_grid=(0.1, 0.3, 1.0))
 FULL = Form(nodes=20, rounds=100, local_steps=20, batch_size=32, seeds=5, lr_grid=(0.03, 0.1, 0.3, 1.0),
             dirichlet=(0.05, 0.1, 0.3, 1.0, 10.0), graph_search="grid")
-PERSONAL = dataclasses.replace(QUICK, seeds=5, dirichlet=(0.05, 0.1, 0.3, 0.5, 1.0), methods=PERSONAL_METHODS)
+PERSONAL = dataclasses.replace(QUICK, seeds=5, dirichlet=(0.05, 0.1, 0.3, 0.5, 1.0), methods=PERSONAL_METHODS,
+                               max_extensions=2)
 """The personalised methods against FedAvg and Local as label skew grows (C7: Dirichlet ≤ 0.1
 and planted groups, beside B8's 0.5; the quick form's 0.3 and 1 for comparison)."""
 FORMS = {"personal": PERSONAL}
@@ -285,7 +298,8 @@ def run_one(method: str, task: str, form: Form, seed: int, dirichlet: float, par
     curve = doc["methods"][strategy]["curve"]
     last = curve[-1]
     server = last.get("server") or {}
-    out: dict[str, Any] = {"final": last.get("test_acc"), "acc": [r.get("test_acc") for r in curve],
+    scored = "local_test_acc" if method == FINE_TUNED else "test_acc"
+    out: dict[str, Any] = {"final": last.get(scored), "acc": [r.get(scored) for r in curve],
                            "wall_seconds": time.perf_counter() - t0}
     n = values["nodes"]
     if strategy == "fesem":
@@ -301,6 +315,8 @@ def run_one(method: str, task: str, form: Form, seed: int, dirichlet: float, par
         out["diag"] = _graph_stats(server.get("graph"), task, n)
     elif method in MIXING:
         out["diag"] = {"global_acc": last.get("global_test_acc"), "mix_aggregated_acc": last.get("mix_aggregated_test_acc")}
+    elif method == FINE_TUNED:
+        out["diag"] = {"global_acc": last.get("test_acc")}
     logger.info("%s %s alpha %g seed %d %s: acc %.4f", method, task, dirichlet, seed, params,
                 out["final"] if out["final"] is not None else float("nan"))
     return out
@@ -384,10 +400,7 @@ def declare(form: Form, seed: int) -> Bench:
         problem = tau_grid_problem(form)
         if problem:
             raise ValueError(f"bench {NAME}: {problem}")
-    refs = [r for r in REFERENCES if r in form.methods]
-    pairs = [(m, r) for r in refs for m in form.methods if m != r]
-    if {"APFLGate", "APFL"} <= set(form.methods):
-        pairs.append(("APFLGate", "APFL"))   # what gradient tracking adds to APFL's mixture
+    pairs = pair_list(form)
 
     def key(cell: Cell) -> dict[str, Any]:
         return {"bench": NAME, "method": cell.method, **run_values(*_args(cell, form))}
@@ -399,10 +412,25 @@ def declare(form: Form, seed: int) -> Bench:
         run_cell=lambda cell: run_one(*_args(cell, form)), key=key,
         final=lambda r: {"acc": r.get("final")},
         failed=lambda r: r.get("error") or (None if r.get("final") is not None else "no final accuracy"),
-        tuning=Tuning(param="lr", grid=form.lr_grid, metric="acc", lower_is_better=False, max_extensions=0,
+        tuning=Tuning(param="lr", grid=form.lr_grid, metric="acc", lower_is_better=False,
+                      max_extensions=form.max_extensions,
                       if_all_fail=form.lr_grid[0], refine=refine_for(form)),
         pairs=pairs,
         cost=lambda cell: 0.05 if cell.method in CONSTANTS else 2.0 if cell.method in ("JGESR", *MIXING) else 1.0)
+
+
+def pair_list(form: Form) -> list[tuple[str, str]]:
+    """The paired comparisons ``(method, reference)``: every method against FedAvg and Local;
+    APFLGate against APFL (what gradient tracking adds to APFL's mixture); the mixing methods
+    and FedGATE against FedAvg-FT (what they add to local fine-tuning of the global model).
+    """
+    refs = [r for r in REFERENCES if r in form.methods]
+    pairs = [(m, r) for r in refs for m in form.methods if m != r]
+    if {"APFLGate", "APFL"} <= set(form.methods):
+        pairs.append(("APFLGate", "APFL"))
+    if FINE_TUNED in form.methods:
+        pairs += [(m, FINE_TUNED) for m in (*MIXING, "FedGATE") if m in form.methods]
+    return pairs
 
 
 def title(form: Form) -> str:
@@ -436,7 +464,9 @@ def unspecified(form: Form) -> list[str]:
         own.append(f"FedGATE {taus}")
     if "APFLGate" in form.methods:
         own.append(f"APFLGate ({mixing}) x ({taus})")
-    lines.append(f"per grid point: step per method from {list(form.lr_grid)} on validation ({VALIDATION_FRACTION:.0%} "
+    extend = (f", extended past a winning edge by factor 3 up to {form.max_extensions} times, for every method alike"
+              if form.max_extensions else "")
+    lines.append(f"per grid point: step per method from {list(form.lr_grid)}{extend} on validation ({VALIDATION_FRACTION:.0%} "
                  "of each client's training data, first seed) by mean validation accuracy; then at that step "
                  + ", ".join(own or ["nothing else"]) + "; constants have no step "
                  "(their tuning rows are meaningless)")
@@ -450,6 +480,11 @@ def unspecified(form: Form) -> list[str]:
                      "v_i from the initial global model, same minibatch and step as w_i; metric: APFL/APFLGate the "
                      "personal mixture alpha_i h(v_i) + (1 - alpha_i) h(w_i) per client, FedGATE the global model; "
                      "the mixture with the aggregated w and the global model kept as diagnostics")
+    if FINE_TUNED in form.methods:
+        lines.append("FedAvg-FT: FedAvg runs with train.eval-local = true (training identical to FedAvg's), scored on each "
+                     "client's model after the last round's local steps from the global model (the client's trained w_i "
+                     "of the final round, before aggregation) on that client's test split; its step is tuned on "
+                     "validation on this metric (its own tuning, not FedAvg's step)")
     lines += [f"metric: mean over clients of the test accuracy after the last round, {form.seeds} seeds, paired per-seed "
               "differences against FedAvg and against Local",
               "model: MLP 64-64-10 (the digits task's)"]
@@ -470,6 +505,8 @@ def unused_fields(form: Form) -> set[str]:
     unused = set()
     if not set(form.methods) & {*MIXING, *GATE_TAU}:
         unused |= {"apfl_alpha", "apfl_adaptive", "gate_tau"}
+    if not form.max_extensions:
+        unused.add("max_extensions")
     if not set(form.methods) & {"FeSEM", "JGESR", "pFedGraph"}:
         unused |= {"fesem_k", "pfedgraph_alpha", "lam_grid", "alpha_grid", "beta_grid", "graph_search"}
     if "digits-permuted" not in form.tasks:
@@ -541,13 +578,10 @@ def _write(out: Path, doc: dict[str, Any], form: Form) -> None:
             rows.append(row)
         sections += [f"## {task}: mean client test accuracy (%) by Dirichlet α", "", markdown_table(rows, list(rows[0])),
                      ""]
-        for ref in REFERENCES:
-            if ref not in form.methods:
-                continue
+        pairs = pair_list(form)
+        for ref in dict.fromkeys(r for _, r in pairs):
             prow = []
-            for method in form.methods:
-                if method == ref:
-                    continue
+            for method in [m for m, r in pairs if r == ref]:
                 prow.append({"method": f"{method} − {ref}", **{
                     f"α={a:g}": _diff(doc, method, ref, {"task": task, "dirichlet": float(a)}) for a in form.dirichlet}})
             sections += [f"### {task}: paired differences against {ref} (points of accuracy, mean ± sd; "
@@ -555,9 +589,9 @@ def _write(out: Path, doc: dict[str, Any], form: Form) -> None:
     drows = []
     prows = []
     for d in doc["diagnostics"]:
-        if d["method"] in MIXING:
+        if d["method"] in (*MIXING, FINE_TUNED):
             prows.append({"task": d["point"]["task"], "α": f"{d['point']['dirichlet']:g}", "method": d["method"],
-                          "personal mixture, local w_i (the metric)": _num(
+                          "personal output, local w_i (the metric)": _num(
                               result(doc, d["method"], **d["point"])["metrics"]["acc"], ".2f", 100),
                           "mixture with aggregated w": _num(d.get("mix_aggregated_acc"), ".2f", 100),
                           "global model w": _num(d.get("global_acc"), ".2f", 100)})
@@ -582,9 +616,11 @@ def _write(out: Path, doc: dict[str, Any], form: Form) -> None:
                      markdown_table(drows, list(drows[0])), ""]
     if prows:
         sections += ["## Personal outputs (C6): the mixture with the locally trained copy and the other views", "",
-                     "Last round of each test run, accuracy (%), mean ± sd over seeds: the metric (the mixture "
-                     "with the client's locally trained w_i), the mixture with the server's aggregated w, and the "
-                     "global model w alone (FedGATE's metric is its global model).", "",
+                     "Last round of each test run, accuracy (%), mean ± sd over seeds: the metric (APFL / APFLGate: "
+                     "the mixture with the client's locally trained w_i; FedAvg-FT: w_i itself, the global model after "
+                     "the last round's local steps), the mixture with the server's aggregated w, and the global model "
+                     "w alone (FedGATE's metric is its global model; FedAvg-FT's global model is FedAvg's at its step).",
+                     "",
                      markdown_table(prows, list(prows[0])), ""]
     sections += ["## Settings", ""] + [f"- {s}" for s in doc["settings"]]
     intro = [f"Mean client test accuracy (%) after {form.rounds} rounds, mean ± sd over {form.seeds} seeds; every "
