@@ -27,6 +27,7 @@ the timeouts. A differing key is refused with one line naming each key.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -59,6 +60,12 @@ class CheckpointError(ConfigError):
 def fingerprint(cfg: RunConfig) -> dict[str, Scalar]:
     """The flat run config without :data:`RESUMABLE_KEYS` (what a resumed run must share)."""
     return {k: v for k, v in sorted(cfg.to_flat().items()) if k not in RESUMABLE_KEYS}
+
+
+def _default_flat(cfg: RunConfig) -> dict[str, Scalar]:
+    """The flat defaults of ``cfg``'s strategy (every key at its default value)."""
+    params = None if cfg.params is None else type(cfg.params)()
+    return dataclasses.replace(RunConfig(), strategy=cfg.strategy, params=params).to_flat()
 
 
 def checkpoint_dir(out_dir: str | Path) -> Path:
@@ -177,7 +184,11 @@ def check_config(meta: dict[str, Any], cfg: RunConfig, where: str | Path = "chec
     """
     saved = dict(meta.get("config", {}))
     mine = fingerprint(cfg)
-    diff = sorted(k for k in set(saved) | set(mine) if saved.get(k) != mine.get(k))
+    default = _default_flat(cfg)
+    # a key added to the configuration after the checkpoint was written is no difference while it
+    # keeps its default (a new key's default keeps the earlier behaviour)
+    diff = sorted(k for k in set(saved) | set(mine) if saved.get(k) != mine.get(k)
+                  and not (k not in saved and k in default and mine.get(k) == default[k]))
     if diff:
         shown = ", ".join(f"{k}: {saved.get(k)!r} (checkpoint) != {mine.get(k)!r}" for k in diff[:8])
         raise CheckpointError(f"{where}: cannot resume with another configuration ({shown}"

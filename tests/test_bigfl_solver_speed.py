@@ -163,3 +163,17 @@ def test_a_core_pickled_without_the_new_attribute_still_runs(monkeypatch):
     assert m["ll_strongly_convex"] == 0 and m["ll_min_curvature"] == pytest.approx(
         bm.min_curvature(core.hessians, 0.2, core.params.lam, torch.as_tensor(core.a_diag),
                          torch.eye(core.dim, dtype=torch.float64)), rel=1e-6)
+
+
+def test_a_checkpoint_written_before_a_config_key_existed_resumes_while_the_key_keeps_its_default():
+    from graphfl.common.config import parse_run_config
+    from graphfl.server import checkpoint
+
+    base = {"strategy": "bigfl", "task": "synthetic-multicenter-smooth", "nodes": 4, "rounds": 3}
+    cfg = parse_run_config(base)
+    old = {k: v for k, v in checkpoint.fingerprint(cfg).items() if k != "data.client-samples"}
+    checkpoint.check_config({"config": old, "round": 1}, cfg)  # the new key at its default: resumes
+    with pytest.raises(checkpoint.CheckpointError, match="data.client-samples"):
+        checkpoint.check_config({"config": old, "round": 1}, parse_run_config({**base, "data.client-samples": 50}))
+    with pytest.raises(checkpoint.CheckpointError, match="bigfl.kappa"):
+        checkpoint.check_config({"config": old, "round": 1}, parse_run_config({**base, "bigfl.kappa": 1.0}))
