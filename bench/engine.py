@@ -21,8 +21,24 @@ row says ``not installed``. Reported per row:
 * ``chunk``: clients per batched computation (the batched engine's memory bound).
 
 Ratios (``speedup_vs_inprocess``, ``speedup_vs_simulation``, ``speedup_vs_fedjax``: the other
-engine's ``round_s`` over the batched engine's) come from rows of the same run. Before the timed rows, a two-client run on
-each engine loads the libraries, so no row pays for imports.
+engine's ``round_s`` over the batched engine's) come from rows of the same repeat of the same run.
+Before the timed rows, a two-client run on each engine loads the libraries, so no row pays for
+imports.
+
+On the benchmark harness (:mod:`graphfl.bench.harness`) in its measurement mode
+(``cache="none"``): points = ``(task, clients)``, methods = the engines, seeds = repeats (one by
+default, ``run(repeats=...)``), one joint cell per point and repeat (:func:`point_cell`: every
+engine planned at the point, one after the other, so the ratios pair rows measured together);
+metrics = ``round_s``, ``setup_s``, ``test_loss``, the per-client times, ``chunk`` and the batched
+engine's ratios and loss difference; paired per-repeat differences of the batched engine against
+each other engine (:data:`PAIRS`). An engine the grid has no row for at a point (in-process at
+10 000 clients, simulation above 100) is absent there (:func:`declare`'s ``methods_at``), not
+failed; ``fedjax`` without ``$GRAPHFL_FEDJAX_PYTHON`` is a skipped cell with the reason. No
+timing is cached across runs: a round time beside another measured under a different load would
+not be a ratio of engines. What this module adds: the rows (``rows``, one per engine and repeat,
+the layout the dashboard read before the harness), the warm-up, the growth analysis (on the means
+over repeats), the profile and the plot panels; after each cell it writes the rows measured so
+far, so a stopped run keeps them.
 
 Grid. ``--quick``: synthetic-multicenter (the seed's 512-parameter MLP, 100 samples per client)
 at 100 and 1000 clients and digits at 100 clients, 3 rounds; FedJAX at 100 and 1000 clients of
@@ -33,10 +49,12 @@ in-process engine up to 1000), digits at 100, the MNIST CNN at 100 clients (``--
 ``mnist/``; 2 rounds), FedJAX at 100 and 1000 clients, the simulation engine at 100 clients of
 both tabular tasks. The simulation engine is not run at 1000 clients: its join round alone takes
 minutes at 100 clients on a loaded 2-core host and grows with the client count, past the time
-a bench run on such a host can take. Writes ``engine.{json,md,png}``.
+a bench run on such a host can take. Writes ``engine.{json,md,png}``: the harness layout
+(:mod:`graphfl.bench.report`) with the module's own sections (:func:`own_sections`).
 
 Growth. Each row also gets ``round_s_per_client`` and ``setup_s_per_client``; between consecutive
-client counts of one task and engine, the growth exponent ``log(t2/t1) / log(n2/n1)`` of each time
+client counts of one task and engine (the means over repeats, :func:`mean_rows`), the growth
+exponent ``log(t2/t1) / log(n2/n1)`` of each time
 (:func:`scaling`, linear inside :data:`LINEAR_BAND`) and one sentence per engine saying where the
 growth stops being linear (:func:`scaling_sentences`), computed from the rows.
 
@@ -56,8 +74,12 @@ import statistics
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
+
+from .harness import Bench, Cell, Metric, Outcome, run_bench
 
 logger = logging.getLogger(__name__)
 
@@ -197,9 +219,10 @@ def _warm_up(engines: set[str], seed: int) -> None:
 
 def ratios(rows: list[dict[str, Any]]) -> None:
     """Add ``round_s_per_client`` and ``setup_s_per_client`` to every row, ``speedup_vs_<engine>``
-    and ``rel_diff_vs_inprocess`` to the batched rows (in place).
+    and ``rel_diff_vs_inprocess`` to the batched rows (in place); rows pair within one repeat
+    (their ``seed``).
     """
-    by = {(r["task"], r["clients"], r["engine"]): r for r in rows}
+    by = {(r["task"], r["clients"], r["engine"], r.get("seed")): r for r in rows}
     for r in rows:
         for key in ("round_s", "setup_s"):
             if r.get(key) is not None and r.get("clients"):
@@ -208,12 +231,30 @@ def ratios(rows: list[dict[str, Any]]) -> None:
         if r["engine"] != "batched" or not r.get("round_s"):
             continue
         for other in ("inprocess", "simulation", "fedjax"):
-            o = by.get((r["task"], r["clients"], other))
+            o = by.get((r["task"], r["clients"], other, r.get("seed")))
             if o and o.get("round_s"):
                 r[f"speedup_vs_{other}"] = o["round_s"] / r["round_s"]
-        o = by.get((r["task"], r["clients"], "inprocess"))
+        o = by.get((r["task"], r["clients"], "inprocess", r.get("seed")))
         if o and o.get("test_loss") is not None and r.get("test_loss") is not None:
             r["rel_diff_vs_inprocess"] = abs(r["test_loss"] - o["test_loss"]) / max(abs(o["test_loss"]), 1e-12)
+
+
+def mean_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per task, client count and engine: ``round_s``, ``setup_s`` and
+    ``speedup_vs_inprocess`` averaged over the repeats that measured them (one repeat: its row).
+    """
+    groups: dict[tuple[Any, Any, Any], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["task"], r["clients"], r["engine"]), []).append(r)
+    out = []
+    for (task, clients, eng), rs in groups.items():
+        row: dict[str, Any] = {"task": task, "clients": clients, "engine": eng, "repeats": len(rs)}
+        for key in ("round_s", "setup_s", "speedup_vs_inprocess"):
+            vals = [r[key] for r in rs if r.get(key) is not None]
+            if vals:
+                row[key] = statistics.fmean(vals)
+        out.append(row)
+    return out
 
 
 LINEAR_BAND = (0.8, 1.2)
@@ -349,25 +390,132 @@ def profile_sentence(profile: dict[str, Any], rows: list[dict[str, Any]]) -> str
     return text
 
 
-def run(quick: bool = False, seed: int = 0, out: Path | None = None, data_dir: str | None = None) -> dict[str, Any]:
-    """Run the grid; write ``<out>/engine.{json,md,png}``."""
+INTRO = ("Seconds per round and set-up time of the engines (bench/engine.py), every row measured in this run: "
+         "points = (task, clients), methods = engines, repeats = seeds.")
+
+METRICS = (Metric("round_s", "s / round", fmt=".4g"), Metric("setup_s", "set-up s", fmt=".4g"),
+           Metric("test_loss", "test loss"),
+           Metric("rel_diff_vs_inprocess", "|Δ loss| / in-process", fmt=".2e", paired=False),
+           Metric("speedup_vs_inprocess", "x in-process", fmt=".3g", lower_is_better=False, paired=False),
+           Metric("speedup_vs_simulation", "x simulation", fmt=".3g", lower_is_better=False, paired=False),
+           Metric("speedup_vs_fedjax", "x FedJAX", fmt=".3g", lower_is_better=False, paired=False),
+           Metric("round_s_per_client", "s / round / client", fmt=".3e"),
+           Metric("setup_s_per_client", "set-up s / client", fmt=".3e"),
+           Metric("chunk", "chunk", fmt=".0f", paired=False))
+"""What a cell reports per engine; the speed-ups and the loss difference are the batched engine's,
+against the engine named, within one repeat."""
+PAIRS = (("batched", "inprocess"), ("batched", "simulation"), ("batched", "fedjax"))
+FINAL_KEYS = tuple(m.name for m in METRICS)
+COST = {"batched": 0.1, "inprocess": 1.0, "simulation": 20.0, "fedjax": 0.3}
+"""Relative seconds per client of one engine's row (the time estimate's cell weights)."""
+
+
+def fedjax_skip() -> str | None:
+    """Why the ``fedjax`` rows are not run (``None`` when ``$GRAPHFL_FEDJAX_PYTHON`` names a Python)."""
+    if os.environ.get(FEDJAX_ENV):
+        return None
+    return f"FedJAX not installed: {FEDJAX_ENV} is not set (scripts/install-fedjax.sh makes one)"
+
+
+def engine_share(row: dict[str, Any]) -> dict[str, Any]:
+    """A row's share in its cell: ``final`` metrics, ``failed`` naming why it gave no round time,
+    or ``skipped`` (FedJAX not installed).
+    """
+    if row.get("status") == "not installed":
+        return {"skipped": f"FedJAX not installed: {row.get('error')}"}
+    final = {k: row.get(k) for k in FINAL_KEYS}
+    why = row.get("error") or (None if row.get("round_s") else f"no timed round (status {row.get('status')})")
+    return {"final": final, "failed": why}
+
+
+def point_cell(plan: list[dict[str, Any]], work: Path, cell: Cell,
+               measured: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """One joint cell: every engine planned at the cell's (task, clients), one after the other with
+    the cell's seed; the rows with their ratios (:func:`ratios`) and each engine's share.
+    ``measured`` collects the rows (the partial result written after each cell).
+    """
+    at = cell.at
+    rows = []
+    for planned in plan:
+        if planned["task"] == at["task"] and planned["clients"] == at["clients"]:
+            rows.append({**run_row(planned, cell.seed, work), "seed": cell.seed})
+    ratios(rows)
+    if measured is not None:
+        measured += rows
+    return {"rows": rows, "methods": {r["engine"]: engine_share(r) for r in rows}}
+
+
+def declare(plan: list[dict[str, Any]], seeds: list[int], work: Path,
+            measured: list[dict[str, Any]] | None = None,
+            cell: Callable[[Cell], dict[str, Any]] | None = None) -> Bench:
+    """The benchmark on the harness's measurement mode: points = the plan's (task, clients), methods
+    = the engines planned there (:func:`methods_at`: no in-process row at 10 000 clients, no
+    simulation above 100), seeds = repeats, one joint cell per point and repeat (``cell``, default
+    :func:`point_cell`); the ``fedjax`` method is skipped with the reason when FedJAX is not
+    installed.
+    """
+    points = [dict(p) for p in dict.fromkeys((("task", r["task"]), ("clients", r["clients"])) for r in plan)]
+    at: dict[tuple[str, int], list[str]] = {}
+    for r in plan:
+        at.setdefault((r["task"], r["clients"]), []).append(r["engine"])
+
+    def methods_at(point: Any) -> list[str]:
+        return [e for e in ENGINES if e in at.get((point["task"], point["clients"]), [])]
+
+    def skip(c: Cell) -> str | None:
+        return fedjax_skip() if c.method == "fedjax" else None
+
+    def cost(c: Cell) -> float:
+        return float(sum(COST[e] * c.at["clients"] for e in methods_at(c.at)))
+
+    return Bench(name=NAME, title="engines: batched vs in-process vs Flower simulation vs FedJAX",
+                 methods=[e for e in ENGINES if any(e in v for v in at.values())], points=points, seeds=seeds,
+                 metrics=METRICS, run_cell=cell or partial(point_cell, plan, work, measured=measured), joint=True,
+                 methods_at=methods_at, skip=skip, pairs=PAIRS, cost=cost, cache="none")
+
+
+def assemble(bench: Bench, outcome: Outcome, quick: bool, seed: int, wall: float,
+             profiled: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The result: the harness layout (results, paired, estimate) and the module's own parts
+    (``rows``, ``scaling``, ``profile``, ``settings``: :func:`_doc`).
+    """
+    from .report import build_doc
+
+    rows = [r for res in outcome.joint.values() for r in res.get("rows", [])]
+    own = _doc(quick, seed, rows, {}, wall, profiled)
+    skipped = sorted({str(r["skipped"]) for r in outcome.results if r.get("skipped")})
+    config = {"seed": seed, "repeats": len(bench.seeds), "local_steps": LOCAL_STEPS,
+              "rounds": {f"{r['task']} {r['clients']} {r['engine']}": r.get("rounds") for r in rows}}
+    extra = {k: v for k, v in own.items() if k not in ("name", "quick", "seed", "env")}
+    return build_doc(bench, outcome, quick, config, extra={**extra, "skipped": skipped})
+
+
+def run(quick: bool = False, seed: int = 0, out: Path | None = None, data_dir: str | None = None,
+        repeats: int = 1, plan: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Run the grid on the harness (``repeats`` seeds from ``seed``); write ``<out>/engine.{json,md,png}``.
+
+    ``plan`` (rows as :func:`grid` gives them) replaces the form's grid.
+    """
     from graphfl.common.envinfo import env_info
 
-    plan = grid(quick, data_dir)
+    plan = grid(quick, data_dir) if plan is None else plan
     load_before = os.getloadavg()[0]
     t_all = time.perf_counter()
     _warm_up({r["engine"] for r in plan}, seed)
-    rows: list[dict[str, Any]] = []
-    target = profile_row(plan)
-    profiled: dict[str, Any] | None = None
+    measured: list[dict[str, Any]] = []
+    seeds = list(range(seed, seed + repeats))
     with tempfile.TemporaryDirectory(prefix="graphfl-bench-engine-") as work:
-        for row in plan:
-            rows.append(run_row(row, seed, Path(work)))
-            if row is target:     # profiled next to its row, before the slow simulation rows
-                profiled = profile_round(row, seed)
+        def cell(c: Cell) -> dict[str, Any]:
+            res = point_cell(plan, Path(work), c, measured)
             if out is not None:   # partial results survive an interrupted bench
-                write(out, _doc(quick, seed, rows, env_info(), time.perf_counter() - t_all, profiled), plot=False)
-    doc = _doc(quick, seed, rows, env_info(), time.perf_counter() - t_all, profiled)
+                write(out, _doc(quick, seed, measured, env_info(), time.perf_counter() - t_all), plot=False)
+            return res
+
+        bench = declare(plan, seeds, Path(work), cell=cell)
+        outcome = run_bench(bench, None)
+    target = profile_row(plan)
+    profiled = profile_round(target, seed) if target is not None else None
+    doc = assemble(bench, outcome, quick, seed, time.perf_counter() - t_all, profiled)
     doc["load_average"] = {"start": load_before, "end": os.getloadavg()[0]}   # the host is shared: how busy it was
     if out is not None:
         write(out, doc)
@@ -378,11 +526,12 @@ def _doc(quick: bool, seed: int, rows: list[dict[str, Any]], env: dict[str, Any]
          profiled: dict[str, Any] | None = None) -> dict[str, Any]:
     rows = [dict(r) for r in rows]
     ratios(rows)
-    steps = scaling(rows)
+    means = mean_rows(rows)
+    steps = scaling(means)
     extra: dict[str, Any] = {"scaling": steps, "scaling_summary": scaling_sentences(steps)}
     if profiled is not None:
         extra["profile"] = profiled
-        extra["profile_summary"] = profile_sentence(profiled, rows)
+        extra["profile_summary"] = profile_sentence(profiled, means)
     return {"name": NAME, "quick": quick, "seed": seed, "rows": rows, "env": env, "wall_seconds": wall, **extra,
             "settings": [f"FedAvg, train.local-steps = {LOCAL_STEPS}, the other settings the defaults, seed {seed}; "
                          f"digits: data.min-partition-size = {DIGITS_MIN_PARTITION}",
@@ -393,7 +542,8 @@ def _doc(quick: bool, seed: int, rows: list[dict[str, Any]], env: dict[str, Any]
                          f"(${FEDJAX_ENV}), the graphfl rows' local steps, batch size and step size, JAX's default "
                          "threads; round_s the median of rounds 2..R (round 1 compiles, counted in setup_s with "
                          "the imports)",
-                         "speed-ups: the other engine's round_s over the batched engine's, rows of this run",
+                         "speed-ups: the other engine's round_s over the batched engine's, rows of the same "
+                         "repeat of this run",
                          "per client: round_s and setup_s over the client count; growth exponent between two "
                          "client counts: log(t2/t1) / log(n2/n1), linear within "
                          f"[{LINEAR_BAND[0]}, {LINEAR_BAND[1]}]",
@@ -401,17 +551,19 @@ def _doc(quick: bool, seed: int, rows: list[dict[str, Any]], env: dict[str, Any]
                          "(graphfl.client.batched.PROFILE_LABELS parts, 'other' = the round's wall time outside them)"]}
 
 
-def write(out: Path, doc: dict[str, Any], plot: bool = True) -> None:
-    """``engine.json``, ``engine.md`` (one table, the ratios beside) and ``engine.png``."""
-    from graphfl.common.results import atomic_write_text, markdown_table, plot_panels, write_json
+def own_sections(doc: dict[str, Any]) -> list[str]:
+    """The module's own Markdown: the rows (one per engine and repeat, the ratios beside), the growth
+    with the client count, where the profiled round's time goes, the settings and the host.
+    """
+    from graphfl.common.results import markdown_table
 
-    out.mkdir(parents=True, exist_ok=True)
-    write_json(out / f"{NAME}.json", doc)
-    cols = ["task", "clients", "engine", "rounds", "round_s", "setup_s", "round_s_per_client",
-            "setup_s_per_client", "speedup_vs_inprocess",
-            "speedup_vs_simulation", "speedup_vs_fedjax", "test_loss", "rel_diff_vs_inprocess", "chunk", "status", "error"]
-    md = [f"# {NAME}", "", "Seconds per round and set-up time per engine, measured in one run (bench/engine.py).",
-          "", markdown_table(doc["rows"], cols), ""]
+    cols = ["task", "clients", "engine", "seed", "rounds", "round_s", "setup_s", "round_s_per_client",
+            "setup_s_per_client", "speedup_vs_inprocess", "speedup_vs_simulation", "speedup_vs_fedjax",
+            "test_loss", "rel_diff_vs_inprocess", "chunk", "status", "error"]
+    if not any("seed" in r for r in doc["rows"]):
+        cols.remove("seed")
+    md = ["## Rows", "", "Seconds per round and set-up time per engine and repeat, measured in one run "
+          "(bench/engine.py); the ratios pair rows of the same repeat.", "", markdown_table(doc["rows"], cols), ""]
     if doc.get("scaling"):
         md += ["## Growth with the client count", "", *[f"- {s}" for s in doc.get("scaling_summary", [])], "",
                markdown_table(doc["scaling"], ["task", "engine", "from", "to", "round_s_exponent",
@@ -428,25 +580,59 @@ def write(out: Path, doc: dict[str, Any], plot: bool = True) -> None:
                f"torch {doc['env'].get('torch')}, device {doc['env'].get('device', 'cpu')}"
                + (f"; 1-minute load average {load['start']:.1f} at the start, {load['end']:.1f} at the end"
                   if load else "") + "."]
-    atomic_write_text(out / f"{NAME}.md", "\n".join(md) + "\n")
-    if not plot:
-        return
-    panels = []
-    for task in dict.fromkeys(r["task"] for r in doc["rows"]):
+    return md
+
+
+def panels(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per task: seconds per round and set-up seconds against the client count, one series per
+    engine (the means over repeats); synthetic-multicenter's per-client times.
+    """
+    means = mean_rows(doc["rows"])
+    for r in means:
+        for key in ("round_s", "setup_s"):
+            if r.get(key) is not None and r.get("clients"):
+                r[f"{key}_per_client"] = r[key] / r["clients"]
+    out = []
+    for task in dict.fromkeys(r["task"] for r in means):
         for key, label in (("round_s", "seconds / round"), ("setup_s", "set-up seconds")):
-            series = {e: sorted((r for r in doc["rows"] if r["task"] == task and r["engine"] == e and r.get(key)),
+            series = {e: sorted((r for r in means if r["task"] == task and r["engine"] == e and r.get(key)),
                                 key=lambda r: r["clients"]) for e in ENGINES}
             series = {e: s for e, s in series.items() if s}
             if series:
-                panels.append({"x": "clients", "y": key, "series": series, "logx": True, "logy": True,
-                               "title": task, "xlabel": "clients", "ylabel": label})
+                out.append({"x": "clients", "y": key, "series": series, "logx": True, "logy": True,
+                            "title": task, "xlabel": "clients", "ylabel": label})
     for key, label in (("round_s_per_client", "seconds / round / client"), ("setup_s_per_client",
                                                                           "set-up seconds / client")):
         task = "synthetic-multicenter"
-        series = {e: sorted((r for r in doc["rows"] if r["task"] == task and r["engine"] == e and r.get(key)),
+        series = {e: sorted((r for r in means if r["task"] == task and r["engine"] == e and r.get(key)),
                             key=lambda r: r["clients"]) for e in ENGINES}
         series = {e: s for e, s in series.items() if len(s) > 1}
         if series:
-            panels.append({"x": "clients", "y": key, "series": series, "logx": True, "logy": True,
-                           "title": f"{task}: per client", "xlabel": "clients", "ylabel": label})
-    plot_panels(out / f"{NAME}.png", panels, "engines: batched vs in-process vs Flower simulation vs FedJAX")
+            out.append({"x": "clients", "y": key, "series": series, "logx": True, "logy": True,
+                        "title": f"{task}: per client", "xlabel": "clients", "ylabel": label})
+    return out
+
+
+PLOT_TITLE = "engines: batched vs in-process vs Flower simulation vs FedJAX"
+
+
+def write(out: Path, doc: dict[str, Any], plot: bool = True) -> None:
+    """``engine.json``, ``engine.md`` and ``engine.png``: the harness layout
+    (:func:`graphfl.bench.report.write_report`) with the module's sections (:func:`own_sections`)
+    when ``doc`` has the harness's ``results``; otherwise the module's rows alone (the partial
+    result written after each cell).
+    """
+    from graphfl.common.results import atomic_write_text, plot_panels, write_json
+
+    from .report import write_report
+
+    out.mkdir(parents=True, exist_ok=True)
+    drawn = panels(doc) if plot else []
+    if "results" in doc and "config" in doc:
+        write_report(out, doc, intro=[INTRO], sections=["\n".join(own_sections(doc))], panels=drawn,
+                     plot_title=PLOT_TITLE)
+        return
+    write_json(out / f"{NAME}.json", doc)
+    atomic_write_text(out / f"{NAME}.md", "\n".join([f"# {NAME}", "", *own_sections(doc)]) + "\n")
+    if drawn:
+        plot_panels(out / f"{NAME}.png", drawn, PLOT_TITLE)
