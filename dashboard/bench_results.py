@@ -14,7 +14,7 @@ layouts, tried in this order:
 * ``methods`` as a mapping of method entries (the benches written before the harness), unless
   none of them has a number and the document has ``rows``;
 * ``table`` as a mapping of method -> ``{column: stat}`` (``bench/jgesr.py``);
-* ``rows`` as a list of flat records (``bench/engine.py``, ``bench/faults.py``).
+* ``rows`` as a list of flat records (engine and faults results written before those benches ran on the harness).
 
 A method entry's numbers come from ``metrics`` (stat objects), else ``final`` (a key ``k`` beside
 ``k_sd``), else the entry itself. A stat object is a mapping with a finite ``mean`` (and ``sd``,
