@@ -13,7 +13,12 @@ truth is its mixture sample, 3 planted clusters; :class:`graphfl.tasks.synthetic
   ground-truth variance one model per cluster explains is about ``(1/12) / (1/12 + std²)``
   (std 0.05: 97 %, 0.15: 79 %, 0.5: 25 %): a small ``std`` gives tight, separated clusters, the
   paper's 0.5 already overlapping ones;
-* ``nodes``: the number of clients (the form's ``nodes``).
+* ``nodes``: the number of clients (the form's ``nodes``);
+* ``rounds``: the training budget, the same for every method at a point (the form's ``rounds``;
+  the points of :attr:`Form.long` also at ``long_rounds``). The data are noise-free, so a client
+  with at least 8 rows determines its own 8×8 map and Local's error keeps falling with rounds,
+  while one model per cluster stops at the within-cluster spread: the budget decides the
+  ranking where both are close.
 
 Methods: FedAvg (one global model), Local (no aggregation), FeSEM (``K`` = 3, the planted number,
 not tuned; its warm-up length tuned), and two constant predictors, no training: ``Const-own``
@@ -99,21 +104,30 @@ class Form:
     fesem_warmups: tuple[int, ...] = (10, FESEM_DEFAULT_WARMUP)
     methods: tuple[str, ...] = METHODS
     engine: str = "batched"
+    long_rounds: int = 0
+    """Rounds of the points in :attr:`long` (0: none)."""
+    long: tuple[tuple[int, int, float], ...] = ()
+    """``(nodes, samples, std)`` points run again with :attr:`long_rounds` rounds (tuned again there)."""
     cut: tuple[str, ...] = ()
     """What this form leaves out for time (written in the result)."""
 
 
 FULL = Form(rounds=50, seeds=3, samples=(5, 10, 20, 100), stds=(0.05, 0.15, 0.5), nodes=(50, 20),
+            long_rounds=200, long=tuple((50, m, s) for s in (0.05, 0.15) for m in (5, 20, 100)),
             cut=("the smooth generator (synthetic-multicenter-smooth)", "FeSEM's K (fixed at the planted 3)",
-                 "DFL (module docstring)", "rounds beyond 50 (bench multicenter runs 200 at the paper's point)"))
+                 "DFL (module docstring)", "200 rounds only at 50 clients, std 0.05 / 0.15, samples 5 / 20 / 100 "
+                 "(bench multicenter-full runs 200 rounds at the paper's std 0.5, 100 samples)"))
 QUICK = Form(rounds=15, seeds=3, samples=(10, 100), stds=(0.05, 0.5), lr_grid=(1.0, 3.0), fesem_warmups=(10,),
              cut=("most of the grid (quick form)",))
 
 
 def points(form: Form) -> list[dict[str, Any]]:
-    """The grid: clients × samples per client × component std."""
-    return [{"nodes": int(n), "samples": int(m), "std": float(s)}
+    """The grid: clients × samples per client × component std at ``rounds``, then the :attr:`Form.long` points."""
+    base = [{"nodes": int(n), "samples": int(m), "std": float(s), "rounds": form.rounds}
             for n in form.nodes for m in form.samples for s in form.stds]
+    long = [{"nodes": int(n), "samples": int(m), "std": float(s), "rounds": form.long_rounds}
+            for n, m, s in form.long] if form.long_rounds else []
+    return base + long
 
 
 def run_values(method: str, task: str, form: Form, seed: int, point: dict[str, Any], params: dict[str, Any]
@@ -128,7 +142,7 @@ def run_values(method: str, task: str, form: Form, seed: int, point: dict[str, A
     if method in CONSTANTS:
         return {"strategy": method, **values}
     strategy = TRAINED[method]
-    values.update({"strategy": strategy, "rounds": form.rounds, "engine": form.engine,
+    values.update({"strategy": strategy, "rounds": int(point.get("rounds", form.rounds)), "engine": form.engine,
                    "train.lr": float(params["lr"]), **TRAIN})
     if strategy == "fesem":
         values.update({"fesem.k": FESEM_K, "fesem.warmup-steps": int(params.get("warmup", FESEM_DEFAULT_WARMUP))})
@@ -317,7 +331,9 @@ def unspecified(form: Form) -> list[str]:
         "centers U[-0.5, 0.5]^64); grid: clients "
         f"{list(form.nodes)} x training rows per client {list(form.samples)} (data.client-samples; 100 test rows "
         f"per client) x mixture component std {list(form.stds)} (data.cluster-std; the paper's 0.5)",
-        f"{form.rounds} rounds for every method, {TRAIN['train.local-steps']} local SGD steps of batch "
+        f"{form.rounds} rounds for every method (R in the point; the points {[list(x) for x in form.long]} "
+        f"(nodes, samples, std) also at R = {form.long_rounds}, tuned again there), "
+        f"{TRAIN['train.local-steps']} local SGD steps of batch "
         f"{TRAIN['train.batch-size']} per round (plain SGD, momentum 0); engine {form.engine}",
         f"per grid point: step per method from {list(form.lr_grid)} (a winning edge extended once by x3 or /3) on "
         f"validation ({VALIDATION_FRACTION:.0%} of each client's training rows, first seed) by the mean validation "
@@ -374,7 +390,7 @@ def _diff(doc: dict[str, Any], a: str, b: str, point: dict[str, Any]) -> str:
 
 
 def _where(p: dict[str, Any]) -> str:
-    return f"n={p['nodes']}, m={p['samples']}, std={p['std']:g}"
+    return f"n={p['nodes']}, m={p['samples']}, std={p['std']:g}, R={p['rounds']}"
 
 
 def _write(out: Path, doc: dict[str, Any], form: Form) -> None:
@@ -423,14 +439,17 @@ def _write(out: Path, doc: dict[str, Any], form: Form) -> None:
                      "and the test MSE of its clients' last local models (FeSEM's output is the center's).", "",
                      markdown_table(drows, list(drows[0])), ""]
     sections += ["## Settings", ""] + [f"- {s}" for s in doc["settings"]]
-    intro = [f"Mean client test MSE after {form.rounds} rounds, mean ± sd over {form.seeds} seeds; every method's "
+    intro = [f"Mean client test MSE after R rounds (R = {form.rounds}; some points also {form.long_rounds}), "
+             f"mean ± sd over {form.seeds} seeds; every method's "
              "step tuned on validation per grid point (never on test)."]
     panels = []
-    for n in form.nodes:
-        for s in form.stds:
-            panels += metric_panels(doc, "mse", "samples", where={"nodes": n, "std": float(s)},
-                                    xlabel="training rows per client (log)", ylabel="mean client test MSE (log)",
-                                    logx=True, title=f"{n} clients, cluster std {s:g}")
+    shown = [(int(n), float(s), form.rounds) for n in form.nodes for s in form.stds]
+    if form.long_rounds:
+        shown += list(dict.fromkeys((int(n), float(s), form.long_rounds) for n, _, s in form.long))
+    for n, s, r in shown:
+        panels += metric_panels(doc, "mse", "samples", where={"nodes": n, "std": s, "rounds": r},
+                                xlabel="training rows per client (log)", ylabel="mean client test MSE",
+                                logx=True, title=f"{n} clients, cluster std {s:g}, {r} rounds")
     write_report(out, doc, intro=intro, sections=sections, panels=panels,
                  plot_title="Where FeSEM helps: samples per client × cluster spread")
 
