@@ -107,6 +107,18 @@ def build_runtime(cfg: RunConfig, partition_id: int, num_partitions: int, device
     return ClientRuntime(ctx, trainer)
 
 
+
+def check_client_options(cfg: RunConfig) -> None:
+    """Refuse, before any client starts, a client-side option the strategy's trainer cannot serve.
+
+    ``train.eval-local`` is served by the plain SGD trainer only (:func:`~graphfl.client.trainers.eval_local_problem`);
+    the check builds one trainer (partition 0) only when the option is on. Raises
+    :class:`~graphfl.common.errors.ConfigError` naming the option and the strategy.
+    """
+    if not cfg.train.eval_local:
+        return
+    build_runtime(cfg, 0, cfg.nodes)
+
 REQUEST_KINDS = (wire.JOIN, wire.TRAIN, wire.EVALUATE)
 
 

@@ -220,7 +220,8 @@ def _status(out: Path) -> str | None:
 def preflight(cfg: RunConfig) -> None:
     """Fail fast, before any process starts or any file is written, on a run that cannot work.
 
-    Checks the algorithm's minimum number of clients and that the task's data loads.
+    Checks the algorithm's minimum number of clients, that the task's data loads and that the
+    strategy's trainer serves the client-side options set (``train.eval-local``).
     """
     from graphfl.common import registry
     from graphfl.tasks import registry as tasks
@@ -233,6 +234,9 @@ def preflight(cfg: RunConfig) -> None:
         raise ConfigError(f"{cfg.strategy} needs at least {spec.min_clients} clients, got nodes = {cfg.nodes}")
     task = tasks.create(cfg.task, data=cfg.data, data_dir=cfg.data_dir, seed=cfg.seed)
     task.client_data(0, cfg.nodes)
+    from graphfl.client.handler import check_client_options
+
+    check_client_options(cfg)
     if spec.preflight is not None:
         from graphfl.client.training import get_arrays, param_keys
 

@@ -54,3 +54,17 @@ def test_eval_local_is_off_by_default_keeps_old_hashes_and_refuses_bad_values_an
     for name, cls in (("fesem", FeSEMTrainer), ("apfl", APFLTrainer)):
         problem = eval_local_problem(name, cls.__new__(cls))
         assert problem is not None and "train.eval-local" in problem and f"'{name}'" in problem
+
+
+def test_a_strategy_that_cannot_serve_eval_local_is_refused_before_any_client_trains(tmp_path):
+    """The in-process round loop and `graphfl run`'s preflight both stop with the option's name,
+    not with "no client answered the join round" after every client failed.
+    """
+    from graphfl.deploy.run import preflight
+
+    cfg = parse_run_config({**BASE, "strategy": "fesem", "train.eval-local": True, "out-dir": str(tmp_path / "r")})
+    with pytest.raises(ConfigError, match="train.eval-local"):
+        run_federated_inprocess(cfg)
+    with pytest.raises(ConfigError, match="train.eval-local"):
+        preflight(cfg)
+    preflight(parse_run_config({**BASE, "train.eval-local": True}))   # fedavg serves it
