@@ -1,4 +1,4 @@
-"""Sweep "when graph-aware FL helps" (issue 29 part 3; ALGORITHMS.md §0.1): label skew against the methods.
+"""Sweep "when graph-aware FL helps" (ALGORITHMS.md §0.1): label skew against the methods.
 
 Grid: Dirichlet label skew ``α`` over :attr:`Form.dirichlet` (0.05 = one or two classes per
 client … 1.0 = mild skew) on two tasks (:attr:`Form.tasks`):
