@@ -1201,8 +1201,12 @@ def run(quick: bool = False, seed: int = 0, out: Path | str = Path("runs/bench")
                 unfinished.append(f"{gen} generator, test graph: {m} ({exc})")
                 continue
             res["methods"][m] = {**_combine(runs, "test_loss"), "settings": st[m]}
-        frozen = {**st["bigfl"], "bigfl.alpha": 0.0, "bigfl.hypergrad-mode": "first_order"}
+        if "bigfl" not in st:  # a cache-only report before BiG-FL's tuning finished
+            unfinished.append(f"{gen} generator, test graph: bigfl (its tuning is unfinished)")
+        frozen = {**st.get("bigfl", {"lr": 0.0}), "bigfl.alpha": 0.0, "bigfl.hypergrad-mode": "first_order"}
         try:
+            if "bigfl" not in st:
+                raise MissingCell("needs BiG-FL's validation tuning")
             if any((gen, s) not in phis for s in seeds):
                 raise MissingCell("needs BiG-FL's train-graph phi of every seed")
             runs = [run_any("bigfl", task, NODES, form.rounds, s, frozen, TRAIN, hook=phi_hook(phis[(gen, s)]),
@@ -1214,6 +1218,8 @@ def run(quick: bool = False, seed: int = 0, out: Path | str = Path("runs/bench")
         except MissingCell as exc:
             unfinished.append(f"{gen} generator, test graph: bigfl, learned phi ({exc})")
         try:
+            if "bigfl" not in st:
+                raise MissingCell("needs BiG-FL's validation tuning")
             runs = [run_any("bigfl", task, NODES, form.rounds, s, frozen, TRAIN) for s in seeds]
             for r in runs:
                 r.pop("phi", None)
@@ -1713,6 +1719,10 @@ def render_markdown(doc: dict[str, Any]) -> str:
         if b.get("from_earlier") is not None:
             lines += ["", f"BiG-FL: settings chosen on validation by an earlier result ({b['from_earlier']}), "
                           "not tuned in this run (see the reductions).", ""]
+            lines += _fesem_sweep_lines(t["fesem"])
+            continue
+        if "unfinished" in b:  # a cache-only report before BiG-FL's tuning finished
+            lines += ["", f"BiG-FL: validation tuning unfinished ({b['unfinished']}).", ""]
             lines += _fesem_sweep_lines(t["fesem"])
             continue
         alphas = b["grid"]["alpha"]
