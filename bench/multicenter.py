@@ -417,9 +417,18 @@ def val_score(run: dict[str, Any], classification: bool) -> float:
 
 
 def _try(what: str, *args: Any, **kwargs: Any) -> dict[str, Any] | None:
-    """``run_any(*args, **kwargs)``, or None (logged) when the setting fails."""
+    """``run_any(*args, **kwargs)``, or None (logged) when the setting fails.
+
+    A configuration error (:class:`~graphfl.common.errors.ConfigError`: a refused setting, a
+    checkpoint of another configuration) is raised: it says nothing about the setting's
+    quality, and counting it as a failed setting would drop that setting from the tuning.
+    """
+    from graphfl.common.errors import ConfigError
+
     try:
         return run_any(*args, **kwargs)
+    except ConfigError:
+        raise
     except (RuntimeError, ValueError, ArithmeticError) as exc:  # a diverging setting must not stop the benchmark
         logger.warning("%s failed: %s", what, exc)
         return None
