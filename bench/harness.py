@@ -439,7 +439,8 @@ def _tune(bench: Bench, point: Point, run: _Runner) -> dict[tuple[str, ...], dic
             elif tn.if_all_fail is None:
                 raise RuntimeError(f"{bench.name} {_label(tpoint)}: every {tn.param} in {list(grid)} failed for "
                                    f"some method of {group}: {failed}") from None
-            record.update(chosen=tn.if_all_fail, at_edge=False, extended=[], all_failed=True)
+            else:
+                record.update(chosen=tn.if_all_fail, at_edge=False, extended=[], all_failed=True)
         else:
             record.update(chosen=found.chosen, at_edge=found.at_edge, extended=found.extended)
         record.update(scores={k: scores[k] for k in sorted(scores, key=float)}, per_method=per_method,

@@ -142,7 +142,7 @@ class Form:
     bigfl_lambdas: tuple[float, ...] = (0.01, 0.1, 1.0)  # all > 0 (check_bigfl_grid)
     bigfl_alphas: tuple[float, ...] = (5e-3, 2e-2, 5e-2)  # normalised UL step lengths
     bigfl_kappas: tuple[float, ...] = (0.3, 1.0, 0.1)  # LL ridge weights (proximal ridge), each with its own step;
-    # above the data Hessian's curvature deficit (C2 c: about 0.055 at the start, growing as the models train);
+    # above the data Hessian's curvature deficit (C2 c), which grows as the models train;
     # the order is only the order of computation
     generators: tuple[str, ...] = ("mixture", "smooth")  # generators run on their train graph
     digits: bool = True  # part 2 (digits with permuted-label groups)
@@ -483,14 +483,18 @@ def check_bigfl_grid(lambdas: tuple[float, ...]) -> None:
 
 def bigfl_inadmissible(run: dict[str, Any]) -> str | None:
     """Why a BiG-FL validation run cannot be chosen, or ``None``: its lower level was not strongly
-    convex in some round (``ll_min_curvature <= 0``, or a failed block factorisation,
-    ``ll_strongly_convex = 0``; ALGORITHMS.md §0.1 C2 c). There ``Θ*(φ)`` is not unique and the
-    implicit hypergradient is not its derivative, so the run is not BiG-FL as specified, whatever
-    its validation score.
+    convex in some checked round (``ll_min_curvature <= 0`` or not finite, or a failed block
+    factorisation, ``ll_strongly_convex = 0``; ALGORITHMS.md §0.1 C2 c). There ``Θ*(φ)`` is not
+    unique and the implicit hypergradient is not its derivative, so the run is not BiG-FL as
+    specified, whatever its validation score. The strategy reports the curvature in round 1, every
+    ``bigfl.curvature-every`` rounds and in every round whose preconditioner was factorised; the
+    rounds in between are not checked.
     """
     for row in run.get("curve", []):
-        curv = _server_metric(row, "ll_min_curvature")
-        if (curv is not None and curv <= 0) or _server_metric(row, "ll_strongly_convex") == 0:
+        raw = (row.get("server") or {}).get("ll_min_curvature")
+        curv = None if raw is None else float(raw)
+        bad = curv is not None and not (np.isfinite(curv) and curv > 0)
+        if bad or _server_metric(row, "ll_strongly_convex") == 0:
             shown = "–" if curv is None else f"{curv:.3g}"
             return f"excluded: LL not strongly convex at round {row.get('round')} (min curvature {shown})"
     return None

@@ -107,7 +107,6 @@ def build_runtime(cfg: RunConfig, partition_id: int, num_partitions: int, device
     return ClientRuntime(ctx, trainer)
 
 
-
 def check_client_options(cfg: RunConfig) -> None:
     """Refuse, before any client starts, a client-side option the strategy's trainer cannot serve.
 

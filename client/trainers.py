@@ -48,8 +48,9 @@ class SGDTrainer(ClientTrainer[P]):
     metrics and state). :meth:`fit` runs the three for one client; the batched engine
     (:mod:`graphfl.client.batched`) runs the steps of many clients at once between the same
     :meth:`objective` and :meth:`finish`. Evaluation is :meth:`evaluation_arrays` (the models to
-    evaluate, by metric prefix) on the test split. With ``train.eval-local`` the trained model of
-    the last round is kept in client state and also evaluated, as ``local_test_*``.
+    evaluate, by metric prefix) on the test split. With ``train.eval-local`` the model of the
+    client's last training round is kept in client state and also evaluated, as ``local_test_*``
+    (with partial participation or a failed fit that round may be older than the newest round).
     """
 
     mu: float = 0.0

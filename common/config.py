@@ -176,7 +176,7 @@ class TrainConfig:
     evaluation (fedavg, fedprox, fedamp, local, jgesr, cfl, pfedgraph); any other strategy refuses it."""
 
 
-HASH_OMIT_AT_DEFAULT: dict[str, Scalar] = {"train.eval-local": False}
+HASH_OMIT_AT_DEFAULT: dict[str, Scalar] = {"train.eval-local": False, "data.client-samples": 0, "data.cluster-std": 0.0}
 """Keys left out of :func:`config_hash` while at these values, so the hash of every run that
 does not use them is the one it had before they existed."""
 

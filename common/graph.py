@@ -140,8 +140,9 @@ def knn_graph(points: np.ndarray, k: int) -> np.ndarray:
 
     Cost: one matrix product finds, per row, the candidates whose distance through
     ``‖p_i‖² + ‖p_j‖² − 2⟨p_i, p_j⟩`` lies within a margin of the row's ``k``-th smallest (the
-    margin, ``1e-8 (‖p_i‖² + max_j ‖p_j‖²)``, is orders of magnitude above that formula's
-    rounding error, so every true neighbour is a candidate); only the candidates' distances are
+    margin, ``r (‖p_i‖² + max_j ‖p_j‖²)`` with ``r = max(1e-8, 16 · dim · eps)`` of the points'
+    dtype, is orders of magnitude above the rounding error of either formula, so every true
+    neighbour is a candidate); only the candidates' distances are
     then computed by the difference formula and sorted stably. Blocks of rows of about 32 MB: no
     ``n × n`` distance matrix is held.
     """
@@ -153,6 +154,8 @@ def knn_graph(points: np.ndarray, k: int) -> np.ndarray:
     p64 = pts.astype(np.float64).reshape(n, -1)
     sq = (p64**2).sum(1)
     reach = sq.max() if np.all(np.isfinite(sq)) else np.inf
+    eps = float(np.finfo(pts.dtype).eps) if np.issubdtype(pts.dtype, np.floating) else 0.0
+    rel = max(1e-8, 16.0 * p64.shape[1] * eps)
     rows = max(1, (1 << 22) // n)
     adj = np.zeros((n, n))
     for lo in range(0, n, rows):
@@ -160,7 +163,7 @@ def knn_graph(points: np.ndarray, k: int) -> np.ndarray:
         approx = sq[block, None] + sq[None, :] - 2.0 * (p64[block] @ p64.T)
         approx[np.arange(len(block)), block] = np.inf
         kth = np.partition(approx, k - 1, axis=1)[:, k - 1]
-        bound = kth + 1e-8 * (sq[block] + reach) + 1e-300
+        bound = kth + rel * (sq[block] + reach) + 1e-300
         for r, i in enumerate(block):
             cand = np.flatnonzero(approx[r] <= bound[r]) if np.isfinite(bound[r]) else np.arange(n)
             cand = cand[cand != i]

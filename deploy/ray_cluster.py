@@ -142,7 +142,10 @@ def _kill_group(proc: subprocess.Popen[str]) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
-    proc.communicate()
+    try:
+        proc.communicate(timeout=5)
+    except subprocess.TimeoutExpired:   # a process outside the group kept the pipes open
+        pass
 
 
 def _last_error(stderr: str) -> str:

@@ -27,7 +27,6 @@ the timeouts. A differing key is refused with one line naming each key.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import logging
@@ -62,10 +61,10 @@ def fingerprint(cfg: RunConfig) -> dict[str, Scalar]:
     return {k: v for k, v in sorted(cfg.to_flat().items()) if k not in RESUMABLE_KEYS}
 
 
-def _default_flat(cfg: RunConfig) -> dict[str, Scalar]:
-    """The flat defaults of ``cfg``'s strategy (every key at its default value)."""
-    params = None if cfg.params is None else type(cfg.params)()
-    return dataclasses.replace(RunConfig(), strategy=cfg.strategy, params=params).to_flat()
+ADDED_KEYS: dict[str, Scalar] = {"data.client-samples": 0, "data.cluster-std": 0.0, "train.eval-local": False}
+"""Configuration keys added after checkpoints existed, with the value that keeps the earlier
+behaviour: a checkpoint without such a key resumes while the run has it at that value. Any other
+key missing from a checkpoint's configuration is a difference."""
 
 
 def checkpoint_dir(out_dir: str | Path) -> Path:
@@ -183,12 +182,11 @@ def check_config(meta: dict[str, Any], cfg: RunConfig, where: str | Path = "chec
     below the checkpoint's round; the message names every differing key with both values.
     """
     saved = dict(meta.get("config", {}))
+    if "strategy" not in saved:
+        raise CheckpointError(f"{where}: its configuration names no strategy; it is not a checkpoint of this run")
     mine = fingerprint(cfg)
-    default = _default_flat(cfg)
-    # a key added to the configuration after the checkpoint was written is no difference while it
-    # keeps its default (a new key's default keeps the earlier behaviour)
     diff = sorted(k for k in set(saved) | set(mine) if saved.get(k) != mine.get(k)
-                  and not (k not in saved and k in default and mine.get(k) == default[k]))
+                  and not (k not in saved and k in ADDED_KEYS and mine.get(k) == ADDED_KEYS[k]))
     if diff:
         shown = ", ".join(f"{k}: {saved.get(k)!r} (checkpoint) != {mine.get(k)!r}" for k in diff[:8])
         raise CheckpointError(f"{where}: cannot resume with another configuration ({shown}"

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from graphfl.client.handler import ClientRuntime, SharedInputs, build_runtime, handle, shared_inputs
+from graphfl.client.handler import ClientRuntime, SharedInputs, build_runtime, check_client_options, handle, shared_inputs
 from graphfl.client.noisy_channel import CHANNEL_REF, transmit_upload
 from graphfl.client.state_store import CLIENT_STATE_DIR, StateStore, state_for_request, store_for
 from graphfl.common import wire
@@ -176,6 +176,7 @@ def run_federated_inprocess(
 
     torch.set_num_threads(1)
     spec = registry.get(cfg.strategy)
+    check_client_options(cfg)   # a client-side option the trainer cannot serve: refused before any client trains
     try:  # the task and the client graph, once for the server and every client
         shared: SharedInputs | None = shared_inputs(cfg)
     except Exception:  # noqa: BLE001 - e.g. a device that is absent: each client reports it in the run

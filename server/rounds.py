@@ -273,10 +273,6 @@ def _run(
         raise RunError(f"{spec.name} needs at least {spec.min_clients} clients, got nodes = {n}")
     if spec.preflight is not None:
         spec.preflight(cfg, initial, inputs.param_keys)
-    if cfg.train.eval_local:
-        from graphfl.client.handler import check_client_options
-
-        check_client_options(cfg)
     ck_dir = checkpoint.checkpoint_dir(recorder.out_dir) if recorder.out_dir is not None else None
     resumed = None
     if cfg.resume:

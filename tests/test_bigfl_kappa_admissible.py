@@ -107,3 +107,13 @@ def test_rerun_tuning_skips_inadmissible_cells(tmp_path, monkeypatch):
     assert t["settings"]["bigfl.kappa"] == 1.0 and t["settings"]["lr"] == 1.0
     assert t["step_kappa_grid"]["lr=1, kappa=0.1"]["excluded"].startswith("excluded: LL not strongly convex at round 1")
     assert t["step_kappa_grid"]["lr=1, kappa=0.3"]["excluded"] is None
+
+
+def test_a_non_finite_curvature_is_not_admissible():
+    from graphfl.bench.multicenter import bigfl_inadmissible
+
+    for bad in (float("nan"), float("-inf")):
+        run = {"curve": [{"round": 1, "server": {"ll_min_curvature": 0.2}},
+                         {"round": 2, "server": {"ll_min_curvature": bad}}]}
+        assert bigfl_inadmissible(run) is not None and "round 2" in bigfl_inadmissible(run)
+    assert bigfl_inadmissible({"curve": [{"round": 1, "server": {"ll_min_curvature": 0.2}}]}) is None

@@ -61,3 +61,16 @@ def test_validate_adjacency_still_refuses_an_asymmetric_graph():
         validate_adjacency(adj, 3)
     adj[1, 0] = 1.0 + 1e-12       # equal within allclose's tolerance: accepted as before
     validate_adjacency(adj, 3)
+
+
+def test_float32_near_ties_rank_as_the_float32_distances_do():
+    """float32 points whose two nearest candidates differ by less than float32's rounding: the
+    candidate margin must cover the input dtype's error, not only float64's.
+    """
+    rng = np.random.default_rng(11)
+    for _ in range(100):
+        a = rng.normal(size=64)
+        b = a[rng.permutation(64)].copy()
+        b[0] += 1e-6
+        pts = np.stack([np.zeros(64), a, b, 1.01 * a, 1.01 * b]).astype(np.float32)
+        np.testing.assert_array_equal(knn_graph(pts, 1), reference_knn(pts, 1))

@@ -167,3 +167,17 @@ def report_result(doc: dict, method: str, **point: Any) -> dict:
     from graphfl.bench.report import result
 
     return result(doc, method, **point)
+
+
+def test_fail_if_all_fail_wins_over_a_fallback_value() -> None:
+    """With both ``fail_if_all_fail`` and ``if_all_fail`` set, an all-failed tuning still fails its
+    test cells instead of running them at the fallback value."""
+    import dataclasses
+
+    calls: list[Cell] = []
+    bench = tuned_toy(calls)
+    bench = dataclasses.replace(bench, tuning=dataclasses.replace(bench.tuning, if_all_fail=0.1))
+    out = run_bench(bench, None)
+    d = next(r for r in out.results if r["method"] == "d")
+    assert d["params"]["lr"] is None and d["failed"] == 2
+    assert not [c for c in calls if c.method == "d" and c.split == "test"]
