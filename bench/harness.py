@@ -53,7 +53,7 @@ from .tuning import search_grid
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Bench", "Cell", "Metric", "Tuning", "Outcome", "run_bench", "plan"]
+__all__ = ["Bench", "Cell", "Metric", "Tuning", "Outcome", "run_bench", "plan", "run_inprocess"]
 
 Point = Mapping[str, Any]
 
@@ -716,3 +716,24 @@ def _tuning_records(tuning: dict[Any, dict[str, Any]]) -> list[dict[str, Any]]:
     for rec in out:
         unique.setdefault(repr((rec["point"], rec["methods"])), rec)
     return list(unique.values())
+
+
+def run_inprocess(values: Mapping[str, Any], label: str) -> tuple[list[dict[str, Any]] | None, dict[str, Any]]:
+    """One graphfl run of the flat configuration ``values`` in this process, for a bench's cell.
+
+    Returns ``(curve, out)`` with ``out = {"wall_seconds": ...}``; a run the round loop stops
+    (:class:`~graphfl.server.rounds.RunError`: non-finite uploads at a too large step, no valid
+    replies) gives ``(None, {"final": None, "error": ..., "wall_seconds": ...})``, logged as
+    ``"<label> diverged"``: a failed setting, not a crash.
+    """
+    from graphfl.common.config import parse_run_config
+    from graphfl.server.inprocess import run_federated_inprocess
+    from graphfl.server.rounds import RunError
+
+    t0 = time.perf_counter()
+    try:
+        doc, _ = run_federated_inprocess(parse_run_config(dict(values)))
+    except RunError as exc:
+        logger.warning("%s diverged: %s", label, exc)
+        return None, {"final": None, "error": str(exc), "wall_seconds": time.perf_counter() - t0}
+    return doc["methods"][values["strategy"]]["curve"], {"wall_seconds": time.perf_counter() - t0}

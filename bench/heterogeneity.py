@@ -60,7 +60,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,7 +71,7 @@ from graphfl.common.results import markdown_table
 from graphfl.tasks.holdout import VALIDATION_FRACTION, validation_task
 
 from . import jgesr as bj
-from .harness import Bench, Cell, Metric, Tuning, run_bench
+from .harness import Bench, Cell, Metric, Tuning, run_bench, run_inprocess
 from .report import build_doc, metric_panels, pair, result, write_report
 from .stats import fmt_pm, mean_sd
 
@@ -283,24 +282,15 @@ def run_one(method: str, task: str, form: Form, seed: int, dirichlet: float, par
     """
     if method in CONSTANTS:
         return constant_accuracy(method, task, form, seed, dirichlet)
-    from graphfl.common.config import parse_run_config
-    from graphfl.server.inprocess import run_federated_inprocess
-    from graphfl.server.rounds import RunError
-
     values = run_values(method, task, form, seed, dirichlet, params)
     strategy = values["strategy"]
-    t0 = time.perf_counter()
-    try:
-        doc, _ = run_federated_inprocess(parse_run_config(values))
-    except RunError as exc:
-        logger.warning("%s %s seed %d %s diverged: %s", method, task, seed, params, exc)
-        return {"final": None, "error": str(exc), "wall_seconds": time.perf_counter() - t0}
-    curve = doc["methods"][strategy]["curve"]
+    curve, run = run_inprocess(values, f"{method} {task} seed {seed} {params}")
+    if curve is None:
+        return run
     last = curve[-1]
     server = last.get("server") or {}
     scored = "local_test_acc" if method == FINE_TUNED else "test_acc"
-    out: dict[str, Any] = {"final": last.get(scored), "acc": [r.get(scored) for r in curve],
-                           "wall_seconds": time.perf_counter() - t0}
+    out: dict[str, Any] = {"final": last.get(scored), "acc": [r.get(scored) for r in curve], **run}
     n = values["nodes"]
     if strategy == "fesem":
         sizes = server.get("cluster_sizes")

@@ -55,7 +55,6 @@ Declared on the harness (:mod:`graphfl.bench.harness`): every run goes through t
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,7 +65,7 @@ import numpy as np
 from graphfl.common.results import markdown_table
 from graphfl.tasks.holdout import VALIDATION_FRACTION, validation_task
 
-from .harness import Bench, Cell, Metric, Tuning, run_bench
+from .harness import Bench, Cell, Metric, Tuning, run_bench, run_inprocess
 from .report import build_doc, metric_panels, pair, result, write_report
 from .stats import first_better_on_every_seed, fmt_pm, mean_sd, paired_difference
 
@@ -188,26 +187,17 @@ def run_one(method: str, task: str, form: Form, seed: int, point: dict[str, Any]
         return constant_mse(method, task, seed, point)
     import torch
 
-    from graphfl.common.config import parse_run_config
-    from graphfl.server.inprocess import run_federated_inprocess
-    from graphfl.server.rounds import RunError
-
     torch.set_num_threads(1)
     values = run_values(method, task, form, seed, point, params)
     strategy = values["strategy"]
-    t0 = time.perf_counter()
-    try:
-        doc, _ = run_federated_inprocess(parse_run_config(values))
-    except RunError as exc:
-        logger.warning("%s %s seed %d %s diverged: %s", method, task, seed, params, exc)
-        return {"final": None, "error": str(exc), "wall_seconds": time.perf_counter() - t0}
-    curve = doc["methods"][strategy]["curve"]
+    curve, run = run_inprocess(values, f"{method} {task} seed {seed} {params}")
+    if curve is None:
+        return run
     last = curve[-1]
     final = last.get("test_loss")
     if final is None or not np.isfinite(final):
-        return {"final": None, "error": f"final test MSE {final}", "wall_seconds": time.perf_counter() - t0}
-    out: dict[str, Any] = {"final": float(final), "mse": [r.get("test_loss") for r in curve],
-                           "wall_seconds": time.perf_counter() - t0}
+        return {"final": None, "error": f"final test MSE {final}", **run}
+    out: dict[str, Any] = {"final": float(final), "mse": [r.get("test_loss") for r in curve], **run}
     if strategy == "fesem":
         server = last.get("server") or {}
         sizes = server.get("cluster_sizes")
