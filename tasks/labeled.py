@@ -230,6 +230,21 @@ class CIFAR10(LabeledPoolTask):
         return seeded(self.seed, CNN, 3, 32, 10)
 
 
+class CIFAR10ResNet18(CIFAR10):
+    """CIFAR-10 as :class:`CIFAR10`, with a ResNet-18 (GroupNorm, 11.17M parameters) as the model.
+
+    The real-model-size workload: its data, split and caching are ``cifar10``'s.
+    """
+
+    spec = TaskSpec("cifar10-resnet18", "classification", default_nodes=10, needs_data_dir=True,
+                    summary="CIFAR-10 (JPEG tarball), Dirichlet split, ResNet-18 with GroupNorm (11.2M parameters)")
+
+    def build_model(self):
+        from graphfl.tasks.models import ResNet18, seeded
+
+        return seeded(self.seed, ResNet18, 3, 10)
+
+
 def _decode_cifar_tar(path: Path) -> tuple[np.ndarray, np.ndarray]:
     """Decode every ``<split>/<class>/NNNN.jpg`` of a CIFAR-10 JPEG tarball to uint8 (N, 3, 32, 32).
 

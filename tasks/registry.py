@@ -5,14 +5,14 @@ from __future__ import annotations
 from graphfl.common.config import ConfigError, DataConfig
 from graphfl.tasks.base import Task
 from graphfl.tasks.ciao import Ciao
-from graphfl.tasks.labeled import CIFAR10, MNIST, Digits, PermutedDigits
+from graphfl.tasks.labeled import CIFAR10, MNIST, CIFAR10ResNet18, Digits, PermutedDigits
 from graphfl.tasks.molecules import BBBP
 from graphfl.tasks.synthetic import MULTICENTER_TASKS, SyntheticDFL, SyntheticVector
 from graphfl.tasks.tabular import CSVTask
 
 _TASKS: dict[str, type[Task]] = {
-    cls.spec.name: cls for cls in (Digits, PermutedDigits, MNIST, CIFAR10, SyntheticDFL, *MULTICENTER_TASKS, CSVTask, BBBP, Ciao,
-                                SyntheticVector)
+    cls.spec.name: cls for cls in (Digits, PermutedDigits, MNIST, CIFAR10, CIFAR10ResNet18, SyntheticDFL,
+                                *MULTICENTER_TASKS, CSVTask, BBBP, Ciao, SyntheticVector)
 }
 
 
