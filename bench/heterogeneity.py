@@ -79,6 +79,8 @@ logger = logging.getLogger(__name__)
 
 NAME = "heterogeneity"
 TASKS = ("digits", "digits-permuted")
+OTHER_TASKS = ("bbbp",)
+"""Tasks a named form may run besides :data:`TASKS` (``bbbp``: the personal form on B8's task)."""
 TAU_MODE = "multiple-of-steps"
 """FedGATE / APFLGate read every ``τ`` of a form as a multiple of the local steps ``R`` (C5)."""
 TRAINED: dict[str, tuple[str, dict[str, Any]]] = {
@@ -149,6 +151,9 @@ class Form:
     """Steps tried past a winning edge of :attr:`lr_grid` (factor 3, :func:`graphfl.bench.tuning.search_grid`)."""
     permuted_nodes: int = 12
     """Clients of ``digits-permuted`` (a multiple of its 3 groups: 12 = 3 groups of 4)."""
+    metric: str = "acc"
+    """What a run is scored on: ``acc`` (mean client test accuracy) or ``auc`` (mean over the
+    clients whose test split holds both classes of their ROC-AUC, ``test_auc``; see :func:`run_one`)."""
 
 
 QUICK = Form(nodes=10, rounds=30, local_steps=10, batch_size=32, seeds=3, lr_grid=(0.1, 0.3, 1.0))
@@ -158,7 +163,14 @@ PERSONAL = dataclasses.replace(QUICK, seeds=5, dirichlet=(0.05, 0.1, 0.3, 0.5, 1
                                max_extensions=2)
 """The personalised methods against FedAvg and Local as label skew grows (C7: Dirichlet ≤ 0.1
 and planted groups, beside B8's 0.5; the quick form's 0.3 and 1 for comparison)."""
-FORMS = {"personal": PERSONAL}
+PERSONAL_BBBP = dataclasses.replace(
+    PERSONAL, tasks=("bbbp",), nodes=16, rounds=5, local_steps=4, seeds=3, dirichlet=(0.2, 0.5, 1.0),
+    methods=("FedAvg", "FedAvg-FT", "Local", "APFL", "APFLGate", "FedGATE", "Const-pooled"), metric="auc")
+"""The personalised form on B8's task (seed 004: BBBP, 16 clients, ROC-AUC) at
+``bench apflgate --quick``'s scale (5 rounds × 4 local steps); a constant predictor's ROC-AUC
+is 0.5 by definition (``Const-pooled``). Dirichlet 0.2 is the strongest skew the task's split
+allows (``data.min-partition-size`` 10 molecules per client: no partition at 0.1 or 0.15)."""
+FORMS = {"personal": PERSONAL, "personal-bbbp": PERSONAL_BBBP}
 """Named forms (``graphfl bench heterogeneity --form NAME``)."""
 RESUMABLE = True
 """An interrupted sweep continues in the same ``--out`` (finished runs come from ``<out>/cache``)."""
@@ -167,6 +179,10 @@ RESUMABLE = True
 def nodes_for(form: Form, task: str) -> int:
     """Clients in a run of ``task`` (``+val`` views included)."""
     return form.permuted_nodes if task.removesuffix("+val") == "digits-permuted" else form.nodes
+
+
+METRICS = {"acc": ("accuracy (%)", 100.0, ".2f"), "auc": ("ROC-AUC", 1.0, ".4f")}
+"""Per :attr:`Form.metric`: label, display scale and format."""
 
 
 def points(form: Form) -> list[dict[str, Any]]:
@@ -273,14 +289,34 @@ def constant_accuracy(method: str, task: str, form: Form, seed: int, dirichlet: 
     return {"final": float(np.mean(accs)) if accs else None, "clients": len(accs)}
 
 
+def constant_auc(task: str, form: Form, seed: int, dirichlet: float) -> dict[str, Any]:
+    """A constant predictor's ROC-AUC: 0.5 by definition (every test score ties), over the clients
+    whose test split holds both classes (``clients``; ``auc_undefined`` counts the others).
+    """
+    from graphfl.common.config import parse_run_config
+    from graphfl.tasks import registry as tasks
+
+    n = nodes_for(form, task)
+    cfg = parse_run_config({"strategy": "fedavg", "task": task, "nodes": n, "seed": seed, "engine": "inprocess",
+                            "data.dirichlet-alpha": dirichlet})
+    t = tasks.create(cfg.task, data=cfg.data, data_dir=cfg.data_dir, seed=seed)
+    defined = sum(1 for p in range(n) if np.unique(np.asarray(t.client_data(p, n).y_test)).size >= 2)
+    return {"final": 0.5 if defined else None, "clients": defined, "diag": {"auc_undefined": n - defined}}
+
+
 def run_one(method: str, task: str, form: Form, seed: int, dirichlet: float, params: dict[str, Any]
             ) -> dict[str, Any]:
-    """One run of ``method``: final mean client test accuracy, its curve and the method's diagnostics.
+    """One run of ``method``: its final score (:attr:`Form.metric`), its curve and the method's diagnostics.
 
+    ``acc``: the mean over clients of the test accuracy. ``auc``: the mean over the clients whose
+    test split holds both classes of their ROC-AUC (the task's ``test_auc``, as bench apflgate reads
+    it); a client with one class has no ROC-AUC and is left out, counted in ``diag.auc_undefined``.
     A run that fails (e.g. non-finite uploads at a too large step) returns ``final = None`` and
     ``error``: a failed setting, not a crash.
     """
     if method in CONSTANTS:
+        if form.metric == "auc":
+            return constant_auc(task, form, seed, dirichlet)
         return constant_accuracy(method, task, form, seed, dirichlet)
     values = run_values(method, task, form, seed, dirichlet, params)
     strategy = values["strategy"]
@@ -289,9 +325,14 @@ def run_one(method: str, task: str, form: Form, seed: int, dirichlet: float, par
         return run
     last = curve[-1]
     server = last.get("server") or {}
-    scored = "local_test_acc" if method == FINE_TUNED else "test_acc"
+    key = f"test_{form.metric}"
+    scored = f"local_{key}" if method == FINE_TUNED else key
     out: dict[str, Any] = {"final": last.get(scored), "acc": [r.get(scored) for r in curve], **run}
     n = values["nodes"]
+    undefined = None
+    if form.metric != "acc":
+        per_client = last.get(f"{scored}_per_client") or {}
+        undefined = n - sum(1 for v in per_client.values() if v is not None and np.isfinite(v))
     if strategy == "fesem":
         sizes = server.get("cluster_sizes")
         out["diag"] = {"cluster_sizes": sizes, "nonempty": int(sum(1 for s in sizes or [] if s > 0)),
@@ -304,11 +345,14 @@ def run_one(method: str, task: str, form: Form, seed: int, dirichlet: float, par
     elif strategy == "pfedgraph":
         out["diag"] = _graph_stats(server.get("graph"), task, n)
     elif method in MIXING:
-        out["diag"] = {"global_acc": last.get("global_test_acc"), "mix_aggregated_acc": last.get("mix_aggregated_test_acc")}
+        out["diag"] = {"global_acc": last.get(f"global_{key}"), "mix_aggregated_acc": last.get(f"mix_aggregated_{key}")}
     elif method == FINE_TUNED:
-        out["diag"] = {"global_acc": last.get("test_acc")}
-    logger.info("%s %s alpha %g seed %d %s: acc %.4f", method, task, dirichlet, seed, params,
-                out["final"] if out["final"] is not None else float("nan"))
+        out["diag"] = {"global_acc": last.get(key)}
+    if undefined is not None:
+        out["diag"] = {**(out.get("diag") or {}), "auc_undefined": undefined}
+    logger.info("%s %s alpha %g seed %d %s: %s %.4f%s", method, task, dirichlet, seed, params, form.metric,
+                out["final"] if out["final"] is not None else float("nan"),
+                "" if undefined is None else f" ({undefined} of {n} clients without a defined {form.metric})")
     return out
 
 
@@ -383,14 +427,17 @@ def declare(form: Form, seed: int) -> Bench:
     unknown = [m for m in form.methods if m not in METHODS]
     if unknown:
         raise ValueError(f"bench {NAME}: unknown methods {unknown}; valid: {list(METHODS)}")
-    bad = [t for t in form.tasks if t not in TASKS]
+    bad = [t for t in form.tasks if t not in (*TASKS, *OTHER_TASKS)]
     if bad:
-        raise ValueError(f"bench {NAME}: unknown tasks {bad}; valid: {list(TASKS)}")
+        raise ValueError(f"bench {NAME}: unknown tasks {bad}; valid: {[*TASKS, *OTHER_TASKS]}")
+    if form.metric not in METRICS:
+        raise ValueError(f"bench {NAME}: unknown metric {form.metric!r}; valid: {list(METRICS)}")
     if any(m in GATE_TAU for m in form.methods):
         problem = tau_grid_problem(form)
         if problem:
             raise ValueError(f"bench {NAME}: {problem}")
     pairs = pair_list(form)
+    label, scale, fmt = METRICS[form.metric]
 
     def key(cell: Cell) -> dict[str, Any]:
         return {"bench": NAME, "method": cell.method, **run_values(*_args(cell, form))}
@@ -398,11 +445,11 @@ def declare(form: Form, seed: int) -> Bench:
     return Bench(
         name=NAME, title=title(form),
         methods=form.methods, points=points(form), seeds=[seed + k for k in range(form.seeds)],
-        metrics=(Metric("acc", "accuracy (%)", lower_is_better=False, fmt=".2f", scale=100.0),),
+        metrics=(Metric(form.metric, label, lower_is_better=False, fmt=fmt, scale=scale),),
         run_cell=lambda cell: run_one(*_args(cell, form)), key=key,
-        final=lambda r: {"acc": r.get("final")},
-        failed=lambda r: r.get("error") or (None if r.get("final") is not None else "no final accuracy"),
-        tuning=Tuning(param="lr", grid=form.lr_grid, metric="acc", lower_is_better=False,
+        final=lambda r: {form.metric: r.get("final")},
+        failed=lambda r: r.get("error") or (None if r.get("final") is not None else f"no final {form.metric}"),
+        tuning=Tuning(param="lr", grid=form.lr_grid, metric=form.metric, lower_is_better=False,
                       max_extensions=form.max_extensions,
                       if_all_fail=form.lr_grid[0], refine=refine_for(form)),
         pairs=pairs,
@@ -431,9 +478,12 @@ def title(form: Form) -> str:
 
 def unspecified(form: Form) -> list[str]:
     """The sizes and choices of this run, as written in the result."""
+    clients = (f"clients: digits {nodes_for(form, 'digits')}, digits-permuted {nodes_for(form, 'digits-permuted')} "
+               "(3 planted groups, labels permuted per group)")
+    if set(form.tasks) <= set(OTHER_TASKS):
+        clients = f"{form.nodes} clients; each client's test split is its share of the scaffold test set (task bbbp)"
     lines = [
-        f"tasks {list(form.tasks)}; clients: digits {nodes_for(form, 'digits')}, digits-permuted "
-        f"{nodes_for(form, 'digits-permuted')} (3 planted groups, labels permuted per group); Dirichlet alpha "
+        f"tasks {list(form.tasks)}; {clients}; Dirichlet alpha "
         f"{list(form.dirichlet)} label split; local train/test split 80/20",
         f"{form.rounds} rounds, {form.local_steps} local SGD steps of batch {form.batch_size} per round (plain SGD, "
         f"momentum 0), the same for every method; engine {form.engine}; clean uplink (no channel noise)",
@@ -456,8 +506,9 @@ def unspecified(form: Form) -> list[str]:
         own.append(f"APFLGate ({mixing}) x ({taus})")
     extend = (f", extended past a winning edge by factor 3 up to {form.max_extensions} times, for every method alike"
               if form.max_extensions else "")
+    val_label = "accuracy" if form.metric == "acc" else METRICS[form.metric][0]
     lines.append(f"per grid point: step per method from {list(form.lr_grid)}{extend} on validation ({VALIDATION_FRACTION:.0%} "
-                 "of each client's training data, first seed) by mean validation accuracy; then at that step "
+                 f"of each client's training data, first seed) by mean validation {val_label}; then at that step "
                  + ", ".join(own or ["nothing else"]) + "; constants have no step "
                  "(their tuning rows are meaningless)")
     if any(m in form.methods for m in ("FeSEM", "JGESR", "pFedGraph")):
@@ -475,6 +526,14 @@ def unspecified(form: Form) -> list[str]:
                      "client's model after the last round's local steps from the global model (the client's trained w_i "
                      "of the final round, before aggregation) on that client's test split; its step is tuned on "
                      "validation on this metric (its own tuning, not FedAvg's step)")
+    if form.metric == "auc":
+        lines += [f"metric: ROC-AUC of the class-1 score per client on its test split, averaged over the clients whose "
+                  f"test split holds both classes (the task's test_auc, as bench apflgate reads it; a client with one "
+                  f"class has no ROC-AUC and is left out, the count per run in the diagnostics), after the last round, "
+                  f"{form.seeds} seeds, paired per-seed differences; Const-pooled: any constant predictor, ROC-AUC 0.5 "
+                  "by definition (every score ties)",
+                  "model: the task's GIN (3 layers x 64)"]
+        return lines
     lines += [f"metric: mean over clients of the test accuracy after the last round, {form.seeds} seeds, paired per-seed "
               "differences against FedAvg and against Local",
               "model: MLP 64-64-10 (the digits task's)"]
@@ -501,6 +560,8 @@ def unused_fields(form: Form) -> set[str]:
         unused |= {"fesem_k", "pfedgraph_alpha", "lam_grid", "alpha_grid", "beta_grid", "graph_search"}
     if "digits-permuted" not in form.tasks:
         unused.add("permuted_nodes")
+    if form.metric == "acc":
+        unused.add("metric")
     return unused
 
 
@@ -547,44 +608,60 @@ def _num(stat: dict[str, Any] | None, fmt: str = ".2f", scale: float = 1.0) -> s
     return "–" if not stat or stat.get("mean") is None else fmt_pm(stat, fmt, scale=scale)
 
 
-def _diff(doc: dict[str, Any], a: str, b: str, point: dict[str, Any]) -> str:
+def _diff(doc: dict[str, Any], a: str, b: str, point: dict[str, Any], metric: str = "acc") -> str:
     try:
-        st = pair(doc, a, b, **point)["metrics"]["acc"]
+        st = pair(doc, a, b, **point)["metrics"][metric]
     except KeyError:
         return "–"
     if st.get("mean") is None:
         return "–"
-    return f"{100 * st['mean']:+.2f} ± {100 * (st.get('sd') or 0.0):.2f} ({st['first_better']}/{st['seeds']})"
+    _, scale, fmt = METRICS[metric]
+    return (f"{scale * st['mean']:+{fmt}} ± {scale * (st.get('sd') or 0.0):{fmt}} "
+            f"({st['first_better']}/{st['seeds']})")
 
 
 def _write(out: Path, doc: dict[str, Any], form: Form) -> None:
     sections: list[str] = []
+    metric = form.metric
+    label, scale, fmt = METRICS[metric]
+    heading = "mean client test accuracy (%)" if metric == "acc" else f"mean client test {label} (clients with both classes)"
+    units = "points of accuracy" if metric == "acc" else label
     for task in form.tasks:
         rows = []
         for method in form.methods:
             row: dict[str, Any] = {"method": method}
             for a in form.dirichlet:
-                row[f"α={a:g}"] = _num(result(doc, method, task=task, dirichlet=float(a))["metrics"]["acc"], scale=100)
+                row[f"α={a:g}"] = _num(result(doc, method, task=task, dirichlet=float(a))["metrics"][metric], fmt, scale)
             rows.append(row)
-        sections += [f"## {task}: mean client test accuracy (%) by Dirichlet α", "", markdown_table(rows, list(rows[0])),
-                     ""]
+        sections += [f"## {task}: {heading} by Dirichlet α", "", markdown_table(rows, list(rows[0])), ""]
+        if metric != "acc":
+            urow = []
+            for method in form.methods:
+                urow.append({"method": method, **{f"α={a:g}": _undefined(doc, method, {"task": task, "dirichlet": float(a)})
+                                                  for a in form.dirichlet}})
+            sections += [f"### {task}: clients left out of the mean (test split with one class: {label} undefined), "
+                         f"per seed, of {nodes_for(form, task)}", "", markdown_table(urow, list(urow[0])), ""]
         pairs = pair_list(form)
         for ref in dict.fromkeys(r for _, r in pairs):
             prow = []
             for method in [m for m, r in pairs if r == ref]:
                 prow.append({"method": f"{method} − {ref}", **{
-                    f"α={a:g}": _diff(doc, method, ref, {"task": task, "dirichlet": float(a)}) for a in form.dirichlet}})
-            sections += [f"### {task}: paired differences against {ref} (points of accuracy, mean ± sd; "
+                    f"α={a:g}": _diff(doc, method, ref, {"task": task, "dirichlet": float(a)}, metric)
+                    for a in form.dirichlet}})
+            sections += [f"### {task}: paired differences against {ref} ({units}, mean ± sd; "
                          "seeds where the method is better / seeds)", "", markdown_table(prow, list(prow[0])), ""]
     drows = []
     prows = []
+    view_label = "accuracy (%)" if metric == "acc" else label
     for d in doc["diagnostics"]:
         if d["method"] in (*MIXING, FINE_TUNED):
             prows.append({"task": d["point"]["task"], "α": f"{d['point']['dirichlet']:g}", "method": d["method"],
                           "personal output, local w_i (the metric)": _num(
-                              result(doc, d["method"], **d["point"])["metrics"]["acc"], ".2f", 100),
-                          "mixture with aggregated w": _num(d.get("mix_aggregated_acc"), ".2f", 100),
-                          "global model w": _num(d.get("global_acc"), ".2f", 100)})
+                              result(doc, d["method"], **d["point"])["metrics"][metric], fmt, scale),
+                          "mixture with aggregated w": _num(d.get("mix_aggregated_acc"), fmt, scale),
+                          "global model w": _num(d.get("global_acc"), fmt, scale)})
+            continue
+        if d["method"] not in ("FeSEM", "JGESR", "pFedGraph"):
             continue
         drows.append({"task": d["point"]["task"], "α": f"{d['point']['dirichlet']:g}", "method": d["method"],
                       "graph_cv": _num(d.get("graph_cv"), ".3f"), "shrink_ratio": _num(d.get("shrink_ratio"), ".3f"),
@@ -606,22 +683,34 @@ def _write(out: Path, doc: dict[str, Any], form: Form) -> None:
                      markdown_table(drows, list(drows[0])), ""]
     if prows:
         sections += ["## Personal outputs (C6): the mixture with the locally trained copy and the other views", "",
-                     "Last round of each test run, accuracy (%), mean ± sd over seeds: the metric (APFL / APFLGate: "
+                     f"Last round of each test run, {view_label}, mean ± sd over seeds: the metric (APFL / APFLGate: "
                      "the mixture with the client's locally trained w_i; FedAvg-FT: w_i itself, the global model after "
                      "the last round's local steps), the mixture with the server's aggregated w, and the global model "
                      "w alone (FedGATE's metric is its global model; FedAvg-FT's global model is FedAvg's at its step).",
                      "",
                      markdown_table(prows, list(prows[0])), ""]
     sections += ["## Settings", ""] + [f"- {s}" for s in doc["settings"]]
-    intro = [f"Mean client test accuracy (%) after {form.rounds} rounds, mean ± sd over {form.seeds} seeds; every "
+    intro = [f"{heading[0].upper()}{heading[1:]} after {form.rounds} rounds, mean ± sd over {form.seeds} seeds; every "
              "method's step and own hyperparameters tuned on validation per grid point (never on test)."]
+    if metric == "auc":
+        intro.append("A constant predictor's ROC-AUC is 0.5 by definition (Const-pooled): the trivial baseline.")
     panels = []
     for task in form.tasks:
-        panels += metric_panels(doc, "acc", "dirichlet", where={"task": task}, xlabel="Dirichlet α (log)",
-                                ylabel="mean client test accuracy", logx=True, title=task)
+        panels += metric_panels(doc, metric, "dirichlet", where={"task": task}, xlabel="Dirichlet α (log)",
+                                ylabel="mean client test accuracy" if metric == "acc" else f"mean client test {label}",
+                                logx=True, title=task)
     kind = "personalised" if set(form.methods) & {*MIXING, *GATE_TAU} else "graph-aware"
     write_report(out, doc, intro=intro, sections=sections, panels=panels,
                  plot_title=f"When {kind} FL helps: label skew")
+
+
+def _undefined(doc: dict[str, Any], method: str, point: dict[str, Any]) -> str:
+    """Per seed, how many clients' test metric was undefined in ``method``'s test runs at ``point``."""
+    for d in doc["diagnostics"]:
+        if d["method"] == method and d["point"] == point:
+            return ", ".join("–" if not s or s.get("auc_undefined") is None else str(s["auc_undefined"])
+                             for s in d["per_seed"])
+    return "–"
 
 
 def summary(doc: dict[str, Any], methods: Sequence[str] | None = None) -> list[str]:
@@ -629,7 +718,9 @@ def summary(doc: dict[str, Any], methods: Sequence[str] | None = None) -> list[s
     lines = []
     for task in doc["config"]["tasks"]:
         for a in doc["config"]["dirichlet"]:
-            cells = [f"{m} {100 * (result(doc, m, task=task, dirichlet=float(a))['metrics']['acc'].get('mean') or 0):.2f}"
+            metric = doc["config"].get("metric", "acc")
+            _, scale, fmt = METRICS[metric]
+            cells = [f"{m} {scale * (result(doc, m, task=task, dirichlet=float(a))['metrics'][metric].get('mean') or 0):{fmt}}"
                      for m in (methods or doc["config"]["methods"])]
             lines.append(f"{task} α={a:g}: " + ", ".join(cells))
     return lines

@@ -28,9 +28,11 @@ logger = logging.getLogger(__name__)
 
 _TEST_KEYS = ("test_loss", "test_acc", "test_auc", "test_mae")
 EVAL_KEYS = ("test_loss", "test_acc", "local_test_loss", "local_test_acc", "test_auc", "test_mae",
+             "local_test_auc", "local_test_mae",
              *(f"{view}_{k}" for view in ("global", "mix_local", "mix_aggregated") for k in _TEST_KEYS))
 """Client evaluation metrics the curve records (mean and per client); ``test_auc`` / ``test_mae``
-come from tasks that report them (:meth:`~graphfl.tasks.base.Task.metrics`). ``global_*`` and
+come from tasks that report them (:meth:`~graphfl.tasks.base.Task.metrics`), ``local_*`` from the
+client's last locally trained model where it is evaluated too (``train.eval-local``). ``global_*`` and
 ``mix_*`` are second views that personalised algorithms report beside their main numbers (APFL's
 global model alone and both forms of its output mixture, ALGORITHMS.md §0.1 C6)."""
 

@@ -1,0 +1,91 @@
+"""`graphfl bench heterogeneity --form personal-bbbp`: the personalised form on B8's task (BBBP,
+ROC-AUC) is declared as written, and the digits forms' grid points, run-cache keys and settings
+are what they were before the bbbp form was added (their caches stay valid)."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+
+import pytest
+
+from graphfl.bench import heterogeneity as bh
+from graphfl.bench.harness import Cell
+
+PARAMS = ((("lr", 0.3),), (("alpha", 0.25), ("lr", 0.1), ("tau", 10.0)), (("k", 4), ("lr", 1.0)))
+"""Tuned settings the digest's keys are built with (a step; mixing + τ; FeSEM's K)."""
+DIGITS_DIGESTS = {
+    "QUICK": "2239671bf0ba62cd2989dcfda97396531ee688c1d5c4aff3943e2d9ffc0471bd",
+    "FULL": "d126f47eb4823aa985fa5af77b617b7478433ed1d965dc5a051de2120e3855ab",
+    "PERSONAL": "0b6d6c064c9e0da9fd6ea18de54ae82eae64ef4198f83a811a07d5ba1ef32c97",
+}
+"""SHA-256 of each digits form's points, seeds, run-cache keys of every (point, method, split,
+params), metric names and written settings, taken from the module before the bbbp form existed."""
+
+
+def form_digest(form: bh.Form) -> str:
+    bench = bh.declare(form, seed=0)
+    keys = [bench.key(Cell(tuple(sorted(pt.items())), m, 1, p, split))
+            for pt in bench.points for m in bench.methods for split in ("val", "test") for p in PARAMS]
+    blob = json.dumps({"points": bench.points, "seeds": list(bench.seeds), "keys": keys,
+                       "metrics": [m.name for m in bench.metrics], "settings": bh.unspecified(form)},
+                      sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+@pytest.mark.parametrize("name", sorted(DIGITS_DIGESTS))
+def test_digits_forms_points_keys_and_settings_are_unchanged(name):
+    form = getattr(bh, name)
+    assert form.metric == "acc" and "metric" in bh.unused_fields(form)
+    assert form_digest(form) == DIGITS_DIGESTS[name]
+
+
+def test_the_digest_sees_a_changed_key():
+    # the digest test can fail: one more run-config value in a digits form changes it
+    changed = dataclasses.replace(bh.QUICK, local_steps=bh.QUICK.local_steps + 1)
+    assert form_digest(changed) != DIGITS_DIGESTS["QUICK"]
+
+
+def test_bbbp_form_is_declared_as_written():
+    form = bh.FORMS["personal-bbbp"]
+    assert form is bh.PERSONAL_BBBP and bh.FORMS["personal"] is bh.PERSONAL
+    bench = bh.declare(form, seed=0)
+    assert bench.points == [{"task": "bbbp", "dirichlet": a} for a in (0.2, 0.5, 1.0)]
+    assert list(bench.seeds) == [0, 1, 2]
+    assert set(bench.methods) == {"FedAvg", "FedAvg-FT", "Local", "APFL", "APFLGate", "FedGATE", "Const-pooled"}
+    assert [m.name for m in bench.metrics] == ["auc"] and not bench.metrics[0].lower_is_better
+    assert bench.tuning.metric == "auc" and bench.tuning.grid == bh.PERSONAL.lr_grid
+    assert bench.tuning.max_extensions == bh.PERSONAL.max_extensions
+    # the gate family's own grids are the digits personal form's; τ (multiples of R = 4) above R/2
+    assert (form.apfl_alpha, form.apfl_adaptive, form.gate_tau) == (bh.PERSONAL.apfl_alpha, True, bh.PERSONAL.gate_tau)
+    assert bh.tau_grid_problem(form) is None
+    pairs = set(bench.pair_list())
+    for m in ("APFL", "APFLGate"):
+        assert {(m, "FedAvg-FT"), (m, "Local"), (m, "FedAvg")} <= pairs
+    v = bh.run_values("FedAvg-FT", "bbbp", form, 1, 0.5, {"lr": 0.1})
+    assert (v["task"], v["nodes"], v["rounds"], v["train.local-steps"]) == ("bbbp", 16, 5, 4)
+    assert v["train.eval-local"] is True and v["data.dirichlet-alpha"] == 0.5
+    assert "model: the task's GIN (3 layers x 64)" in bh.unspecified(form)
+    assert any("both classes" in line for line in bh.unspecified(form))
+
+
+def test_unknown_task_or_metric_is_refused_by_name():
+    with pytest.raises(ValueError, match="unknown tasks"):
+        bh.declare(dataclasses.replace(bh.PERSONAL_BBBP, tasks=("ciao",)), seed=0)
+    with pytest.raises(ValueError, match="unknown metric 'mae'"):
+        bh.declare(dataclasses.replace(bh.PERSONAL_BBBP, metric="mae"), seed=0)
+
+
+def test_the_recorder_keeps_the_locally_trained_models_auc():
+    # FedAvg-FT on bbbp is scored on local_test_auc (train.eval-local): the curve must record it,
+    # the mean over the clients where it is defined (a one-class test split reports nan)
+    from graphfl.common.config import parse_run_config
+    from graphfl.server.recorder import RunRecorder
+
+    rec = RunRecorder(parse_run_config({"strategy": "fedavg", "task": "digits", "nodes": 3}), "fedavg", None)
+    rec.record_eval(1, {0: {"test_auc": 0.6, "local_test_auc": 0.7}, 1: {"test_auc": 0.8, "local_test_auc": 0.9},
+                        2: {"test_auc": float("nan"), "local_test_auc": float("nan")}})
+    row = rec.row(1)
+    assert row["local_test_auc"] == pytest.approx(0.8, rel=1e-9)
+    assert len(row["local_test_auc_per_client"]) == 3
