@@ -35,10 +35,11 @@ the collapse diagnostics.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -91,7 +92,8 @@ class Form:
     local_steps: int
     batch_size: int
     seeds: int
-    noise_levels: tuple[float, float]
+    noise_levels: tuple[float, ...]
+    """Noise levels ``c``: the table's two (quick, full) or the sweep's axis (regime)."""
     missing_rates: tuple[float, ...]
     lr_grid: tuple[float, ...]
     max_samples: int
@@ -116,6 +118,27 @@ TASK_NODES = {"digits-permuted": 12}
 TASK_DIRICHLET = {"digits-permuted": 10.0}
 """Dirichlet alpha where the planted groups are the heterogeneity (a near-IID split inside each group:
 at 0.1 the label skew inside a group hides the groups from any graph)."""
+REGIME = dataclasses.replace(QUICK, noise_levels=(0.0, 1.0, 2.0, 4.0), missing_rates=(0.0, 0.2, 0.5))
+"""The regime form: the quick form's training scale, methods and grids over the full cross noise
+``c`` × missing rate ``r`` (``c = 0``: a noiseless channel; ``c = r = 0``: the channel is off)."""
+FORMS = ("quick", "full", "regime")
+"""``--form`` values: ``quick`` / ``full`` = the paper-shaped table plus the missing-rate sweep;
+``regime`` = :data:`REGIME` (:func:`run_regime`)."""
+REGIME_NAME = "jgesr-regime"
+"""Name of the regime form's result files (``<out>/jgesr-regime.{json,md,png}``)."""
+TUNE_AT = ("point", "noise", "reference")
+"""Where the regime form tunes (:func:`tuning_point`)."""
+REGIME_TUNE_AT = "point"
+"""The regime form's tuning: every method's step and JGESR's (λ, α, β) at every point."""
+REGIME_REFERENCES = ("Local", "FedAvg")
+"""Each JGESR solver is compared, per seed, with each of these (Local is the trivial baseline: the
+bench has no constant predictor)."""
+TIE_BAND = 0.01
+"""Accuracy (absolute, 1 point) inside which a mean paired difference is a tie."""
+COLLAPSE_CV = 0.2
+"""Graph CV below which the learned graph counts as near-uniform (ALGORITHMS.md §0.1 C4)."""
+COLLAPSE_SHRINK = 0.2
+"""Shrink ratio below which JGESR gives every client nearly the mean (the strategy's collapse threshold)."""
 
 
 def nodes_for(form: Form, task: str) -> int:
@@ -265,16 +288,41 @@ def tune_graph(form: Form, score: Callable[[tuple[float, float, float]], float |
             "validation_acc": [{"lam": p[0], "alpha": p[1], "beta": p[2], "acc": v} for p, v in scores.items()]}
 
 
-def declare(form: Form, seed: int, task: str) -> Bench:
-    """B7 on the harness: points (noise c, missing rate r), the table's and the sweep's.
-
-    The step of each method is tuned on validation at noise level 1 without missing entries (one
-    search for all points, first seed); JGESR's ``(λ, α, β)`` are then tuned at that step
-    (:func:`tune_graph`).
+def table_points(form: Form) -> list[dict[str, float]]:
+    """The points of the quick and full forms: both noise levels without missing entries, then the
+    missing-rate sweep at the first noise level.
     """
     c1, c2 = form.noise_levels
     points = [{"noise": c1, "missing": 0.0}, {"noise": c2, "missing": 0.0}]
     points += [{"noise": c1, "missing": float(r)} for r in form.missing_rates if r != 0.0]
+    return points
+
+
+def regime_points(form: Form) -> list[dict[str, float]]:
+    """The points of the regime form: the full cross ``noise_levels × missing_rates`` (noise outer)."""
+    return [{"noise": float(c), "missing": float(r)} for c in form.noise_levels for r in form.missing_rates]
+
+
+def tuning_point(tune_at: str, form: Form) -> Callable[[Mapping[str, Any]], Mapping[str, Any]] | None:
+    """Where the validation search of a grid point runs (``Tuning.at``; ``None`` = the point itself).
+
+    ``point``: at every point; ``noise``: at the point's noise level without missing entries;
+    ``reference``: at the first noise level without missing entries (the table's rule).
+    """
+    if tune_at == "point":
+        return None
+    if tune_at == "noise":
+        return lambda p: {"noise": p["noise"], "missing": 0.0}
+    if tune_at == "reference":
+        c1 = form.noise_levels[0] if 1.0 not in form.noise_levels else 1.0
+        return lambda _p: {"noise": c1, "missing": 0.0}
+    raise ValueError(f"bench jgesr: tune_at must be one of {list(TUNE_AT)}, got {tune_at!r}")
+
+
+def _declare(form: Form, seed: int, task: str, *, name: str, title: str, points: list[dict[str, float]],
+             at: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None, reference: str | None,
+             pairs: list[tuple[str, str]] | None) -> Bench:
+    """The bench of either layout: cells, cache keys, tuning (step, then JGESR's graph) and pairs."""
 
     def refine(method: str, params: dict[str, Any], evaluate: Callable[[dict[str, Any]], float | None]
                ) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -284,7 +332,7 @@ def declare(form: Form, seed: int, task: str) -> Bench:
         return {**params, "graph": (g["lam"], g["alpha"], g["beta"])}, g
 
     return Bench(
-        name=NAME, title=f"B7: JGESR under a noisy, lossy uplink ({task})", methods=form.methods, points=points,
+        name=name, title=title, methods=form.methods, points=points,
         seeds=[seed + k for k in range(form.seeds)],
         metrics=(Metric("acc", "accuracy (%)", lower_is_better=False, fmt=".2f", scale=100.0),),
         run_cell=lambda cell: run_one(*_cell_args(cell, task, form)),
@@ -292,35 +340,79 @@ def declare(form: Form, seed: int, task: str) -> Bench:
         final=lambda r: {"acc": r.get("final")},
         failed=lambda r: r.get("error") or (None if r.get("final") is not None else "no final accuracy"),
         tuning=Tuning(param="lr", grid=form.lr_grid, metric="acc", lower_is_better=False, max_extensions=0,
-                      at=lambda _p: {"noise": c1, "missing": 0.0}, if_all_fail=form.lr_grid[0], refine=refine),
-        reference="FedAvg" if "FedAvg" in form.methods else None,
+                      at=at, if_all_fail=form.lr_grid[0], refine=refine),
+        reference=reference, pairs=pairs,
         cost=lambda cell: 5.0 if cell.method in GRAPH_METHODS else 1.0)
 
 
-def run(quick: bool = False, seed: int = 0, out: Path | None = None, task: str = "digits") -> dict[str, Any]:
-    """Tune, run the table and the missing-rate sweep; write ``<out>/jgesr.{json,md,png}``."""
+def declare(form: Form, seed: int, task: str) -> Bench:
+    """B7 on the harness: points (noise c, missing rate r), the table's and the sweep's.
+
+    The step of each method is tuned on validation at noise level 1 without missing entries (one
+    search for all points, first seed); JGESR's ``(λ, α, β)`` are then tuned at that step
+    (:func:`tune_graph`).
+    """
+    c1 = form.noise_levels[0]
+    return _declare(form, seed, task, name=NAME, title=f"B7: JGESR under a noisy, lossy uplink ({task})",
+                    points=table_points(form), at=lambda _p: {"noise": c1, "missing": 0.0},
+                    reference="FedAvg" if "FedAvg" in form.methods else None, pairs=None)
+
+
+def regime_pairs(form: Form) -> list[tuple[str, str]]:
+    """The paired comparisons of the regime form: each JGESR solver against each of
+    :data:`REGIME_REFERENCES`, then Local − FedAvg.
+    """
+    pairs = [(m, ref) for m in GRAPH_METHODS if m in form.methods for ref in REGIME_REFERENCES
+             if ref in form.methods]
+    if {"Local", "FedAvg"} <= set(form.methods):
+        pairs.append(("Local", "FedAvg"))
+    return pairs
+
+
+def declare_regime(form: Form, seed: int, task: str, tune_at: str = "point") -> Bench:
+    """The regime form on the harness: every ``(noise c, missing rate r)`` of the cross, tuned where
+    ``tune_at`` says (:func:`tuning_point`), paired against Local and FedAvg (:func:`regime_pairs`).
+    """
+    return _declare(form, seed, task, name=REGIME_NAME,
+                    title=f"B7 regime: JGESR against FedAvg and Local over noise × missing rate ({task})",
+                    points=regime_points(form), at=tuning_point(tune_at, form), reference=None,
+                    pairs=regime_pairs(form))
+
+
+def run(quick: bool = False, seed: int = 0, out: Path | None = None, task: str = "digits",
+        form: str | None = None) -> dict[str, Any]:
+    """Tune and run one form: ``form`` when given (one of :data:`FORMS`), else ``quick`` or ``full``.
+
+    ``quick`` / ``full``: the table and the missing-rate sweep, ``<out>/jgesr.{json,md,png}``;
+    ``regime``: :func:`run_regime`, ``<out>/jgesr-regime.{json,md,png}``.
+    """
     if task not in TASKS:
         raise ValueError(f"bench jgesr: task {task!r} is not one of {list(TASKS)}")
-    form = QUICK if quick else FULL
-    unknown = [m for m in form.methods if m not in METHODS]
+    name = form if form is not None else ("quick" if quick else "full")
+    if name not in FORMS:
+        raise ValueError(f"unknown form {name!r} of benchmark {NAME!r}; valid: {', '.join(FORMS)}")
+    if name == "regime":
+        return run_regime(seed=seed, out=out, task=task)
+    spec = QUICK if name == "quick" else FULL
+    unknown = [m for m in spec.methods if m not in METHODS]
     if unknown:
         raise ValueError(f"bench jgesr: unknown methods {unknown}; valid: {list(METHODS)}")
-    bench = declare(form, seed, task)
+    bench = declare(spec, seed, task)
     outcome = run_bench(bench, out)
     diagnostics: dict[str, dict[str, Any]] = {}
-    for level, c in enumerate(form.noise_levels, start=1):
-        for method in form.methods:
+    for level, c in enumerate(spec.noise_levels, start=1):
+        for method in spec.methods:
             if method in GRAPH_METHODS:
                 runs = outcome.runs[((("noise", c), ("missing", 0.0))), method]
                 diagnostics.setdefault(method, {})[f"noise{level}"] = _diagnostics(
                     [r or {} for r in runs], list(bench.seeds))
-    config = {"task": task, **{k: list(v) if isinstance(v, tuple) else v for k, v in form.__dict__.items()},
-              "nodes": nodes_for(form, task), "dirichlet": dirichlet_for(form, task), "tuning_seed": seed,
+    config = {"task": task, **{k: list(v) if isinstance(v, tuple) else v for k, v in spec.__dict__.items()},
+              "nodes": nodes_for(spec, task), "dirichlet": dirichlet_for(spec, task), "tuning_seed": seed,
               "validation_fraction": VALIDATION_FRACTION}
-    doc = build_doc(bench, outcome, quick, config, extra={
-        "task": task, "diagnostics": diagnostics, "paper_mnist": PAPER_MNIST, "unspecified": unspecified(form, task)})
+    doc = build_doc(bench, outcome, name == "quick", config, extra={
+        "task": task, "diagnostics": diagnostics, "paper_mnist": PAPER_MNIST, "unspecified": unspecified(spec, task)})
     if out is not None:
-        _write(Path(out), doc, form)
+        _write(Path(out), doc, spec)
     return doc
 
 
@@ -400,3 +492,163 @@ def _write(out: Path, doc: dict[str, Any], form: Form) -> None:
                            "ylabel": f"{key} (mean over seeds)", "title": f"JGESR {key} per round"})
     write_report(out, doc, intro=intro, sections=sections, panels=panels,
                  plot_title="JGESR vs baselines under a noisy, lossy uplink")
+
+
+def regime_unspecified(form: Form, task: str, tune_at: str) -> list[str]:
+    """:func:`unspecified` with the regime form's tuning, channel grid and comparisons."""
+    lines = unspecified(form, task)
+    where = {"point": "at every (c, r) point", "noise": "at each noise level c without missing entries",
+             "reference": "at c = 1 without missing entries, one search for all points"}[tune_at]
+    lines[2] = (f"step size per method from {list(form.lr_grid)} on validation ({VALIDATION_FRACTION:.0%} of each "
+                f"client's training data, first seed) {where}, by mean validation accuracy (JGESR at (lambda, alpha, "
+                f"beta) = {GRAPH_DEFAULT}); then JGESR's (lambda, alpha, beta) on the same validation runs")
+    lines[4] = (f"noise levels c = {list(form.noise_levels)} with sigma = c * mean|theta^0| of the common initial "
+                "model (seed 002), one sigma for the run; c = 0 is a noiseless channel (and c = r = 0 no channel)")
+    lines[5] = (f"missing rates {list(form.missing_rates)} at every noise level (the full cross); lost entries are "
+                "0 + noise on the wire, their mask reaches the server (only JGESR uses it)")
+    lines.append(f"paired per-seed differences of each JGESR solver against {', '.join(REGIME_REFERENCES)}; "
+                 f"verdict band {TIE_BAND * 100:g} accuracy point; Local is the trivial baseline (no constant "
+                 "predictor in this bench; Local never crosses the channel)")
+    return lines
+
+
+def verdict(paired: dict[str, Any], expected: int) -> dict[str, Any]:
+    """A JGESR solver against a reference from the paired per-seed accuracy differences ``a − b``.
+
+    ``wins``: higher on every expected seed and the mean difference above :data:`TIE_BAND`;
+    ``loses``: lower on every expected seed (or no finite accuracy on some seed) and the mean
+    below ``−TIE_BAND``; ``not testable`` when the reference is missing on some seed; else ``tie``.
+    Per-seed counts: ``won`` (d > 0), ``tied`` (d = 0), ``lost`` (d < 0).
+    """
+    diffs = list(paired.get("per_seed") or [])
+    won, lost = sum(d > 0 for d in diffs), sum(d < 0 for d in diffs)
+    mean = paired.get("mean")
+    if paired.get("first_nonfinite"):
+        word = "loses"
+    elif paired.get("missing") or paired.get("second_nonfinite") or mean is None or len(diffs) < expected:
+        word = "not testable"
+    elif won == expected and mean > TIE_BAND:
+        word = "wins"
+    elif lost == expected and mean < -TIE_BAND:
+        word = "loses"
+    else:
+        word = "tie"
+    return {"verdict": word, "mean": mean, "sd": paired.get("sd"), "won": won, "tied": len(diffs) - won - lost,
+            "lost": lost, "seeds": len(diffs), "expected": expected, "per_seed": diffs}
+
+
+def collapse_flags(diag: dict[str, Any]) -> list[str]:
+    """Why a point's last-round diagnostics (mean over seeds) count as a collapse: a near-uniform
+    graph (``graph_cv`` < :data:`COLLAPSE_CV`) and/or ψ near the mean (``shrink_ratio`` < :data:`COLLAPSE_SHRINK`).
+    """
+    flags = []
+    cv, shrink = diag["graph_cv"]["last"], diag["shrink_ratio"]["last"]
+    if cv is not None and cv < COLLAPSE_CV:
+        flags.append(f"graph_cv {cv:.3f} < {COLLAPSE_CV:g}")
+    if shrink is not None and shrink < COLLAPSE_SHRINK:
+        flags.append(f"shrink_ratio {shrink:.3f} < {COLLAPSE_SHRINK:g}")
+    return flags
+
+
+def run_regime(seed: int = 0, out: Path | None = None, task: str = "digits-permuted",
+               tune_at: str = REGIME_TUNE_AT, form: Form | None = None) -> dict[str, Any]:
+    """The regime form: JGESR against FedAvg and Local over noise × missing rate.
+
+    Every point of :func:`regime_points` runs every method on ``form.seeds`` seeds at the values
+    tuned on validation where ``tune_at`` says; the document adds per point JGESR's collapse
+    diagnostics (``diagnostics[method]["c=…, r=…"]``, with :func:`collapse_flags`) and the verdicts of
+    each solver against Local and FedAvg (:func:`verdict`). Writes ``<out>/jgesr-regime.{json,md,png}``.
+    """
+    spec = REGIME if form is None else form
+    if task not in TASKS:
+        raise ValueError(f"bench jgesr: task {task!r} is not one of {list(TASKS)}")
+    unknown = [m for m in spec.methods if m not in METHODS]
+    if unknown:
+        raise ValueError(f"bench jgesr: unknown methods {unknown}; valid: {list(METHODS)}")
+    bench = declare_regime(spec, seed, task, tune_at)
+    outcome = run_bench(bench, out)
+    diagnostics: dict[str, dict[str, Any]] = {}
+    for point in bench.points:
+        label = _point_label(point)
+        for method in spec.methods:
+            if method in GRAPH_METHODS:
+                runs = outcome.runs[(tuple(point.items()), method)]
+                d = _diagnostics([r or {} for r in runs], list(bench.seeds))
+                d["collapse"] = collapse_flags(d)
+                diagnostics.setdefault(method, {})[label] = d
+    config = {"task": task, "form": "regime", "tune_at": tune_at,
+              **{k: list(v) if isinstance(v, tuple) else v for k, v in spec.__dict__.items()},
+              "nodes": nodes_for(spec, task), "dirichlet": dirichlet_for(spec, task), "tuning_seed": seed,
+              "validation_fraction": VALIDATION_FRACTION, "tie_band": TIE_BAND, "collapse_cv": COLLAPSE_CV,
+              "collapse_shrink": COLLAPSE_SHRINK}
+    doc = build_doc(bench, outcome, True, config, extra={
+        "task": task, "diagnostics": diagnostics, "unspecified": regime_unspecified(spec, task, tune_at)})
+    doc["verdicts"] = [{"point": p["point"], "a": p["a"], "b": p["b"],
+                        **verdict(p["metrics"]["acc"], spec.seeds)} for p in doc["paired"]]
+    if out is not None:
+        _write_regime(Path(out), doc, spec)
+    return doc
+
+
+def _point_label(point: Mapping[str, Any]) -> str:
+    return f"c={point['noise']:g}, r={point['missing']:g}"
+
+
+def _write_regime(out: Path, doc: dict[str, Any], form: Form) -> None:
+    graph = [m for m in GRAPH_METHODS if m in form.methods]
+    acc_rows, verdict_rows, diag_rows, tuned_rows = [], [], [], []
+    for point in doc["config"]["points"]:
+        c, r = point["noise"], point["missing"]
+        acc_rows.append({"c": f"{c:g}", "r": f"{r:g}", **{m: _pct(result(doc, m, **point)["metrics"]["acc"])
+                                                          for m in form.methods}})
+        row: dict[str, Any] = {"c": f"{c:g}", "r": f"{r:g}"}
+        for v in doc["verdicts"]:
+            if v["point"] == point:
+                mean = "–" if v["mean"] is None else f"{v['mean'] * 100:+.2f}"
+                sd = "" if v["sd"] is None else f" ± {v['sd'] * 100:.2f}"
+                row[f"{v['a']} − {v['b']}"] = (f"{mean}{sd} ({v['won']}/{v['tied']}/{v['lost']}): {v['verdict']}")
+        verdict_rows.append(row)
+        for m in form.methods:
+            params = result(doc, m, **point)["params"]
+            g = params.get("graph")
+            tuned_rows.append({"c": f"{c:g}", "r": f"{r:g}", "method": m, "lr": params.get("lr"),
+                               "(λ, α, β)": f"({g[0]:g}, {g[1]:g}, {g[2]:g})" if g else ""})
+        for m in graph:
+            d = doc["diagnostics"][m][_point_label(point)]
+            diag_rows.append({"c": f"{c:g}", "r": f"{r:g}", "method": m,
+                              "graph_cv last": _num(d["graph_cv"]["last"]), "graph_cv min": _num(d["graph_cv"]["min"]),
+                              "shrink_ratio last": _num(d["shrink_ratio"]["last"]),
+                              "shrink_ratio min": _num(d["shrink_ratio"]["min"]),
+                              "collapse (last round)": "; ".join(d["collapse"]) or "no"})
+    where = {"point": "at every (c, r) point", "noise": "at each noise level c (r = 0)",
+             "reference": "at c = 1, r = 0 (one search for all points)"}[doc["config"]["tune_at"]]
+    intro = [f"Mean client test accuracy (%) after {form.rounds} rounds, mean ± sd over {form.seeds} seeds; uploads "
+             "through the noisy channel (noise c: sigma = c·mean|θ⁰|; missing rate r). Every method's step and "
+             f"JGESR's (λ, α, β) are tuned on validation {where}, never on test. Local is the trivial baseline "
+             "(it never crosses the channel; the bench has no constant predictor)."]
+    sections = ["## Accuracy per point (%)", "", markdown_table(acc_rows, list(acc_rows[0])), "",
+                "## JGESR against Local and FedAvg (paired per seed)", "",
+                f"Mean ± sd of the per-seed difference in accuracy points, (won/tied/lost seeds), verdict: `wins` = "
+                f"higher on every seed and mean > {TIE_BAND * 100:g} point; `loses` = the reverse; else `tie`.", "",
+                markdown_table(verdict_rows, list(verdict_rows[0])), "",
+                "## Tuned values per point (validation)", "", markdown_table(tuned_rows, list(tuned_rows[0])), ""]
+    if diag_rows:
+        sections += ["## JGESR collapse diagnostics per point (ALGORITHMS.md §0.1 C4)", "",
+                     "`graph_cv` = coefficient of variation of the learned graph's off-diagonal weights (0 = uniform); "
+                     "`shrink_ratio` = ‖ψ − ȳ‖/‖y − ȳ‖ (0 = every client gets the mean, i.e. FedAvg). Last round "
+                     "(mean over seeds) and minimum over rounds and seeds; collapse when the last round has "
+                     f"graph_cv < {COLLAPSE_CV:g} or shrink_ratio < {COLLAPSE_SHRINK:g}. Every round is in the JSON.",
+                     "", markdown_table(diag_rows, list(diag_rows[0])), ""]
+    sections += ["## Settings not given by the paper", ""] + [f"- {s}" for s in doc["unspecified"]]
+    panels = metric_panels(doc, "acc", "noise", panel_axis="missing", xlabel="noise level c (sigma = c mean|theta0|)",
+                           ylabel="mean client test accuracy", title="missing rate r")
+    for key in DIAGNOSTICS:
+        series = {f"{m} r={r:g}": [{"noise": p["noise"], key: doc["diagnostics"][m][_point_label(p)][key]["last"]}
+                                   for p in doc["config"]["points"] if p["missing"] == r
+                                   and doc["diagnostics"][m][_point_label(p)][key]["last"] is not None]
+                  for m in graph for r in form.missing_rates}
+        if any(series.values()):
+            panels.append({"x": "noise", "y": key, "series": series, "xlabel": "noise level c",
+                           "ylabel": f"{key}, last round (mean over seeds)", "title": f"JGESR {key}"})
+    write_report(out, doc, intro=intro, sections=sections, panels=panels,
+                 plot_title=f"JGESR vs FedAvg and Local over noise × missing rate ({doc['task']})")
