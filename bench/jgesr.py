@@ -18,6 +18,13 @@ common initial model):
   ‖ψ − ȳ‖/‖y − ȳ‖ and ``graph_cv`` = the coefficient of variation of the learned graph's
   off-diagonal weights (``diagnostics`` in the JSON, a table and two panels in the plot).
 
+**Regime form** (``form="regime"``, :func:`run_regime`): the quick form's scale and methods over
+the full cross noise ``c`` × missing rate ``r`` (:data:`REGIME`, ``c = 0`` a noiseless channel),
+every method's step and JGESR's ``(λ, α, β)`` tuned on validation at every point
+(:data:`REGIME_TUNE_AT`), each JGESR solver paired per seed with Local and FedAvg
+(:func:`verdict`), the collapse diagnostics per point (:func:`collapse_flags`); it writes
+``<out>/jgesr-regime.{json,md,png}``.
+
 Fairness: one optimiser for all (plain SGD, the same local steps and batch); the step size of
 *each method* is chosen from ``Form.lr_grid`` on a validation split of the clients' training data
 (:func:`graphfl.tasks.holdout.validation_task`; at the first noise level, no missing entries,
