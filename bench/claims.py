@@ -179,9 +179,11 @@ def compute_claimed(cache: RunCache, key: dict[str, Any], compute: Callable[[], 
                     what: str, poll: float = POLL_SECONDS) -> dict[str, Any]:
     """``key``'s cached result, or ``compute()``'s stored under a claim (the module docstring's protocol).
 
-    A process that loses the race for the claim waits for the winner (:func:`wait_for_claim`) and
-    reads its result; :class:`TimeoutError` after ``limit`` seconds without the claim.
+    A process that loses the race for the claim waits for the winner (:func:`wait_for_claim`, looking
+    every ``poll`` seconds, at most a tenth of ``limit``) and reads its result; :class:`TimeoutError`
+    after ``limit`` seconds without the claim.
     """
+    poll = min(poll, max(limit / 10, 0.01))
     t0 = time.monotonic()
     while True:
         wait_for_claim(cache, key, limit, what, poll)

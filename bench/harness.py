@@ -23,6 +23,14 @@ validation split). :func:`run_bench` then
    ``Bench.reference`` (or the declared ``pairs``);
 5. **reports** in one layout (:mod:`graphfl.bench.report`): ``<out>/<name>.{json,md,png}``.
 
+**Shared caches and stages.** A benchmark whose processes share one cache declares
+``Bench.claim_wait``: a cell is computed under a claim file (:mod:`graphfl.bench.claims`), and a
+process that needs a cell another live process is computing waits for its result instead of
+computing it twice. ``run_bench(..., cache_only=True)`` reports what the cache holds and computes
+nothing (a missing cell is a failed cell, listed in :attr:`Outcome.missing`). A benchmark whose
+stages feed each other runs a stage as a ``Bench`` with each method's settings fixed
+(``Bench.params``, chosen by an earlier stage), and single cells through :class:`CellRunner`.
+
 What stays in a benchmark module is what is specific to it: the problem, ``run_cell``, its cache
 key, the extra verdicts or tables it writes beside the common ones.
 

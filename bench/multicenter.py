@@ -47,21 +47,27 @@ local test accuracy (step tuned on validation accuracy).
 
 ``run(quick, seed, out)`` writes ``<out>/multicenter.{json,md,png}``.
 
-Not on the benchmark harness (:mod:`graphfl.bench.harness`): its stages feed each other —
-the settings tuned on one generator are reused on the other in the quick form, BiG-FL's φ of each
-train-graph run is carried into the test-graph runs of the same seed, the digits study tunes its
-own steps — and its result layout is the one docs/results/multicenter-* hold. It runs its own loop
-over the shared run cache (:class:`~graphfl.bench.runcache.RunCache`, every run resumes) and step
-search (:func:`~graphfl.bench.tuning.search_grid`).
+On the benchmark harness (:mod:`graphfl.bench.harness`), in stages that feed each other: a cell
+is one harness :class:`~graphfl.bench.harness.Cell` of B2's declaration (:func:`stage_bench`: the
+point names the task, size, training profile and server-core hook, the params are the method's
+settings; the run-cache key is :func:`_cell_key`'s). The tuning stages (each method's step by
+:func:`~graphfl.bench.tuning.search_grid`, BiG-FL's κ then λ × α, FeSEM's warm-up) run their
+validation cells through the harness's :class:`~graphfl.bench.harness.CellRunner`; each
+evaluation stage (train graph, FeSEM's planted start, test graph) is a harness ``Bench`` with the
+tuned settings fixed per method, run by :func:`~graphfl.bench.harness.run_bench` (plan, estimate,
+cache-only); BiG-FL's φ of each train-graph run is carried into the test-graph runs of the same
+seed as single cells; the quick form reuses the settings tuned on one generator on the other.
+The result layout is the one docs/results/multicenter-* hold.
 
 Compute: every server-based cell runs on the batched engine (:data:`ENGINE`; a strategy whose
 trainer cannot be batched is served client by client by that engine itself), DFL on the p2p
 in-process driver. The form logs its estimated time (:func:`estimate`) before it starts. A killed run
-continues from ``<out>/cache`` (finished cells are read back, an interrupted cell runs again).
+continues from ``<out>/cache`` (finished cells are read back, an interrupted cell continues after its
+last checkpointed round, kept in ``<hash>.run``).
 Several processes may share one cache: ``workers`` processes run BiG-FL's train-graph cells when its
 settings are known in advance (``bigfl_settings``), ``--only <method>`` processes run one method's
-tuning and evaluation cells, and a cell being computed is claimed (``<hash>.running``, created with
-``O_EXCL``, naming the holder's host, pid and start time) so the others wait for it, at most
+tuning and evaluation cells, and a cell being computed is claimed (:mod:`graphfl.bench.claims`:
+``<hash>.running``, naming the holder's host, pid and start time) so the others wait for it, at most
 :func:`claim_wait_limit`, instead of running it twice. A resumed cell's wall time covers only its
 last part and is left out of the mean wall time. ``--cache-only`` reports what the cache holds
 without running anything: the result is then marked PARTIAL and names every missing cell. Each paper
