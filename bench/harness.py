@@ -63,7 +63,7 @@ from .tuning import search_grid
 logger = logging.getLogger(__name__)
 
 __all__ = ["Bench", "Cell", "CellRunner", "Metric", "MissingCell", "Tuning", "Outcome", "run_bench", "plan",
-           "run_inprocess"]
+           "run_inprocess", "tune"]
 
 Point = Mapping[str, Any]
 
@@ -218,6 +218,9 @@ class Bench:
     """Why a cell is not run at all (neither run nor cached; reported as ``skipped``), or ``None``."""
     errors: tuple[type[BaseException], ...] = ()
     """Exceptions of ``run_cell`` that make a cell failed without storing it (the next run retries it)."""
+    fatal: tuple[type[BaseException], ...] = ()
+    """Exceptions raised although they are among ``errors`` (e.g. a refused configuration, which
+    says nothing about the quality of the setting tried)."""
     joint: bool = False
     """One cell computes every method of a (point, seed) at once (shared data, shared graph): the
     cell's method is :data:`JOINT` and ``part(result, method)`` is a method's share of the result
@@ -362,7 +365,8 @@ class CellRunner:
     and answered with a placeholder (:data:`PENDING`), so the walk goes on. With ``cache_only`` (a
     report of what the cache holds) nothing is computed either: a missing cell, validation or test,
     is recorded in ``missing`` and answered with ``{MISSING: Bench.missing(cell)}``, a failed cell
-    (:meth:`require` raises :class:`MissingCell` instead). Otherwise a missing cell is computed and
+    (:meth:`require` raises :class:`MissingCell` instead), or, for a validation cell (a tuning would
+    choose on part of its grid), raises :class:`MissingCell`. Otherwise a missing cell is computed and
     stored, under a claim file when the benchmark declares ``claim_wait``.
     """
 
@@ -396,6 +400,8 @@ class CellRunner:
         if self.cache_only:
             self.missing.append(cell)
             why = self.bench.missing(cell) if self.bench.missing is not None else f"{cell.label()} not in the cache"
+            if cell.split != "test":  # what follows depends on it: no choice is made on part of a grid
+                raise MissingCell(why)
             return {MISSING: why}
         t0 = time.perf_counter()
         try:
@@ -405,6 +411,8 @@ class CellRunner:
             else:
                 result = self.cache(key, lambda: self.bench.run_cell(cell))
         except self.bench.errors as exc:  # a failed cell, not stored: the next run tries it again
+            if isinstance(exc, self.bench.fatal):
+                raise
             logger.warning("%s %s failed: %s", self.bench.name, cell.label(), exc)
             return {"error": f"{type(exc).__name__}: {exc}"}
         if self.cache.folder is None:
@@ -523,6 +531,14 @@ def _tune(bench: Bench, point: Point, run: _Runner) -> dict[tuple[str, ...], dic
             for m in group:
                 out[(m,)] = {**rec, "params": params}
     return out
+
+
+def tune(bench: Bench, point: Point, run: CellRunner) -> dict[tuple[str, ...], dict[str, Any]]:
+    """``bench.tuning`` at ``point`` on its validation cells through ``run``: per method (key ``(method,)``)
+    the record of the search (``scores`` per value, ``chosen``, ``at_edge``, ``extended``, ``failed``
+    with why, ``params``) — the tuning step of :func:`run_bench`, for a stage that uses the choice itself.
+    """
+    return _tune(bench, point, run)
 
 
 def _label(point: Point) -> str:

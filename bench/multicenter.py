@@ -93,14 +93,14 @@ from typing import Any
 
 import numpy as np
 
+from graphfl.common.errors import ConfigError
 from graphfl.common.results import atomic_write_text
 from graphfl.tasks.holdout import VALIDATION_FRACTION, validation_task
 
 from . import claims
-from .harness import Bench, Cell, CellRunner, Metric, MissingCell, run_bench
+from .harness import Bench, Cell, CellRunner, Metric, MissingCell, Tuning, run_bench, tune
 from .runcache import RunCache
 from .stats import first_better_on_every_seed, paired_difference
-from .tuning import search_grid
 
 logger = logging.getLogger(__name__)
 
@@ -401,18 +401,24 @@ def cell_of(method: str, task: str, nodes: int, rounds: int, seed: int, settings
 
 
 def cell_key(cell: Cell) -> dict[str, Any]:
-    """The run-cache key of a harness cell (:func:`_cell_key` of what it names)."""
+    """The run-cache key of a harness cell (:func:`_cell_key` of what it names; a point's ``base`` holds
+    settings a tuning keeps fixed beside the tuned one).
+    """
     p = cell.at
     train, params = _PROFILES[p["profile"]]
-    return _cell_key(cell.method, p["task"], p["nodes"], p["rounds"], cell.seed, cell.settings, train, params,
+    return _cell_key(cell.method, p["task"], p["nodes"], p["rounds"], cell.seed, _settings(cell), train, params,
                      p["hook"])
+
+
+def _settings(cell: Cell) -> dict[str, Any]:
+    return {**dict(cell.at.get("base", ())), **cell.settings}
 
 
 def _run_cell(cell: Cell) -> dict[str, Any]:
     """Compute one cell: DFL on the p2p driver, the others with :func:`run_method` (checkpointed unless hooked)."""
     p, key = cell.at, cell_key(cell)
     if cell.method == "dfl":
-        return run_dfl(p["task"], p["nodes"], p["rounds"], cell.seed, float(cell.settings["lr"]))
+        return run_dfl(p["task"], p["nodes"], p["rounds"], cell.seed, float(_settings(cell)["lr"]))
     hook = _HOOKS[p["hook"]] if p["hook"] else None
     work = None if hook is not None or _cache.folder is None else _cache.work_dir(key)
     return run_method(cell.method, p["task"], p["nodes"], p["rounds"], cell.seed, key["overrides"], hook, work)
@@ -425,7 +431,12 @@ def _missing(cell: Cell) -> str:
 
 
 def _final(run: dict[str, Any]) -> dict[str, Any]:
-    return {"test_loss": final_metric(run, "test_loss")} if run.get("curve") else {}
+    return {k: final_metric(run, k) for k in ("test_loss", "test_acc")} if run.get("curve") else {}
+
+
+SETTING_ERRORS = (RuntimeError, ValueError, ArithmeticError)
+"""What a cell raises at a setting that fails (diverges): a failed setting, not a crash of the benchmark
+(:class:`~graphfl.common.errors.ConfigError`, a refused configuration, is raised all the same)."""
 
 
 def _cells_bench(name: str = NAME) -> Bench:
@@ -535,36 +546,43 @@ def tune_lr(method: str, task: str, nodes: int, rounds: int, seed: int, grid: tu
             params: dict[str, dict[str, Any]] | None = None,
             inadmissible: Callable[[dict[str, Any]], str | None] | None = None,
             excluded: dict[str, str] | None = None) -> dict[str, Any]:
-    """The step of ``method`` by validation score (``task`` is a ``+val`` task).
+    """The step of ``method`` by validation score (``task`` is a ``+val`` task), a harness :class:`Tuning`.
 
     The grid is extended past a winning edge (:func:`~graphfl.bench.tuning.search_grid`, ×3, at
-    most :data:`GRID_EXTENSIONS` extra steps), so no method is compared at a mere bound. A run
-    for which ``inadmissible(run)`` gives a reason is not a candidate (scored as a failed run,
-    logged, and the reason stored in ``excluded`` under ``"lr=<step>"``).
+    most :data:`GRID_EXTENSIONS` extra steps), so no method is compared at a mere bound. A cell
+    that fails (:data:`SETTING_ERRORS`: a diverging setting; a configuration error is raised) is
+    not a candidate; nor is a run for which ``inadmissible(run)`` gives a reason (logged, and the
+    reason stored in ``excluded`` under ``"lr=<step>"``). ``base`` holds the method's other settings.
     """
-    runs: dict[float, dict[str, Any]] = {}
+    metric = "test_acc" if classification else "test_loss"
+    point: dict[str, Any] = {**dict(cell_of(method, task, nodes, rounds, seed, {}, train, params).point),
+                             "base": tuple(base.items())}
 
-    def score(lr: float) -> float | None:
-        r = _try(f"tuning {method} lr={lr:g}", method, task, nodes, rounds, seed, {**base, "lr": lr}, train, params)
-        s = float("inf") if r is None else val_score(r, classification)
-        why = None if r is None or inadmissible is None else inadmissible(r)
+    def failed(r: dict[str, Any]) -> str | None:
+        if r.get("error"):
+            return str(r["error"])
+        why = None if inadmissible is None else inadmissible(r)
         if why is not None:
-            logger.warning("B2 tuning %s %s lr=%g on %s: %s", method, base, lr, task, why)
-            if excluded is not None:
-                excluded[f"lr={lr:g}"] = why
-            return None
-        if r is None or not np.isfinite(s):
-            return None
-        runs[lr] = r
-        return s
+            logger.warning("B2 tuning %s %s on %s: %s", method, base, task, why)
+        return why
 
-    try:
-        found = search_grid(score, grid, factor=GRID_FACTOR, max_extensions=GRID_EXTENSIONS)
-    except RuntimeError:
-        raise RuntimeError(f"{method}: every step in {grid} failed on {task}") from None
-    shown = {k: (None if v is None else (-v if classification else v)) for k, v in found.grid_scores().items()}
-    return {"grid": shown, "lr": found.chosen, "at_grid_edge": found.at_edge,
-            "extended": found.extended, "run": runs[found.chosen]}
+    def via_run_any(cell: Cell) -> dict[str, Any]:  # the cell through the run cache, its claims, cache-only
+        return run_any(method, task, nodes, rounds, cell.seed, _settings(cell), train, params)
+
+    bench = dataclasses.replace(
+        _cells_bench(f"{NAME} tuning {method}"), methods=[method], points=[point], seeds=[seed], failed=failed,
+        run_cell=via_run_any, errors=SETTING_ERRORS, fatal=(ConfigError,),
+        tuning=Tuning(param="lr", grid=grid, metric=metric, lower_is_better=not classification, factor=GRID_FACTOR,
+                      max_extensions=GRID_EXTENSIONS, seed=seed, fail_if_all_fail=True))
+    runner = CellRunner(bench, RunCache(None))  # the search's own memo; run_any holds B2's cache
+    rec = tune(bench, point, runner)[(method,)]
+    if excluded is not None:
+        excluded.update({f"lr={k}": why for k, why in rec["failed"].items() if why.startswith("excluded")})
+    if rec.get("all_failed"):
+        raise RuntimeError(f"{method}: every step in {grid} failed on {task}")
+    chosen = runner(Cell(tuple(point.items()), method, seed, (("lr", rec["chosen"]),), "val"))
+    return {"grid": rec["scores"], "lr": rec["chosen"], "at_grid_edge": rec["at_edge"],
+            "extended": rec["extended"], "run": chosen}
 
 
 def check_bigfl_grid(lambdas: tuple[float, ...]) -> None:
