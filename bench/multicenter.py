@@ -50,9 +50,11 @@ local test accuracy (step tuned on validation accuracy).
 On the benchmark harness (:mod:`graphfl.bench.harness`), in stages that feed each other: a cell
 is one harness :class:`~graphfl.bench.harness.Cell` of B2's declaration (:func:`stage_bench`: the
 point names the task, size, training profile and server-core hook, the params are the method's
-settings; the run-cache key is :func:`_cell_key`'s). The tuning stages (each method's step by
-:func:`~graphfl.bench.tuning.search_grid`, BiG-FL's κ then λ × α, FeSEM's warm-up) run their
-validation cells through the harness's :class:`~graphfl.bench.harness.CellRunner`; each
+settings; the run-cache key is :func:`_cell_key`'s). The tuning stages chain: each method's step
+is a harness :class:`~graphfl.bench.harness.Tuning` (:func:`tune_lr`; for BiG-FL one per κ, an
+inadmissible run a failed cell), then BiG-FL's λ × α grid at the best (κ, step) and FeSEM's
+warm-up at its step, whose validation cells go through the harness's
+:class:`~graphfl.bench.harness.CellRunner` (:func:`run_any`); each
 evaluation stage (train graph, FeSEM's planted start, test graph) is a harness ``Bench`` with the
 tuned settings fixed per method, run by :func:`~graphfl.bench.harness.run_bench` (plan, estimate,
 cache-only); BiG-FL's φ of each train-graph run is carried into the test-graph runs of the same
