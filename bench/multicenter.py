@@ -96,11 +96,11 @@ from typing import Any
 import numpy as np
 
 from graphfl.common.errors import ConfigError
-from graphfl.common.results import atomic_write_text
 from graphfl.tasks.holdout import VALIDATION_FRACTION, validation_task
 
 from . import claims
 from .harness import Bench, Cell, CellRunner, Metric, MissingCell, Tuning, run_bench, tune
+from .report import write_report
 from .runcache import RunCache
 from .stats import first_better_on_every_seed, paired_difference
 
@@ -1094,7 +1094,6 @@ def run(quick: bool = False, seed: int = 0, out: Path | str = Path("runs/bench")
         Lines on how the run went (machine load, where it was stopped), written into the result.
     """
     from graphfl.common.envinfo import env_info
-    from graphfl.common.results import write_json
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -1279,8 +1278,7 @@ def run(quick: bool = False, seed: int = 0, out: Path | str = Path("runs/bench")
     }
     doc["verdict"] = verdict(doc)
     doc["verdicts"] = claim_verdicts(doc)
-    write_json(out / f"{NAME}.json", doc)
-    atomic_write_text(out / f"{NAME}.md", render_markdown(doc))
+    write_report(out, doc, markdown=render_markdown(doc))  # B2's own layout (docs/results/multicenter-*)
     try:
         plot(doc, out / f"{NAME}.png")
     except Exception:  # the JSON/MD are already written
