@@ -31,8 +31,8 @@ def _slow(cell: Cell) -> dict[str, Any]:
 
 
 def _bench(run_cell: Any = _cell, **kw: Any) -> Bench:
-    return Bench(name="claims", title="t", methods=["a", "b"], points=[{"task": "x"}], seeds=[0, 1],
-                 metrics=[Metric("loss")], run_cell=run_cell, **{"claim_wait": lambda c: 60.0, **kw})
+    return Bench(name="claims", title="t", points=[{"task": "x"}], seeds=[0, 1], metrics=[Metric("loss")],
+                 run_cell=run_cell, **{"methods": ["a", "b"], "claim_wait": lambda c: 60.0, **kw})
 
 
 def _start(pid: int) -> str:
@@ -109,3 +109,33 @@ def test_two_processes_on_one_cache_compute_a_cell_once(tmp_path: Path) -> None:
         proc.wait(timeout=60)
     assert result["pid"] == proc.pid and CALLS == [], "this process computed a cell another process held"
     assert proc.returncode == 0 and not path.exists()
+
+
+class _Refused(ValueError):
+    pass
+
+
+def _tuned(cell: Cell) -> dict[str, Any]:
+    lr = float(cell.settings["lr"])
+    if lr > 2:
+        raise RuntimeError("diverged")
+    if lr == 0.5 and cell.method == "b":
+        raise _Refused("refused configuration")
+    return {"final": {"loss": (lr - 1.0) ** 2}}
+
+
+def test_tune_counts_a_failing_setting_but_raises_a_fatal_one_and_cache_only_never_chooses_on_part_of_a_grid(
+        tmp_path: Path) -> None:
+    from graphfl.bench.harness import Tuning, tune
+
+    tn = Tuning(param="lr", grid=(0.3, 1.0, 3.0), metric="loss")
+    bench = _bench(_tuned, tuning=tn, errors=(RuntimeError, ValueError), fatal=(_Refused,), methods=["a"])
+    rec = tune(bench, {"task": "x"}, CellRunner(bench, RunCache(tmp_path / "cache")))[("a",)]
+    assert rec["chosen"] == 1.0 and rec["scores"]["3"] is None and "diverged" in rec["failed"]["3"]
+    refused = _bench(_tuned, tuning=Tuning(param="lr", grid=(0.5, 1.0), metric="loss"),
+                     errors=(RuntimeError, ValueError), fatal=(_Refused,), methods=["b"])
+    with pytest.raises(_Refused):
+        tune(refused, {"task": "x"}, CellRunner(refused, RunCache(None)))
+    partial = _bench(_tuned, tuning=Tuning(param="lr", grid=(0.3, 1.0, 0.1), metric="loss"), methods=["a"])
+    with pytest.raises(MissingCell, match="not in the cache"):  # 0.1 was never run
+        tune(partial, {"task": "x"}, CellRunner(partial, RunCache(tmp_path / "cache"), cache_only=True))
