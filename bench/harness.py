@@ -23,6 +23,14 @@ validation split). :func:`run_bench` then
    ``Bench.reference`` (or the declared ``pairs``);
 5. **reports** in one layout (:mod:`graphfl.bench.report`): ``<out>/<name>.{json,md,png}``.
 
+**Shared caches and stages.** A benchmark whose processes share one cache declares
+``Bench.claim_wait``: a cell is computed under a claim file (:mod:`graphfl.bench.claims`), and a
+process that needs a cell another live process is computing waits for its result instead of
+computing it twice. ``run_bench(..., cache_only=True)`` reports what the cache holds and computes
+nothing (a missing cell is a failed cell, listed in :attr:`Outcome.missing`). A benchmark whose
+stages feed each other runs a stage as a ``Bench`` with each method's settings fixed
+(``Bench.params``, chosen by an earlier stage), and single cells through :class:`CellRunner`.
+
 What stays in a benchmark module is what is specific to it: the problem, ``run_cell``, its cache
 key, the extra verdicts or tables it writes beside the common ones.
 
@@ -47,13 +55,15 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from . import claims
 from .runcache import RunCache
 from .stats import mean_curve, mean_sd, paired_difference
 from .tuning import search_grid
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Bench", "Cell", "Metric", "Tuning", "Outcome", "run_bench", "plan", "run_inprocess"]
+__all__ = ["Bench", "Cell", "CellRunner", "Metric", "MissingCell", "Tuning", "Outcome", "run_bench", "plan",
+           "run_inprocess", "tune"]
 
 Point = Mapping[str, Any]
 
@@ -208,6 +218,9 @@ class Bench:
     """Why a cell is not run at all (neither run nor cached; reported as ``skipped``), or ``None``."""
     errors: tuple[type[BaseException], ...] = ()
     """Exceptions of ``run_cell`` that make a cell failed without storing it (the next run retries it)."""
+    fatal: tuple[type[BaseException], ...] = ()
+    """Exceptions raised although they are among ``errors`` (e.g. a refused configuration, which
+    says nothing about the quality of the setting tried)."""
     joint: bool = False
     """One cell computes every method of a (point, seed) at once (shared data, shared graph): the
     cell's method is :data:`JOINT` and ``part(result, method)`` is a method's share of the result
@@ -219,6 +232,15 @@ class Bench:
     cache: str = "run"
     """``run``: every cell goes through the run cache under ``<out>/cache`` (resume); ``none``:
     measurement mode (module docstring), every cell computed in this run, nothing stored."""
+    params: Callable[[Point, str], Mapping[str, Any]] | None = None
+    """The fixed settings of a method at a point, for a benchmark without ``tuning`` (e.g. the
+    settings an earlier stage chose on validation); default none."""
+    claim_wait: Callable[[Cell], float] | None = None
+    """Several processes share the cache: a cell is computed under a claim file
+    (:mod:`graphfl.bench.claims`), and a process needing a cell another live process is computing
+    waits for it, at most ``claim_wait(cell)`` seconds. ``None``: no claims (one process per cache)."""
+    missing: Callable[[Cell], str] | None = None
+    """What a cache-only pass says of a cell not in the cache (default ``"<label> not in the cache"``)."""
 
     def __post_init__(self) -> None:
         if self.cache not in CACHE_MODES:
@@ -258,6 +280,8 @@ class Bench:
     def failure(self, result: dict[str, Any]) -> str | None:
         if result.get("skipped"):
             return str(result["skipped"])
+        if result.get(MISSING):
+            return str(result[MISSING])
         if self.failed is not None:
             return self.failed(result)
         for k in ("failed", "diverged", "error"):
@@ -272,6 +296,14 @@ class Bench:
         if self.reference is None:
             return []
         return [(m, self.reference) for m in self.methods if m != self.reference]
+
+
+MISSING = "_missing"
+"""A cache-only pass's stand-in for a cell not in the cache: ``{MISSING: why}`` (a failed cell)."""
+
+
+class MissingCell(LookupError):
+    """A cell a cache-only pass did not find in the run cache (the message says which, and how far it got)."""
 
 
 CACHE_MODES = ("run", "none")
@@ -325,16 +357,23 @@ def _duration(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
 
 
-class _Runner:
-    """Evaluates cells through the cache.
+class CellRunner:
+    """Evaluates cells through the cache: ``CellRunner(bench, cache)(cell)`` is the cell's result.
 
-    In ``dry`` mode it only reads the cache: a missing validation cell raises :class:`NotCached`
-    (what follows depends on it), a missing test cell is recorded in ``missing`` and answered
-    with a placeholder (:data:`PENDING`), so the walk goes on.
+    In ``dry`` mode (the plan) it only reads the cache: a missing validation cell raises
+    :class:`NotCached` (what follows depends on it), a missing test cell is recorded in ``missing``
+    and answered with a placeholder (:data:`PENDING`), so the walk goes on. With ``cache_only`` (a
+    report of what the cache holds) nothing is computed either: a missing cell, validation or test,
+    is recorded in ``missing`` and answered with ``{MISSING: Bench.missing(cell)}``, a failed cell
+    (:meth:`require` raises :class:`MissingCell` instead), or, for a validation cell (a tuning would
+    choose on part of its grid), raises :class:`MissingCell`. Otherwise a missing cell is computed and
+    stored, under a claim file when the benchmark declares ``claim_wait``.
     """
 
-    def __init__(self, bench: Bench, cache: RunCache, dry: bool, progress: _Progress | None = None) -> None:
+    def __init__(self, bench: Bench, cache: RunCache, dry: bool = False, progress: _Progress | None = None,
+                 cache_only: bool = False) -> None:
         self.bench, self.cache, self.dry, self.progress = bench, cache, dry, progress
+        self.cache_only = cache_only
         self.seen: list[Cell] = []
         self.missing: list[Cell] = []
         self.memo: dict[str, dict[str, Any]] = {}
@@ -358,10 +397,22 @@ class _Runner:
             return self.memo[repr(key)]
         if self.cache.has(key):
             return self.cache(key, lambda: {})
+        if self.cache_only:
+            self.missing.append(cell)
+            why = self.bench.missing(cell) if self.bench.missing is not None else f"{cell.label()} not in the cache"
+            if cell.split != "test":  # what follows depends on it: no choice is made on part of a grid
+                raise MissingCell(why)
+            return {MISSING: why}
         t0 = time.perf_counter()
         try:
-            result = self.cache(key, lambda: self.bench.run_cell(cell))
+            if self.bench.claim_wait is not None and self.cache.folder is not None:
+                result = claims.compute_claimed(self.cache, key, lambda: self.bench.run_cell(cell),
+                                                self.bench.claim_wait(cell), f"{self.bench.name} {cell.label()}")
+            else:
+                result = self.cache(key, lambda: self.bench.run_cell(cell))
         except self.bench.errors as exc:  # a failed cell, not stored: the next run tries it again
+            if isinstance(exc, self.bench.fatal):
+                raise
             logger.warning("%s %s failed: %s", self.bench.name, cell.label(), exc)
             return {"error": f"{type(exc).__name__}: {exc}"}
         if self.cache.folder is None:
@@ -369,6 +420,16 @@ class _Runner:
         if self.progress is not None:
             self.progress.computed(cell, time.perf_counter() - t0)
         return result
+
+    def require(self, cell: Cell) -> dict[str, Any]:
+        """The cell's result; :class:`MissingCell` where a cache-only pass does not find it."""
+        result = self(cell)
+        if result.get(MISSING):
+            raise MissingCell(str(result[MISSING]))
+        return result
+
+
+_Runner = CellRunner
 
 
 PENDING = {"_pending": True}
@@ -388,6 +449,8 @@ class Outcome:
     seconds: float
     joint: dict[tuple[tuple[tuple[str, Any], ...], int], dict[str, Any]] = field(default_factory=dict)
     """(point, seed) -> the whole result of a joint cell (:attr:`Bench.joint`)."""
+    missing: list[Cell] = field(default_factory=list)
+    """The cells a cache-only run did not find in the cache, in run order."""
 
 
 def _tune(bench: Bench, point: Point, run: _Runner) -> dict[tuple[str, ...], dict[str, Any]]:
@@ -470,6 +533,14 @@ def _tune(bench: Bench, point: Point, run: _Runner) -> dict[tuple[str, ...], dic
     return out
 
 
+def tune(bench: Bench, point: Point, run: CellRunner) -> dict[tuple[str, ...], dict[str, Any]]:
+    """``bench.tuning`` at ``point`` on its validation cells through ``run``: per method (key ``(method,)``)
+    the record of the search (``scores`` per value, ``chosen``, ``at_edge``, ``extended``, ``failed``
+    with why, ``params``) — the tuning step of :func:`run_bench`, for a stage that uses the choice itself.
+    """
+    return _tune(bench, point, run)
+
+
 def _label(point: Point) -> str:
     return " ".join(f"{k}={v}" for k, v in point.items()) or "-"
 
@@ -514,7 +585,7 @@ def _walk(bench: Bench, run: _Runner) -> Iterator[tuple[Point, str, int, dict[st
             continue
         for method in bench.methods_for(point):
             rec = records.get((method,))
-            params = dict(rec["params"]) if rec else {}
+            params = dict(rec["params"]) if rec else dict(bench.params(point, method)) if bench.params else {}
             if tn is not None and rec is not None and rec.get("all_failed") and params.get(tn.param) is None:
                 for seed in bench.seeds:
                     yield point, method, seed, None, params, [f"no eligible {tn.param} on validation"], rec
@@ -538,7 +609,7 @@ def _walk(bench: Bench, run: _Runner) -> Iterator[tuple[Point, str, int, dict[st
                 yield point, method, seed, result, used, failures, rec
 
 
-def plan(bench: Bench, out: Path | None) -> tuple[list[Cell], int]:
+def plan(bench: Bench, out: Path | None, cache_folder: Path | None = None) -> tuple[list[Cell], int]:
     """The cells still to run (in order, as far as the cache determines them) and the number cached.
 
     A dry pass through the same tuning and back-off code, reading only the cache. Where a tuning
@@ -546,7 +617,7 @@ def plan(bench: Bench, out: Path | None) -> tuple[list[Cell], int]:
     validation cells not yet cached plus its test cells (back-offs and grid extensions are not
     counted).
     """
-    cache = RunCache(bench.cache_folder(out), create=False)
+    cache = RunCache(cache_folder or bench.cache_folder(out), create=False)
     pending: list[Cell] = []
     counted: set[str] = set()
     cached = 0
@@ -588,14 +659,17 @@ def plan(bench: Bench, out: Path | None) -> tuple[list[Cell], int]:
     return pending, cached
 
 
-def run_bench(bench: Bench, out: Path | None) -> Outcome:
+def run_bench(bench: Bench, out: Path | None, cache_only: bool = False, cache_folder: Path | None = None) -> Outcome:
     """Run every cell of ``bench`` (through ``<out>/cache`` when ``out`` is given) and aggregate.
 
     Logs the plan (cells cached / to run) and the estimate of the remaining time (see the module
-    docstring); the estimate is returned in :attr:`Outcome.estimate`.
+    docstring); the estimate is returned in :attr:`Outcome.estimate`. With ``cache_only`` nothing
+    is computed: a cell not in the cache is a failed cell (:class:`CellRunner`), listed in
+    :attr:`Outcome.missing`. ``cache_folder`` names the run cache's folder where it is not
+    ``<out>/cache`` (a cache several benchmarks' stages share).
     """
     t_start = time.perf_counter()
-    pending, cached = plan(bench, out)
+    pending, cached = plan(bench, out, cache_folder)
     progress = _Progress(bench, pending)
     progress.estimate = {"cells_cached": cached, "cells_to_run": len(pending), "from": None, "seconds": None}
     if bench.cache == "none":
@@ -611,9 +685,12 @@ def run_bench(bench: Bench, out: Path | None) -> Outcome:
                     bench.name, cached, len(pending))
         if not pending:
             progress.estimate.update({"from": "cache", "seconds": 0.0})
-    cache = RunCache(bench.cache_folder(out))
-    run = _Runner(bench, cache, dry=False, progress=progress)
-    if bench.workers > 1 and bench.tuning is None and pending:
+    cache = RunCache(cache_folder or bench.cache_folder(out))
+    run = CellRunner(bench, cache, dry=False, progress=progress, cache_only=cache_only)
+    if cache_only:
+        logger.info("%s: cache-only: %d cells not in the cache are reported missing, none is computed",
+                    bench.name, len(pending))
+    elif bench.workers > 1 and bench.tuning is None and pending:
         _compute_in_pool(bench, pending, run, progress)
     runs: dict[tuple[tuple[tuple[str, Any], ...], str], list[dict[str, Any] | None]] = {}
     used: dict[tuple[tuple[tuple[str, Any], ...], str], list[dict[str, Any]]] = {}
@@ -633,7 +710,7 @@ def run_bench(bench: Bench, out: Path | None) -> Outcome:
     joint = {(_items(p), s): run(Cell(_items(p), JOINT, s)) for p in bench.points for s in bench.seeds} \
         if bench.joint else {}
     return Outcome(results=results, paired=paired, tuning=tuning_records, estimate=progress.estimate,
-                   runs=runs, seconds=time.perf_counter() - t_start, joint=joint)
+                   runs=runs, seconds=time.perf_counter() - t_start, joint=joint, missing=list(run.missing))
 
 
 def _given(result: dict[str, Any]) -> dict[str, Any]:

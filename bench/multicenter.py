@@ -47,21 +47,29 @@ local test accuracy (step tuned on validation accuracy).
 
 ``run(quick, seed, out)`` writes ``<out>/multicenter.{json,md,png}``.
 
-Not on the benchmark harness (:mod:`graphfl.bench.harness`): its stages feed each other —
-the settings tuned on one generator are reused on the other in the quick form, BiG-FL's φ of each
-train-graph run is carried into the test-graph runs of the same seed, the digits study tunes its
-own steps — and its result layout is the one docs/results/multicenter-* hold. It runs its own loop
-over the shared run cache (:class:`~graphfl.bench.runcache.RunCache`, every run resumes) and step
-search (:func:`~graphfl.bench.tuning.search_grid`).
+On the benchmark harness (:mod:`graphfl.bench.harness`), in stages that feed each other: a cell
+is one harness :class:`~graphfl.bench.harness.Cell` of B2's declaration (:func:`stage_bench`: the
+point names the task, size, training profile and server-core hook, the params are the method's
+settings; the run-cache key is :func:`_cell_key`'s). The tuning stages chain: each method's step
+is a harness :class:`~graphfl.bench.harness.Tuning` (:func:`tune_lr`; for BiG-FL one per κ, an
+inadmissible run a failed cell), then BiG-FL's λ × α grid at the best (κ, step) and FeSEM's
+warm-up at its step, whose validation cells go through the harness's
+:class:`~graphfl.bench.harness.CellRunner` (:func:`run_any`); each
+evaluation stage (train graph, FeSEM's planted start, test graph) is a harness ``Bench`` with the
+tuned settings fixed per method, run by :func:`~graphfl.bench.harness.run_bench` (plan, estimate,
+cache-only); BiG-FL's φ of each train-graph run is carried into the test-graph runs of the same
+seed as single cells; the quick form reuses the settings tuned on one generator on the other.
+The result layout is the one docs/results/multicenter-* hold.
 
 Compute: every server-based cell runs on the batched engine (:data:`ENGINE`; a strategy whose
 trainer cannot be batched is served client by client by that engine itself), DFL on the p2p
 in-process driver. The form logs its estimated time (:func:`estimate`) before it starts. A killed run
-continues from ``<out>/cache`` (finished cells are read back, an interrupted cell runs again).
+continues from ``<out>/cache`` (finished cells are read back, an interrupted cell continues after its
+last checkpointed round, kept in ``<hash>.run``).
 Several processes may share one cache: ``workers`` processes run BiG-FL's train-graph cells when its
 settings are known in advance (``bigfl_settings``), ``--only <method>`` processes run one method's
-tuning and evaluation cells, and a cell being computed is claimed (``<hash>.running``, created with
-``O_EXCL``, naming the holder's host, pid and start time) so the others wait for it, at most
+tuning and evaluation cells, and a cell being computed is claimed (:mod:`graphfl.bench.claims`:
+``<hash>.running``, naming the holder's host, pid and start time) so the others wait for it, at most
 :func:`claim_wait_limit`, instead of running it twice. A resumed cell's wall time covers only its
 last part and is left out of the mean wall time. ``--cache-only`` reports what the cache holds
 without running anything: the result is then marked PARTIAL and names every missing cell. Each paper
@@ -80,19 +88,21 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from graphfl.common.results import atomic_write_text
+from graphfl.common.errors import ConfigError
 from graphfl.tasks.holdout import VALIDATION_FRACTION, validation_task
 
+from . import claims
+from .harness import Bench, Cell, CellRunner, Metric, MissingCell, Tuning, run_bench, tune
+from .report import write_report
 from .runcache import RunCache
 from .stats import first_better_on_every_seed, paired_difference
-from .tuning import search_grid
 
 logger = logging.getLogger(__name__)
 
@@ -366,36 +376,135 @@ def _cell_key(method: str, task: str, nodes: int, rounds: int, seed: int, settin
             "overrides": overrides, "hook": hook_key, "engine": "p2p-inprocess" if method == "dfl" else ENGINE}
 
 
+_PROFILES: dict[str, tuple[dict[str, Any], dict[str, dict[str, Any]]]] = {}
+"""A cell's training profile by name: (the shared optimiser settings, the per-method strategy settings)."""
+_HOOKS: dict[str, Hook] = {}
+"""The server-core hook of a cell by its ``hook`` name (part of the cell's key)."""
+
+
+def _profile(train: dict[str, Any], params: dict[str, dict[str, Any]] | None) -> str:
+    """The name of the profile ``(train, params or METHOD_PARAMS)``, registered on first use."""
+    pair = (dict(train), dict(params or METHOD_PARAMS))
+    for name, known in _PROFILES.items():
+        if known == pair:
+            return name
+    name = f"profile{len(_PROFILES)}"
+    _PROFILES[name] = pair
+    return name
+
+
+def cell_of(method: str, task: str, nodes: int, rounds: int, seed: int, settings: dict[str, Any],
+            train: dict[str, Any], params: dict[str, dict[str, Any]] | None = None, hook_key: str = "",
+            **axes: Any) -> Cell:
+    """The harness cell of one B2 run: the point names the task, size, profile and hook; the params are its settings."""
+    point = {"task": task, "nodes": nodes, "rounds": rounds, "profile": _profile(train, params), "hook": hook_key,
+             **axes}
+    return Cell(tuple(point.items()), method, seed, tuple(settings.items()))
+
+
+def cell_key(cell: Cell) -> dict[str, Any]:
+    """The run-cache key of a harness cell (:func:`_cell_key` of what it names; a point's ``base`` holds
+    settings a tuning keeps fixed beside the tuned one).
+    """
+    p = cell.at
+    train, params = _PROFILES[p["profile"]]
+    return _cell_key(cell.method, p["task"], p["nodes"], p["rounds"], cell.seed, _settings(cell), train, params,
+                     p["hook"])
+
+
+def _settings(cell: Cell) -> dict[str, Any]:
+    return {**dict(cell.at.get("base", ())), **cell.settings}
+
+
+def _run_cell(cell: Cell) -> dict[str, Any]:
+    """Compute one cell: DFL on the p2p driver, the others with :func:`run_method` (checkpointed unless hooked)."""
+    p, key = cell.at, cell_key(cell)
+    if cell.method == "dfl":
+        return run_dfl(p["task"], p["nodes"], p["rounds"], cell.seed, float(_settings(cell)["lr"]))
+    hook = _HOOKS[p["hook"]] if p["hook"] else None
+    work = None if hook is not None or _cache.folder is None else _cache.work_dir(key)
+    return run_method(cell.method, p["task"], p["nodes"], p["rounds"], cell.seed, key["overrides"], hook, work)
+
+
+def _missing(cell: Cell) -> str:
+    """What a cache-only report says of a missing cell (with its last checkpointed round, if any)."""
+    note = _note_progress(cell_key(cell))
+    return f"{cell.method} seed {cell.seed} on {cell.at['task']} not in the cache" + (f"; {note}" if note else "")
+
+
+def _final(run: dict[str, Any]) -> dict[str, Any]:
+    return {k: final_metric(run, k) for k in ("test_loss", "test_acc")} if run.get("curve") else {}
+
+
+SETTING_ERRORS = (RuntimeError, ValueError, ArithmeticError)
+"""What a cell raises at a setting that fails (diverges): a failed setting, not a crash of the benchmark
+(:class:`~graphfl.common.errors.ConfigError`, a refused configuration, is raised all the same)."""
+
+
+def _cells_bench(name: str = NAME) -> Bench:
+    """B2's cell declaration on the harness: its key, its computation, claims between processes, the
+    cache-only message; a stage (:func:`stage_bench`) adds its methods, point, seeds and settings.
+    """
+    return Bench(name=name, title="B2 multi-center FL", methods=list(METHODS), points=[], seeds=[],
+                 metrics=[Metric("test_loss", "local test MSE")], run_cell=_run_cell, key=cell_key,
+                 final=_final, failed=lambda r: None,
+                 claim_wait=lambda c: claim_wait_limit(c.method, int(c.at["rounds"])), missing=_missing,
+                 seconds=lambda c: float(c.at["rounds"]) * SECONDS_PER_ROUND.get(c.method, SECONDS_PER_ROUND["bigfl"]))
+
+
+def stage_bench(task: str, rounds: int, seeds: list[int], settings: dict[str, dict[str, Any]],
+                methods: list[str], train: dict[str, Any] = TRAIN, params: dict[str, dict[str, Any]] | None = None,
+                nodes: int = NODES, variants: dict[str, dict[str, Any]] | None = None, hook_key: str = "") -> Bench:
+    """One evaluation stage as a harness benchmark: ``methods`` on ``task`` over ``seeds``, each method at
+    the ``settings`` an earlier stage chose (``variants``: one point per named extra setting, e.g. FeSEM's
+    planted diagnostic with the assignment frozen).
+    """
+    base = dict(cell_of("fedavg", task, nodes, rounds, 0, {"lr": 0.0}, train, params, hook_key).point)
+    points = [base] if variants is None else [{**base, "variant": v} for v in variants]
+
+    def fixed(point: Any, method: str) -> dict[str, Any]:
+        return {**settings[method], **((variants or {}).get(point.get("variant", ""), {}))}
+
+    return dataclasses.replace(_cells_bench(f"{NAME} {task}"), methods=methods, points=points, seeds=list(seeds),
+                               params=fixed)
+
+
+def _stage(task: str, rounds: int, seeds: list[int], settings: dict[str, dict[str, Any]], methods: list[str],
+           **kw: Any) -> dict[tuple[str, str], tuple[list[dict[str, Any] | None], list[str]]]:
+    """Run (or, cache-only, read) a stage through the harness: ``(variant, method) -> (per-seed runs, failures)``.
+
+    A run is ``None`` where its cell is missing from a cache-only report; ``failures`` then names it.
+    """
+    bench = stage_bench(task, rounds, seeds, settings, methods, **kw)
+    if not methods or not bench.points:
+        return {}
+    outcome = run_bench(bench, None, cache_only=_CACHE_ONLY, cache_folder=_cache.folder)
+    out = {}
+    for r in outcome.results:
+        k = (r["point"].get("variant", ""), r["method"])
+        out[k] = (outcome.runs[(_items(r["point"]), r["method"])], list(r["failures"]))
+    return out
+
+
+def _items(d: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+    return tuple(d.items())
+
+
 def run_any(method: str, task: str, nodes: int, rounds: int, seed: int, settings: dict[str, Any],
             train: dict[str, Any], params: dict[str, dict[str, Any]] | None = None,
             hook: Hook | None = None, hook_key: str = "") -> dict[str, Any]:
-    """``method`` with its settings (``lr`` and, for some, strategy keys) on ``task`` (through the run cache).
+    """``method`` with its settings (``lr`` and, for some, strategy keys) on ``task``: one harness cell.
 
-    ``hook_key`` names what ``hook`` does (part of the cache key).
+    Through the run cache and its claims (:class:`~graphfl.bench.harness.CellRunner`); ``hook_key``
+    names what ``hook`` does (part of the cache key). In a cache-only report a cell not in the cache
+    raises :class:`MissingCell`.
     """
-    key = _cell_key(method, task, nodes, rounds, seed, settings, train, params, hook_key)
-    if _CACHE_ONLY and not _cache.has(key):
-        note = _note_progress(key)
-        raise MissingCell(f"{method} seed {seed} on {task} not in the cache" + (f"; {note}" if note else ""))
-    lr = float(settings["lr"])
-    overrides = key["overrides"]
-    t0 = time.monotonic()
-    while True:  # a process that loses the race for the claim waits for the winner
-        wait_for_claim(key)
-        if _cache.has(key):
-            return _cache.get(key) or {}
-        with claim(key) as held:
-            if not held:
-                if time.monotonic() - t0 > claim_wait_limit(method, rounds):
-                    raise TimeoutError(f"B2: could not claim {method} {task} seed {seed} "
-                                       f"(claim file {_claim_file(key)})")
-                time.sleep(1.0)
-                continue
-            if method == "dfl":
-                return _cache(key, lambda: run_dfl(task, nodes, rounds, seed, lr))
-            work = None if hook is not None or _cache.folder is None else _cache._path(key).with_suffix(".run")
-            return _cache(key, lambda: run_method(method, task, nodes, rounds, seed, overrides, hook,
-                                                  work))  # noqa: B023 (called before the loop goes on)
+    if hook is not None:
+        if not hook_key:
+            raise ValueError(f"run_any: a hooked {method} cell needs a hook_key (it is part of the cache key)")
+        _HOOKS[hook_key] = hook
+    cell = cell_of(method, task, nodes, rounds, seed, settings, train, params, hook_key)
+    return CellRunner(_cells_bench(), _cache, cache_only=_CACHE_ONLY).require(cell)
 
 
 def final_metric(run: dict[str, Any], key: str) -> float | None:
@@ -439,36 +548,43 @@ def tune_lr(method: str, task: str, nodes: int, rounds: int, seed: int, grid: tu
             params: dict[str, dict[str, Any]] | None = None,
             inadmissible: Callable[[dict[str, Any]], str | None] | None = None,
             excluded: dict[str, str] | None = None) -> dict[str, Any]:
-    """The step of ``method`` by validation score (``task`` is a ``+val`` task).
+    """The step of ``method`` by validation score (``task`` is a ``+val`` task), a harness :class:`Tuning`.
 
     The grid is extended past a winning edge (:func:`~graphfl.bench.tuning.search_grid`, ×3, at
-    most :data:`GRID_EXTENSIONS` extra steps), so no method is compared at a mere bound. A run
-    for which ``inadmissible(run)`` gives a reason is not a candidate (scored as a failed run,
-    logged, and the reason stored in ``excluded`` under ``"lr=<step>"``).
+    most :data:`GRID_EXTENSIONS` extra steps), so no method is compared at a mere bound. A cell
+    that fails (:data:`SETTING_ERRORS`: a diverging setting; a configuration error is raised) is
+    not a candidate; nor is a run for which ``inadmissible(run)`` gives a reason (logged, and the
+    reason stored in ``excluded`` under ``"lr=<step>"``). ``base`` holds the method's other settings.
     """
-    runs: dict[float, dict[str, Any]] = {}
+    metric = "test_acc" if classification else "test_loss"
+    point: dict[str, Any] = {**dict(cell_of(method, task, nodes, rounds, seed, {}, train, params).point),
+                             "base": tuple(base.items())}
 
-    def score(lr: float) -> float | None:
-        r = _try(f"tuning {method} lr={lr:g}", method, task, nodes, rounds, seed, {**base, "lr": lr}, train, params)
-        s = float("inf") if r is None else val_score(r, classification)
-        why = None if r is None or inadmissible is None else inadmissible(r)
+    def failed(r: dict[str, Any]) -> str | None:
+        if r.get("error"):
+            return str(r["error"])
+        why = None if inadmissible is None else inadmissible(r)
         if why is not None:
-            logger.warning("B2 tuning %s %s lr=%g on %s: %s", method, base, lr, task, why)
-            if excluded is not None:
-                excluded[f"lr={lr:g}"] = why
-            return None
-        if r is None or not np.isfinite(s):
-            return None
-        runs[lr] = r
-        return s
+            logger.warning("B2 tuning %s %s on %s: %s", method, base, task, why)
+        return why
 
-    try:
-        found = search_grid(score, grid, factor=GRID_FACTOR, max_extensions=GRID_EXTENSIONS)
-    except RuntimeError:
-        raise RuntimeError(f"{method}: every step in {grid} failed on {task}") from None
-    shown = {k: (None if v is None else (-v if classification else v)) for k, v in found.grid_scores().items()}
-    return {"grid": shown, "lr": found.chosen, "at_grid_edge": found.at_edge,
-            "extended": found.extended, "run": runs[found.chosen]}
+    def via_run_any(cell: Cell) -> dict[str, Any]:  # the cell through the run cache, its claims, cache-only
+        return run_any(method, task, nodes, rounds, cell.seed, _settings(cell), train, params)
+
+    bench = dataclasses.replace(
+        _cells_bench(f"{NAME} tuning {method}"), methods=[method], points=[point], seeds=[seed], failed=failed,
+        run_cell=via_run_any, errors=SETTING_ERRORS, fatal=(ConfigError,),
+        tuning=Tuning(param="lr", grid=grid, metric=metric, lower_is_better=not classification, factor=GRID_FACTOR,
+                      max_extensions=GRID_EXTENSIONS, seed=seed, fail_if_all_fail=True))
+    runner = CellRunner(bench, RunCache(None))  # the search's own memo; run_any holds B2's cache
+    rec = tune(bench, point, runner)[(method,)]
+    if excluded is not None:
+        excluded.update({f"lr={k}": why for k, why in rec["failed"].items() if why.startswith("excluded")})
+    if rec.get("all_failed"):
+        raise RuntimeError(f"{method}: every step in {grid} failed on {task}")
+    chosen = runner(Cell(tuple(point.items()), method, seed, (("lr", rec["chosen"]),), "val"))
+    return {"grid": rec["scores"], "lr": rec["chosen"], "at_grid_edge": rec["at_edge"],
+            "extended": rec["extended"], "run": chosen}
 
 
 def check_bigfl_grid(lambdas: tuple[float, ...]) -> None:
@@ -805,6 +921,11 @@ def planted_hook(core: Any) -> None:
     core._initialise_centers = init
 
 
+_HOOKS["planted"] = planted_hook
+PLANTED = {"planted, EM continues": {}, "planted, assignment frozen": {"fesem.recluster-every": FROZEN}}
+"""FeSEM's planted-start diagnostic: its two variants and their extra settings."""
+
+
 SECONDS_PER_ROUND = {"fedavg": 0.2, "fesem": 0.2, "local": 0.03, "dfl": 0.4, "bigfl": 7.0,
                      "bigfl-frozen": 0.5, "digits": 0.05}
 """Wall seconds per round of one 50-client cell (digits: 12 clients) on the batched engine, measured on
@@ -861,19 +982,12 @@ def precompute_others(form: Form, settings_of: dict[str, dict[str, Any]], seeds:
         st = settings_of[gen]
         tasks = [GENERATORS[gen]] + ([GENERATORS[gen] + TESTGRAPH_SUFFIX] if gen in form.testgraph else [])
         for task in tasks:
-            for m in methods:
-                if m != "bigfl":
-                    for s in seeds:
-                        logger.info("B2 %s %s seed %d (%d rounds)", task, m, s, form.rounds)
-                        run_any(m, task, NODES, form.rounds, s, st[m], TRAIN)
+            _stage(task, form.rounds, seeds, st, [m for m in methods if m != "bigfl"])
             if "fesem" in methods and not task.endswith(TESTGRAPH_SUFFIX):
-                for extra in ({}, {"fesem.recluster-every": FROZEN}):
-                    for s in seeds:
-                        run_any("fesem", task, NODES, form.rounds, s, {**st["fesem"], **extra}, TRAIN,
-                                hook=planted_hook, hook_key="planted")
+                _stage(task, form.rounds, seeds, st, ["fesem"], variants=PLANTED, hook_key="planted")
 
 
-CLAIM_POLL_SECONDS = 10.0
+CLAIM_POLL_SECONDS = claims.POLL_SECONDS
 """How often a process waits for a cell that another process (a BiG-FL worker) is computing."""
 CLAIM_WAIT_FACTOR = 20.0
 """A wait for another process's cell ends in an error after this many times the cell's estimate
@@ -889,154 +1003,25 @@ def claim_wait_limit(method: str, rounds: int) -> float:
 
 def _claim_file(key: dict[str, Any]) -> Path | None:
     """``<cache>/<key hash>.running``: the identity of the process computing ``key``'s cell."""
-    if _cache.folder is None:
-        return None
-    return _cache._path(key).with_suffix(".running")
-
-
-def _proc_start(pid: int) -> str | None:
-    """The start time of process ``pid`` (field 22 of ``/proc/<pid>/stat``, clock ticks since boot); None if unknown."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rfind(")") + 2:].split()  # field 3 onwards (the name, field 2, may hold spaces)
-    return fields[19] if len(fields) > 19 else None
-
-
-def _identity(pid: int | None = None) -> str:
-    """``"<hostname> <pid> <start time>"`` of ``pid`` (this process by default): what a claim file holds."""
-    import os
-    import socket
-
-    pid = os.getpid() if pid is None else pid
-    return f"{socket.gethostname()} {pid} {_proc_start(pid) or '-'}"
-
-
-def _alive(pid: int) -> bool:
-    import os
-
-    try:
-        os.kill(pid, 0)  # signal 0: existence check only
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _holder_alive(holder: str) -> bool:
-    """Whether the process a claim file names still runs: same host, pid alive and the same start time
-    (a reused pid has another); a holder on another host cannot be checked and counts as alive.
-    """
-    import socket
-
-    parts = holder.split()
-    try:
-        if len(parts) == 1:  # a bare pid
-            return _alive(int(parts[0]))
-        host, pid, start = parts[0], int(parts[1]), (parts[2] if len(parts) > 2 else "-")
-    except (IndexError, ValueError):
-        return False
-    if host != socket.gethostname():
-        return True
-    if pid <= 0 or not _alive(pid):
-        return False
-    now = _proc_start(pid)
-    return start == "-" or now is None or now == start
-
-
-def _holder(key: dict[str, Any]) -> str | None:
-    """The live process (its identity) other than this one that has claimed ``key``'s cell, or None."""
-    path = _claim_file(key)
-    if path is None:
-        return None
-    try:
-        holder = path.read_text().strip()
-    except OSError:
-        return None
-    return holder if holder and holder != _identity() and _holder_alive(holder) else None
+    return claims.claim_file(_cache, key)
 
 
 def claimed(key: dict[str, Any]) -> bool:
-    """Whether a live process other than this one has claimed ``key``'s cell."""
-    return _holder(key) is not None
+    """Whether a live process other than this one has claimed ``key``'s cell (:mod:`graphfl.bench.claims`)."""
+    return claims.claimed(_cache, key)
 
 
-def _try_claim(path: Path) -> bool:
-    """Create ``path`` with this process's identity (``O_CREAT | O_EXCL``: one creator wins).
-
-    An existing file whose holder has ended (or is this process) is taken over; False when a live
-    holder has it. Two processes taking over the same dead claim at once can at worst both compute
-    the cell (the cache write is atomic).
-    """
-    import os
-
-    me = _identity()
-    for _ in range(3):
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            try:
-                holder = path.read_text().strip()
-            except OSError:
-                continue  # removed meanwhile
-            if holder and holder != me and _holder_alive(holder):
-                return False
-            logger.warning("B2 taking over the claim %s of the ended process %r", path, holder)
-            try:
-                if path.read_text().strip() == holder:
-                    path.unlink()
-            except OSError:
-                pass
-            continue
-        with os.fdopen(fd, "w") as f:
-            f.write(me + "\n")
-        return True
-    return False
-
-
-@contextlib.contextmanager
-def claim(key: dict[str, Any]) -> Iterator[bool]:
-    """Mark ``key``'s cell as being computed by this process (another process sharing the cache waits).
-
-    Yields whether this process holds the claim (False: a live process claimed it first; the
-    caller waits for it with :func:`wait_for_claim`). The claim file is removed on exit if it is ours.
-    """
-    path = _claim_file(key)
-    held = True if path is None else _try_claim(path)
-    try:
-        yield held
-    finally:
-        if path is not None and held:
-            try:
-                if path.read_text().strip() == _identity():
-                    path.unlink()
-            except OSError:
-                pass
+def claim(key: dict[str, Any]) -> contextlib.AbstractContextManager[bool]:
+    """Claim ``key``'s cell in B2's cache (:func:`graphfl.bench.claims.claim`)."""
+    return claims.claim(_cache, key)
 
 
 def wait_for_claim(key: dict[str, Any], poll: float = CLAIM_POLL_SECONDS, limit: float | None = None) -> None:
-    """Wait while another live process has claimed ``key``'s cell and its result is not yet cached.
-
-    Raises :class:`TimeoutError` (naming the cell, the holder and the claim file) after ``limit``
-    seconds (default :func:`claim_wait_limit` of the cell).
+    """Wait while another live process computes ``key``'s cell, at most ``limit`` seconds (default
+    :func:`claim_wait_limit` of the cell; :func:`graphfl.bench.claims.wait_for_claim`).
     """
-    holder = _holder(key)
-    if _cache.has(key) or holder is None:
-        return
     limit = claim_wait_limit(key["method"], key["rounds"]) if limit is None else limit
-    what = f"{key['method']} {key['task']} seed {key['seed']}"
-    logger.info("B2 waiting (at most %.0f s) for process %s computing %s", limit, holder, what)
-    t0 = time.monotonic()
-    while not _cache.has(key) and (holder := _holder(key)) is not None:
-        if time.monotonic() - t0 > limit:
-            raise TimeoutError(f"B2: {what} is still claimed by process {holder!r} after {limit:.0f} s "
-                               f"(claim file {_claim_file(key)}); stop that process or remove the file if it "
-                               "is stale, then run again")
-        time.sleep(poll)
-    if not _cache.has(key):
-        logger.warning("B2 the process computing %s ended without a result; computing it here", what)
+    claims.wait_for_claim(_cache, key, limit, f"{key['method']} {key['task']} seed {key['seed']}", poll)
 
 
 def _prewarm_job(args: tuple[Any, ...]) -> None:
@@ -1109,7 +1094,6 @@ def run(quick: bool = False, seed: int = 0, out: Path | str = Path("runs/bench")
         Lines on how the run went (machine load, where it was stopped), written into the result.
     """
     from graphfl.common.envinfo import env_info
-    from graphfl.common.results import write_json
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -1154,21 +1138,16 @@ def run(quick: bool = False, seed: int = 0, out: Path | str = Path("runs/bench")
         st = settings_of[gen]
         res: dict[str, Any] = {"task": task, "graph": "train", "methods": {}}
         b2_runs[gen] = {}
+        stage = _stage(task, form.rounds, seeds, st, [m for m in METHODS if m in st])
         for m in METHODS:
-            runs = []
             if m not in st:
                 unfinished.append(f"{gen} generator, train graph: {m} (its tuning is unfinished)")
                 continue
-            missing: list[str] = []
-            for s in seeds:
-                logger.info("B2 %s %s seed %d (%d rounds)", gen, m, s, form.rounds)
-                try:
-                    runs.append(run_any(m, task, NODES, form.rounds, s, st[m], TRAIN))
-                except MissingCell as exc:  # every seed is looked at: the report shows each one's progress
-                    missing.append(str(exc))
+            found, missing = stage[("", m)]  # every seed is looked at: the report shows each one's progress
             if missing:
                 unfinished.append(f"{gen} generator, train graph: {m} ({'; '.join(missing)})")
                 continue
+            runs = [r for r in found if r is not None]
             if m == "bigfl":
                 for s, r in zip(seeds, runs):
                     phis[(gen, s)] = r.pop("phi")
@@ -1178,17 +1157,14 @@ def run(quick: bool = False, seed: int = 0, out: Path | str = Path("runs/bench")
                 res["bigfl_phi"] = bigfl_phi_report(runs, seeds, f"{gen} generator, train graph")
         # diagnostic: FeSEM started from the planted clusters (test split; not a tuned method)
         diag: dict[str, Any] = {}
-        for label, extra in (("planted, EM continues", {}), ("planted, assignment frozen",
-                                                            {"fesem.recluster-every": FROZEN})):
-            if "fesem" not in st:
-                break
-            try:
-                runs = [run_any("fesem", task, NODES, form.rounds, s, {**st["fesem"], **extra}, TRAIN,
-                                hook=planted_hook, hook_key="planted") for s in seeds]
-            except MissingCell as exc:
-                unfinished.append(f"{gen} generator, train graph: FeSEM diagnostic {label} ({exc})")
+        planted = _stage(task, form.rounds, seeds, st, ["fesem"], variants=PLANTED, hook_key="planted") \
+            if "fesem" in st else {}
+        for label in PLANTED if planted else ():
+            found, missing = planted[(label, "fesem")]
+            if missing:
+                unfinished.append(f"{gen} generator, train graph: FeSEM diagnostic {label} ({'; '.join(missing)})")
                 continue
-            diag[label] = _combine(runs, "test_loss")
+            diag[label] = _combine([r for r in found if r is not None], "test_loss")
         res["fesem_planted"] = diag
         res["constant_predictors"] = constant_predictors(task, NODES, seeds)
         res["at_constant_level"] = at_constant_level(res["methods"], res["constant_predictors"],
@@ -1202,18 +1178,18 @@ def run(quick: bool = False, seed: int = 0, out: Path | str = Path("runs/bench")
         st = settings_of[gen]
         task = GENERATORS[gen] + TESTGRAPH_SUFFIX
         res = {"task": task, "graph": "test", "methods": {}}
+        stage = _stage(task, form.rounds, seeds, st, [m for m in METHODS if m != "bigfl" and m in st])
         for m in METHODS:
             if m == "bigfl":
                 continue
             if m not in st:
                 unfinished.append(f"{gen} generator, test graph: {m} (its tuning is unfinished)")
                 continue
-            try:
-                runs = [run_any(m, task, NODES, form.rounds, s, st[m], TRAIN) for s in seeds]
-            except MissingCell as exc:
-                unfinished.append(f"{gen} generator, test graph: {m} ({exc})")
+            found, missing = stage[("", m)]
+            if missing:
+                unfinished.append(f"{gen} generator, test graph: {m} ({'; '.join(missing)})")
                 continue
-            res["methods"][m] = {**_combine(runs, "test_loss"), "settings": st[m]}
+            res["methods"][m] = {**_combine([r for r in found if r is not None], "test_loss"), "settings": st[m]}
         if "bigfl" not in st:  # a cache-only report before BiG-FL's tuning finished
             unfinished.append(f"{gen} generator, test graph: bigfl (its tuning is unfinished)")
         frozen = {**st.get("bigfl", {"lr": 0.0}), "bigfl.alpha": 0.0, "bigfl.hypergrad-mode": "first_order"}
@@ -1302,8 +1278,7 @@ def run(quick: bool = False, seed: int = 0, out: Path | str = Path("runs/bench")
     }
     doc["verdict"] = verdict(doc)
     doc["verdicts"] = claim_verdicts(doc)
-    write_json(out / f"{NAME}.json", doc)
-    atomic_write_text(out / f"{NAME}.md", render_markdown(doc))
+    write_report(out, doc, markdown=render_markdown(doc))  # B2's own layout (docs/results/multicenter-*)
     try:
         plot(doc, out / f"{NAME}.png")
     except Exception:  # the JSON/MD are already written
@@ -1368,10 +1343,6 @@ def in_progress_lines(doc: dict[str, Any]) -> list[str]:
                      f"{'–' if e.get('min_ll_curvature') is None else format(e['min_ll_curvature'], '.3g')} | "
                      f"{', '.join(others)} |")
     return lines + [""]
-
-
-class MissingCell(LookupError):
-    """A cell that a cache-only report (``run(cache_only=True)``) does not find in the run cache."""
 
 
 _CACHE_ONLY = False

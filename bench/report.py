@@ -245,17 +245,21 @@ def metric_panels(doc: Mapping[str, Any], metric: str, x_axis: str, *, panel_axi
 
 def write_report(out: Path, doc: Mapping[str, Any], *, intro: Sequence[str] = (), sections: Sequence[str] = (),
                  panels: Sequence[Mapping[str, Any]] = (), plot_title: str = "",
-                 metric_formats: Mapping[str, str] | None = None) -> dict[str, Path]:
-    """Write ``<out>/<name>.json``, ``.md`` and (with ``panels``) ``.png``; returns the paths written."""
+                 metric_formats: Mapping[str, str] | None = None, markdown: str | None = None) -> dict[str, Path]:
+    """Write ``<out>/<name>.json``, ``.md`` and (with ``panels``) ``.png``; returns the paths written.
+
+    ``markdown`` replaces the common Markdown (:func:`render_markdown`) for a result that keeps a
+    layout of its own; the JSON and Markdown are written before the plot is drawn.
+    """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     name = doc["name"]
     paths = {"json": write_json(out / f"{name}.json", doc)}
     md = out / f"{name}.md"
-    atomic_write_text(md, render_markdown(doc, intro, sections, metric_formats))
+    atomic_write_text(md, render_markdown(doc, intro, sections, metric_formats) if markdown is None else markdown)
     paths["md"] = md
     if panels:
         png = out / f"{name}.png"
-        plot_panels(png, panels, title=plot_title or str(doc["title"]))
+        plot_panels(png, panels, title=plot_title or str(doc.get("title", "")))
         paths["png"] = png
     return paths

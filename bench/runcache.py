@@ -36,6 +36,14 @@ class RunCache:
         if folder is not None and create:
             folder.mkdir(parents=True, exist_ok=True)
 
+    def path(self, key: dict[str, Any]) -> Path:
+        """``<folder>/<sha1 of the key>.json``; a cell's other files share its stem (``.run``, ``.running``)."""
+        return self._path(key)
+
+    def work_dir(self, key: dict[str, Any]) -> Path:
+        """``<folder>/<key hash>.run``: where a resumable cell keeps its checkpoints until it is stored."""
+        return self._path(key).with_suffix(".run")
+
     def _path(self, key: dict[str, Any]) -> Path:
         assert self.folder is not None
         text = json.dumps({"version": VERSION, **key}, sort_keys=True, default=str)
