@@ -151,9 +151,6 @@ class Form:
     """Steps tried past a winning edge of :attr:`lr_grid` (factor 3, :func:`graphfl.bench.tuning.search_grid`)."""
     permuted_nodes: int = 12
     """Clients of ``digits-permuted`` (a multiple of its 3 groups: 12 = 3 groups of 4)."""
-    backoff_halvings: int | None = None
-    """When set, a test cell that fails at its tuned step is rerun at the next smaller step of the
-    grid (then up to this many halvings of its smallest), :attr:`graphfl.bench.harness.Tuning.backoff_halvings`."""
     metric: str = "acc"
     """What a run is scored on: ``acc`` (mean client test accuracy) or ``auc`` (mean over the
     clients whose test split holds both classes of their ROC-AUC, ``test_auc``; see :func:`run_one`)."""
@@ -168,12 +165,10 @@ PERSONAL = dataclasses.replace(QUICK, seeds=5, dirichlet=(0.05, 0.1, 0.3, 0.5, 1
 and planted groups, beside B8's 0.5; the quick form's 0.3 and 1 for comparison)."""
 PERSONAL_BBBP = dataclasses.replace(
     PERSONAL, tasks=("bbbp",), nodes=16, rounds=5, local_steps=4, seeds=5, dirichlet=(0.2, 0.5, 1.0),
-    methods=("FedAvg", "FedAvg-FT", "Local", "APFL", "APFLGate", "FedGATE", "Const-pooled"), metric="auc",
-    backoff_halvings=1)
+    methods=("FedAvg", "FedAvg-FT", "Local", "APFL", "APFLGate", "FedGATE", "Const-pooled"), metric="auc")
 """The personalised form on B8's task (seed 004: BBBP, 16 clients, ROC-AUC) at
 ``bench apflgate --quick``'s scale (5 rounds × 4 local steps); a constant predictor's ROC-AUC
-is 0.5 by definition (``Const-pooled``). A test run that diverges at its tuned step is rerun at
-the next smaller step (:attr:`Form.backoff_halvings`). Dirichlet 0.2 is the strongest skew the task's split
+is 0.5 by definition (``Const-pooled``). Dirichlet 0.2 is the strongest skew the task's split
 allows (``data.min-partition-size`` 10 molecules per client: no partition at 0.1 or 0.15)."""
 FORMS = {"personal": PERSONAL, "personal-bbbp": PERSONAL_BBBP}
 """Named forms (``graphfl bench heterogeneity --form NAME``)."""
@@ -456,7 +451,7 @@ def declare(form: Form, seed: int) -> Bench:
         failed=lambda r: r.get("error") or (None if r.get("final") is not None else f"no final {form.metric}"),
         tuning=Tuning(param="lr", grid=form.lr_grid, metric=form.metric, lower_is_better=False,
                       max_extensions=form.max_extensions,
-                      if_all_fail=form.lr_grid[0], refine=refine_for(form), backoff_halvings=form.backoff_halvings),
+                      if_all_fail=form.lr_grid[0], refine=refine_for(form)),
         pairs=pairs,
         cost=lambda cell: 0.05 if cell.method in CONSTANTS else 2.0 if cell.method in ("JGESR", *MIXING) else 1.0)
 
@@ -567,8 +562,6 @@ def unused_fields(form: Form) -> set[str]:
         unused.add("permuted_nodes")
     if form.metric == "acc":
         unused.add("metric")
-    if form.backoff_halvings is None:
-        unused.add("backoff_halvings")
     return unused
 
 

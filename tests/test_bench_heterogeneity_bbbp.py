@@ -37,7 +37,7 @@ def form_digest(form: bh.Form) -> str:
 @pytest.mark.parametrize("name", sorted(DIGITS_DIGESTS))
 def test_digits_forms_points_keys_and_settings_are_unchanged(name):
     form = getattr(bh, name)
-    assert form.metric == "acc" and {"metric", "backoff_halvings"} <= bh.unused_fields(form)
+    assert form.metric == "acc" and "metric" in bh.unused_fields(form)
     assert form_digest(form) == DIGITS_DIGESTS[name]
 
 
@@ -53,9 +53,6 @@ def test_bbbp_form_is_declared_as_written():
     bench = bh.declare(form, seed=0)
     assert bench.points == [{"task": "bbbp", "dirichlet": a} for a in (0.2, 0.5, 1.0)]
     assert list(bench.seeds) == [0, 1, 2, 3, 4]
-    # a test run that diverges at its tuned step backs off to the next smaller one (bbbp only)
-    assert bench.tuning.backoff_halvings == 1
-    assert all(bh.declare(getattr(bh, n), seed=0).tuning.backoff_halvings is None for n in DIGITS_DIGESTS)
     assert set(bench.methods) == {"FedAvg", "FedAvg-FT", "Local", "APFL", "APFLGate", "FedGATE", "Const-pooled"}
     assert [m.name for m in bench.metrics] == ["auc"] and not bench.metrics[0].lower_is_better
     assert bench.tuning.metric == "auc" and bench.tuning.grid == bh.PERSONAL.lr_grid
