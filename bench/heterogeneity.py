@@ -183,6 +183,10 @@ def nodes_for(form: Form, task: str) -> int:
 
 METRICS = {"acc": ("accuracy (%)", 100.0, ".2f"), "auc": ("ROC-AUC", 1.0, ".4f")}
 """Per :attr:`Form.metric`: label, display scale and format."""
+MIN_DEFINED_CLIENTS = 2
+"""A run whose ROC-AUC is defined on fewer clients is a failed setting (:func:`run_failure`): a
+client's ROC-AUC is undefined when its test split holds one class *or* its model's outputs are
+not finite, and a "mean over clients" of one client says nothing about the others."""
 
 
 def points(form: Form) -> list[dict[str, Any]]:
@@ -448,12 +452,27 @@ def declare(form: Form, seed: int) -> Bench:
         metrics=(Metric(form.metric, label, lower_is_better=False, fmt=fmt, scale=scale),),
         run_cell=lambda cell: run_one(*_args(cell, form)), key=key,
         final=lambda r: {form.metric: r.get("final")},
-        failed=lambda r: r.get("error") or (None if r.get("final") is not None else f"no final {form.metric}"),
+        failed=lambda r: run_failure(r, form),
         tuning=Tuning(param="lr", grid=form.lr_grid, metric=form.metric, lower_is_better=False,
                       max_extensions=form.max_extensions,
                       if_all_fail=form.lr_grid[0], refine=refine_for(form)),
         pairs=pairs,
         cost=lambda cell: 0.05 if cell.method in CONSTANTS else 2.0 if cell.method in ("JGESR", *MIXING) else 1.0)
+
+
+def run_failure(result: dict[str, Any], form: Form) -> str | None:
+    """Why a run's result is a failed setting, or ``None``: an error, no final score, or (``auc``)
+    a ROC-AUC defined on fewer than :data:`MIN_DEFINED_CLIENTS` of the run's clients.
+    """
+    if result.get("error"):
+        return str(result["error"])
+    if result.get("final") is None:
+        return "no final accuracy" if form.metric == "acc" else f"no final {form.metric}"
+    undefined = (result.get("diag") or {}).get("auc_undefined")
+    if form.metric == "auc" and undefined is not None and form.nodes - int(undefined) < MIN_DEFINED_CLIENTS:
+        return (f"ROC-AUC defined on {form.nodes - int(undefined)} of {form.nodes} clients (one-class test splits "
+                "or non-finite outputs): not a mean over clients")
+    return None
 
 
 def pair_list(form: Form) -> list[tuple[str, str]]:

@@ -89,3 +89,14 @@ def test_the_recorder_keeps_the_locally_trained_models_auc():
     row = rec.row(1)
     assert row["local_test_auc"] == pytest.approx(0.8, rel=1e-9)
     assert len(row["local_test_auc_per_client"]) == 3
+
+
+def test_a_run_with_roc_auc_on_one_client_is_a_failed_setting():
+    # Local at a too large step: 15 of 16 clients' outputs are NaN, the "mean" is one client's AUC
+    form = bh.PERSONAL_BBBP
+    assert "defined on 1 of 16" in bh.run_failure({"final": 0.74, "diag": {"auc_undefined": 15}}, form)
+    assert bh.run_failure({"final": 0.7, "diag": {"auc_undefined": 11}}, form) is None
+    assert bh.run_failure({"final": None}, form) == "no final auc"
+    # the digits forms score accuracy: the rule does not apply
+    assert bh.run_failure({"final": 0.9, "diag": {"auc_undefined": 15}}, bh.PERSONAL) is None
+    assert bh.run_failure({"final": None}, bh.PERSONAL) == "no final accuracy"
