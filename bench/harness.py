@@ -546,11 +546,16 @@ def _label(point: Point) -> str:
 
 
 def _candidates(tn: Tuning, point: Point, chosen: float) -> list[float]:
+    """The values a test cell tries, in order: the chosen value first, then (with
+    ``backoff_halvings``) every smaller value of the grid and of the halvings of its smallest
+    value, largest first. Never a value above the chosen one (a grid extension can choose below
+    the grid's smallest value; the halvings above it are then not tried).
+    """
     if tn.backoff_halvings is None:
         return [chosen]
     grid = tn.values(dict(tn.at(point) if tn.at else point))
     below = [min(grid) / 2 ** k for k in range(1, tn.backoff_halvings + 1)]
-    return sorted({chosen, *(a for a in grid if a <= chosen), *below}, reverse=True)
+    return [chosen, *sorted({a for a in (*grid, *below) if a < chosen}, reverse=True)]
 
 
 def _walk(bench: Bench, run: _Runner) -> Iterator[tuple[Point, str, int, dict[str, Any] | None, dict[str, Any],
