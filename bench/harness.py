@@ -429,9 +429,6 @@ class CellRunner:
         return result
 
 
-_Runner = CellRunner
-
-
 PENDING = {"_pending": True}
 """A dry pass's stand-in for a test cell not yet cached."""
 
@@ -453,7 +450,7 @@ class Outcome:
     """The cells a cache-only run did not find in the cache, in run order."""
 
 
-def _tune(bench: Bench, point: Point, run: _Runner) -> dict[tuple[str, ...], dict[str, Any]]:
+def _tune(bench: Bench, point: Point, run: CellRunner) -> dict[tuple[str, ...], dict[str, Any]]:
     """Tuned params per method at ``point`` (key ``(method,)``) and the record of the search."""
     tn = bench.tuning
     assert tn is not None
@@ -558,7 +555,7 @@ def _candidates(tn: Tuning, point: Point, chosen: float) -> list[float]:
     return [chosen, *sorted({a for a in (*grid, *below) if a < chosen}, reverse=True)]
 
 
-def _walk(bench: Bench, run: _Runner) -> Iterator[tuple[Point, str, int, dict[str, Any] | None, dict[str, Any],
+def _walk(bench: Bench, run: CellRunner) -> Iterator[tuple[Point, str, int, dict[str, Any] | None, dict[str, Any],
                                                         list[str], dict[str, Any] | None]]:
     """Yield ``(point, method, seed, result or None, params used, failures, tuning record)`` in run order.
 
@@ -636,7 +633,7 @@ def plan(bench: Bench, out: Path | None, cache_folder: Path | None = None) -> tu
 
     for point in bench.points:
         single = Bench(**{**bench.__dict__, "points": [point]})
-        run = _Runner(single, cache, dry=True)
+        run = CellRunner(single, cache, dry=True)
         try:
             for _ in _walk(single, run):
                 pass
@@ -727,7 +724,7 @@ def _timed(run_cell: Callable[[Cell], dict[str, Any]], cell: Cell) -> tuple[dict
     return run_cell(cell), time.perf_counter() - t0
 
 
-def _compute_in_pool(bench: Bench, pending: list[Cell], run: _Runner, progress: _Progress) -> None:
+def _compute_in_pool(bench: Bench, pending: list[Cell], run: CellRunner, progress: _Progress) -> None:
     """Compute ``pending`` in ``bench.workers`` processes; each result is stored as it arrives."""
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
