@@ -1,12 +1,15 @@
 """Claim files: several processes sharing one run cache never compute the same cell twice.
 
-A process about to compute a cell creates ``<cache>/<key hash>.running`` with ``O_CREAT | O_EXCL``
-(one creator wins), holding its identity ``"<host> <pid> <start time>"`` (the start time is field
-22 of ``/proc/<pid>/stat``, so a reused pid is not mistaken for the holder). Another process that
-needs the cell waits while the holder is alive and the result is not cached, at most a given
-number of seconds (then :class:`TimeoutError` naming the cell, the holder and the file); a claim
-whose holder has ended is taken over. The holder removes its file when the cell ends, also when it
-is interrupted. A holder on another host cannot be checked and counts as alive.
+A process about to compute a cell creates ``<cache>/<key hash>.running`` in one step (a hard link
+of a file it wrote: one creator wins, and the file is never seen empty), holding its identity
+``"<host> <pid> <start time>"`` (the start time is field 22 of ``/proc/<pid>/stat``, so a reused
+pid is not mistaken for the holder). Another process that needs the cell waits while the holder
+is alive and the result is not cached, at most a given number of seconds in all (then
+:class:`TimeoutError` naming the cell, the holder and the file); a claim whose holder has ended
+is taken over. The holder removes its file when the cell ends, also when it is interrupted. A
+holder on another host cannot be checked and counts as alive; processes that share a cache
+folder must see one another's pids (not containers with separate pid namespaces and one host
+name).
 
 :func:`compute_claimed` is the whole protocol around one cell; the harness's cell runner uses it
 for a :class:`~graphfl.bench.harness.Bench` that declares ``claim_wait``.
@@ -27,7 +30,8 @@ from .runcache import RunCache
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["POLL_SECONDS", "claim", "claim_file", "claimed", "compute_claimed", "holder", "wait_for_claim"]
+__all__ = ["POLL_SECONDS", "UNWRITTEN_GRACE_SECONDS", "claim", "claim_file", "claimed", "compute_claimed", "holder",
+           "holder_alive", "identity", "wait_for_claim"]
 
 POLL_SECONDS = 10.0
 """How often a process waiting for another process's cell looks again."""
@@ -87,7 +91,9 @@ def holder_alive(who: str) -> bool:
 
 
 def holder(cache: RunCache, key: dict[str, Any]) -> str | None:
-    """The live process (its identity) other than this one that has claimed ``key``'s cell, or None."""
+    """The live process (its identity) other than this one that has claimed ``key``'s cell, or None
+    (an empty, recent claim file, whose creator has not written it yet, is ``"(being written)"``).
+    """
     path = claim_file(cache, key)
     if path is None:
         return None
@@ -95,7 +101,9 @@ def holder(cache: RunCache, key: dict[str, Any]) -> str | None:
         who = path.read_text().strip()
     except OSError:
         return None
-    return who if who and who != identity() and holder_alive(who) else None
+    if not who:
+        return "(being written)" if _unwritten_and_recent(path) else None
+    return who if who != identity() and holder_alive(who) else None
 
 
 def claimed(cache: RunCache, key: dict[str, Any]) -> bool:
@@ -103,34 +111,69 @@ def claimed(cache: RunCache, key: dict[str, Any]) -> bool:
     return holder(cache, key) is not None
 
 
-def _try_claim(path: Path) -> bool:
-    """Create ``path`` with this process's identity (``O_CREAT | O_EXCL``: one creator wins).
+UNWRITTEN_GRACE_SECONDS = 30.0
+"""An empty claim file younger than this counts as held: its creator may not have written its
+identity yet (a claim made by :func:`_try_claim` is never empty; one made by a process that creates
+the file and then writes it can be, for a moment)."""
 
-    An existing file whose holder has ended (or is this process) is taken over; False when a live
-    holder has it. Two processes taking over the same dead claim at once can at worst both compute
-    the cell (the cache write is atomic).
+
+def _create_with(path: Path, content: str) -> bool:
+    """Create ``path`` holding ``content`` in one step: written to a private file, then hard-linked
+    to ``path`` (``link`` fails when ``path`` exists, so one creator wins and nobody ever reads a
+    claim without its identity; on a file system without hard links, created with ``O_EXCL`` and
+    then written). False when ``path`` exists.
     """
-    me = identity()
-    for _ in range(3):
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(content)
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        return False
+    except OSError:  # a file system without hard links: create, then write (an empty file counts as held)
         try:
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
-            try:
-                who = path.read_text().strip()
-            except OSError:
-                continue  # removed meanwhile
-            if who and who != me and holder_alive(who):
-                return False
-            logger.warning("taking over the claim %s of the ended process %r", path, who)
-            try:
-                if path.read_text().strip() == who:
-                    path.unlink()
-            except OSError:
-                pass
-            continue
+            return False
         with os.fdopen(fd, "w") as f:
-            f.write(me + "\n")
-        return True
+            f.write(content)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return True
+
+
+def _unwritten_and_recent(path: Path) -> bool:
+    try:
+        return time.time() - path.stat().st_mtime < UNWRITTEN_GRACE_SECONDS
+    except OSError:
+        return False
+
+
+def _try_claim(path: Path) -> bool:
+    """Create ``path`` with this process's identity (:func:`_create_with`: one creator wins).
+
+    An existing file whose holder has ended (or is this process) is taken over; False when a live
+    holder has it, or when the file is empty and recent (:data:`UNWRITTEN_GRACE_SECONDS`). Two
+    processes taking over the same dead claim at once can at worst both compute the cell (the cache
+    write is atomic).
+    """
+    me = identity()
+    for _ in range(3):
+        if _create_with(path, me + "\n"):
+            return True
+        try:
+            who = path.read_text().strip()
+        except OSError:
+            continue  # removed meanwhile
+        if not who and _unwritten_and_recent(path):
+            return False
+        if who and who != me and holder_alive(who):
+            return False
+        logger.warning("taking over the claim %s of the ended process %r", path, who)
+        try:
+            if path.read_text().strip() == who:
+                path.unlink()
+        except OSError:
+            pass
     return False
 
 
@@ -186,7 +229,7 @@ def compute_claimed(cache: RunCache, key: dict[str, Any], compute: Callable[[], 
     poll = min(poll, max(limit / 10, 0.01))
     t0 = time.monotonic()
     while True:
-        wait_for_claim(cache, key, limit, what, poll)
+        wait_for_claim(cache, key, max(limit - (time.monotonic() - t0), 0.0), what, poll)
         if cache.has(key):
             return cache.get(key) or {}
         with claim(cache, key) as held:

@@ -605,6 +605,8 @@ def _walk(bench: Bench, run: CellRunner) -> Iterator[tuple[Point, str, int, dict
                         result, used = res, p
                         break
                     failures.append(why)
+                    if res.get(MISSING):  # not in the cache (cache-only): no back-off to values it did not fail at
+                        break
                     if k + 1 < len(tries) and not run.dry:
                         logger.warning("%s %s seed %d: %s; backing off to the next smaller %s", bench.name, method,
                                        seed, why, tn.param if tn else "value")

@@ -139,3 +139,43 @@ def test_tune_counts_a_failing_setting_but_raises_a_fatal_one_and_cache_only_nev
     partial = _bench(_tuned, tuning=Tuning(param="lr", grid=(0.3, 1.0, 0.1), metric="loss"), methods=["a"])
     with pytest.raises(MissingCell, match="not in the cache"):  # 0.1 was never run
         tune(partial, {"task": "x"}, CellRunner(partial, RunCache(tmp_path / "cache"), cache_only=True))
+
+
+def test_an_empty_recent_claim_is_held_and_an_old_one_taken_over(tmp_path):
+    """A claim file seen before its creator wrote its identity (a creator that writes after
+    creating) is not taken over while recent; an empty file left long ago is."""
+    import os
+    import time as _time
+
+    from graphfl.bench import claims
+    from graphfl.bench.runcache import RunCache
+
+    cache = RunCache(tmp_path / "cache")
+    key = {"cell": "empty"}
+    path = claims.claim_file(cache, key)
+    assert path is not None
+    path.write_text("")
+    assert claims._try_claim(path) is False
+    assert claims.holder(cache, key) is not None
+    old = _time.time() - 2 * claims.UNWRITTEN_GRACE_SECONDS
+    os.utime(path, (old, old))
+    assert claims.holder(cache, key) is None
+    assert claims._try_claim(path) is True
+    assert path.read_text().strip() == claims.identity()
+    assert not list(path.parent.glob("*.tmp"))
+
+
+def test_a_claim_is_created_whole(tmp_path):
+    """The claim file appears with the identity already in it, and a second claim loses."""
+    from graphfl.bench import claims
+    from graphfl.bench.runcache import RunCache
+
+    cache = RunCache(tmp_path / "cache")
+    key = {"cell": "whole"}
+    path = claims.claim_file(cache, key)
+    assert path is not None
+    assert claims._create_with(path, "someone 1 2\n") is True
+    assert path.read_text() == "someone 1 2\n"
+    assert claims._create_with(path, "other 3 4\n") is False
+    assert path.read_text() == "someone 1 2\n"
+    assert sorted(p.name for p in path.parent.iterdir()) == [path.name]
