@@ -59,6 +59,7 @@ Declared on the harness (:mod:`graphfl.bench.harness`): every run goes through t
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -293,18 +294,24 @@ def constant_accuracy(method: str, task: str, form: Form, seed: int, dirichlet: 
     return {"final": float(np.mean(accs)) if accs else None, "clients": len(accs)}
 
 
+@functools.lru_cache(maxsize=64)
+def two_class_clients(task: str, nodes: int, seed: int, dirichlet: float) -> int:
+    """How many of the ``nodes`` clients' test splits hold both classes (the clients with a ROC-AUC)."""
+    from graphfl.common.config import parse_run_config
+    from graphfl.tasks import registry as tasks
+
+    cfg = parse_run_config({"strategy": "fedavg", "task": task, "nodes": nodes, "seed": seed, "engine": "inprocess",
+                            "data.dirichlet-alpha": dirichlet})
+    t = tasks.create(cfg.task, data=cfg.data, data_dir=cfg.data_dir, seed=seed)
+    return sum(1 for p in range(nodes) if np.unique(np.asarray(t.client_data(p, nodes).y_test)).size >= 2)
+
+
 def constant_auc(task: str, form: Form, seed: int, dirichlet: float) -> dict[str, Any]:
     """A constant predictor's ROC-AUC: 0.5 by definition (every test score ties), over the clients
     whose test split holds both classes (``clients``; ``auc_undefined`` counts the others).
     """
-    from graphfl.common.config import parse_run_config
-    from graphfl.tasks import registry as tasks
-
     n = nodes_for(form, task)
-    cfg = parse_run_config({"strategy": "fedavg", "task": task, "nodes": n, "seed": seed, "engine": "inprocess",
-                            "data.dirichlet-alpha": dirichlet})
-    t = tasks.create(cfg.task, data=cfg.data, data_dir=cfg.data_dir, seed=seed)
-    defined = sum(1 for p in range(n) if np.unique(np.asarray(t.client_data(p, n).y_test)).size >= 2)
+    defined = two_class_clients(task, n, seed, dirichlet)
     return {"final": 0.5 if defined else None, "clients": defined, "diag": {"auc_undefined": n - defined}}
 
 
@@ -353,7 +360,9 @@ def run_one(method: str, task: str, form: Form, seed: int, dirichlet: float, par
     elif method == FINE_TUNED:
         out["diag"] = {"global_acc": last.get(key)}
     if undefined is not None:
-        out["diag"] = {**(out.get("diag") or {}), "auc_undefined": undefined}
+        nonfinite = max(two_class_clients(task, n, seed, dirichlet) - (n - undefined), 0)
+        out["diag"] = {**(out.get("diag") or {}), "auc_undefined": undefined, "auc_nonfinite": nonfinite,
+                       "clients": n}
     logger.info("%s %s alpha %g seed %d %s: %s %.4f%s", method, task, dirichlet, seed, params, form.metric,
                 out["final"] if out["final"] is not None else float("nan"),
                 "" if undefined is None else f" ({undefined} of {n} clients without a defined {form.metric})")
@@ -462,15 +471,25 @@ def declare(form: Form, seed: int) -> Bench:
 
 def run_failure(result: dict[str, Any], form: Form) -> str | None:
     """Why a run's result is a failed setting, or ``None``: an error, no final score, or (``auc``)
-    a ROC-AUC defined on fewer than :data:`MIN_DEFINED_CLIENTS` of the run's clients.
+    a client whose test split holds both classes but who has no finite ROC-AUC (``auc_nonfinite``:
+    its outputs were not finite, the run diverged there), or a ROC-AUC defined on fewer than
+    :data:`MIN_DEFINED_CLIENTS` of the run's clients.
     """
     if result.get("error"):
         return str(result["error"])
     if result.get("final") is None:
         return "no final accuracy" if form.metric == "acc" else f"no final {form.metric}"
-    undefined = (result.get("diag") or {}).get("auc_undefined")
-    if form.metric == "auc" and undefined is not None and form.nodes - int(undefined) < MIN_DEFINED_CLIENTS:
-        return (f"ROC-AUC defined on {form.nodes - int(undefined)} of {form.nodes} clients (one-class test splits "
+    diag = result.get("diag") or {}
+    if form.metric != "auc":
+        return None
+    nodes = int(diag.get("clients", form.nodes))
+    nonfinite = diag.get("auc_nonfinite")
+    if nonfinite:
+        return (f"no finite ROC-AUC on {nonfinite} client(s) whose test split holds both classes "
+                "(non-finite outputs: the run diverged there)")
+    undefined = diag.get("auc_undefined")
+    if undefined is not None and nodes - int(undefined) < MIN_DEFINED_CLIENTS:
+        return (f"ROC-AUC defined on {nodes - int(undefined)} of {nodes} clients (one-class test splits "
                 "or non-finite outputs): not a mean over clients")
     return None
 

@@ -100,3 +100,15 @@ def test_a_run_with_roc_auc_on_one_client_is_a_failed_setting():
     # the digits forms score accuracy: the rule does not apply
     assert bh.run_failure({"final": 0.9, "diag": {"auc_undefined": 15}}, bh.PERSONAL) is None
     assert bh.run_failure({"final": None}, bh.PERSONAL) == "no final accuracy"
+
+
+def test_a_run_with_a_diverged_two_class_client_is_a_failed_setting():
+    """One-class clients are left out of the mean; a client with both classes but no finite
+    ROC-AUC (non-finite outputs) fails the setting however many others are defined."""
+    form = bh.PERSONAL_BBBP
+    diverged = {"final": 0.7, "diag": {"auc_undefined": 9, "auc_nonfinite": 3, "clients": 16}}
+    assert "no finite ROC-AUC on 3 client(s)" in bh.run_failure(diverged, form)
+    assert bh.run_failure({"final": 0.7, "diag": {"auc_undefined": 9, "auc_nonfinite": 0, "clients": 16}},
+                          form) is None
+    # the count is against the run's own clients
+    assert "defined on 1 of 4" in bh.run_failure({"final": 0.7, "diag": {"auc_undefined": 3, "clients": 4}}, form)
