@@ -321,8 +321,9 @@ def run_one(method: str, task: str, form: Form, seed: int, dirichlet: float, par
 
     ``acc``: the mean over clients of the test accuracy. ``auc``: the mean over the clients whose
     test split holds both classes of their ROC-AUC (the task's ``test_auc``, as bench apflgate reads
-    it); a client with one class has no ROC-AUC and is left out, counted in ``diag.auc_undefined``.
-    A run that fails (e.g. non-finite uploads at a too large step) returns ``final = None`` and
+    it); a client with one class, or with non-finite outputs, has no ROC-AUC and is left out,
+    counted in ``diag.auc_undefined``; ``diag.auc_nonfinite`` counts the second kind
+    (:func:`run_failure` fails the run on it). A run that fails (e.g. non-finite uploads at a too large step) returns ``final = None`` and
     ``error``: a failed setting, not a crash.
     """
     if method in CONSTANTS:
@@ -677,7 +678,8 @@ def _write(out: Path, doc: dict[str, Any], form: Form) -> None:
             for method in form.methods:
                 urow.append({"method": method, **{f"α={a:g}": _undefined(doc, method, {"task": task, "dirichlet": float(a)})
                                                   for a in form.dirichlet}})
-            sections += [f"### {task}: clients left out of the mean (test split with one class: {label} undefined), "
+            sections += [f"### {task}: clients left out of the mean ({label} undefined: a test split with one class, or "
+                         "non-finite outputs), "
                          f"per seed, of {nodes_for(form, task)}", "", markdown_table(urow, list(urow[0])), ""]
         pairs = pair_list(form)
         for ref in dict.fromkeys(r for _, r in pairs):
