@@ -323,8 +323,8 @@ def run_one(method: str, task: str, form: Form, seed: int, dirichlet: float, par
     test split holds both classes of their ROC-AUC (the task's ``test_auc``, as bench apflgate reads
     it); a client with one class, or with non-finite outputs, has no ROC-AUC and is left out,
     counted in ``diag.auc_undefined``; ``diag.auc_nonfinite`` counts the second kind
-    (:func:`run_failure` fails the run on it). A run that fails (e.g. non-finite uploads at a too large step) returns ``final = None`` and
-    ``error``: a failed setting, not a crash.
+    (:func:`run_failure` fails the run on it). A run that fails (e.g. non-finite uploads at a too
+    large step) returns ``final = None`` and ``error``: a failed setting, not a crash.
     """
     if method in CONSTANTS:
         if form.metric == "auc":
