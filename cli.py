@@ -482,7 +482,8 @@ def bench(
                                          "user-space; netns)."),
     form: str | None = typer.Option(None, "--form",
                                     help="Form between --quick and the full one, for benchmarks that have one "
-                                         "(admm: paper; jgesr: regime)."),
+                                         "(admm: paper; jgesr: regime, on digits-permuted unless --task; "
+                                         "heterogeneity: personal, personal-bbbp)."),
 ) -> None:
     """Reproduce a paper experiment; writes <out>/<name>.json/.md/.png."""
     from graphfl.deploy.run import default_out_dir

@@ -134,3 +134,30 @@ def test_verdict_rule():
     assert bj.verdict(paired([0.05, 0.05], first_nonfinite=[2]), 3)["verdict"] == "loses"
     assert bj.verdict(paired([0.05, 0.05], second_nonfinite=[2]), 3)["verdict"] == "not testable"
     assert bj.verdict(paired([0.0, 0.0, 0.0]), 3)["tied"] == 3
+
+
+class _Declared(Exception):
+    pass
+
+
+def test_the_regime_form_runs_on_planted_groups_unless_a_task_is_given(monkeypatch):
+    """`graphfl bench jgesr --form regime` without --task sweeps digits-permuted (the setting whose
+    question the form asks); the other forms keep digits; --task wins."""
+    import pytest
+
+    from graphfl.bench import jgesr as bj
+
+    seen: list[str] = []
+    monkeypatch.setattr(bj, "run_regime", lambda seed, out, task: seen.append(task) or {})
+    bj.run(form="regime")
+    bj.run(form="regime", task="digits")
+    assert seen == ["digits-permuted", "digits"]
+
+    def declare(spec, seed, task):
+        seen.append(task)
+        raise _Declared
+
+    monkeypatch.setattr(bj, "declare", declare)
+    with pytest.raises(_Declared):
+        bj.run(quick=True)
+    assert seen[-1] == "digits"
