@@ -268,19 +268,26 @@ def _graph_stats(graph: Any, task: str, n: int) -> dict[str, Any]:
     return out
 
 
+def client_task(task: str, nodes: int, seed: int, dirichlet: float) -> Any:
+    """The task whose clients' data the trained runs of this (task, client count, seed, Dirichlet
+    α) see, built as a run builds it (a constant predictor and the two-class count read it).
+    """
+    from graphfl.common.config import parse_run_config
+    from graphfl.tasks import registry as tasks
+
+    cfg = parse_run_config({"strategy": "fedavg", "task": task, "nodes": nodes, "seed": seed, "engine": "inprocess",
+                            "data.dirichlet-alpha": dirichlet})
+    return tasks.create(cfg.task, data=cfg.data, data_dir=cfg.data_dir, seed=seed)
+
+
 def constant_accuracy(method: str, task: str, form: Form, seed: int, dirichlet: float) -> dict[str, Any]:
     """Mean over clients of a constant predictor's test accuracy (``Const-own`` or ``Const-pooled``).
 
     The clients' data are those of the trained runs with the same seed (same task, client count
     and Dirichlet split); the class is chosen on training data only.
     """
-    from graphfl.common.config import parse_run_config
-    from graphfl.tasks import registry as tasks
-
     n = nodes_for(form, task)
-    cfg = parse_run_config({"strategy": "fedavg", "task": task, "nodes": n, "seed": seed, "engine": "inprocess",
-                            "data.dirichlet-alpha": dirichlet})
-    t = tasks.create(cfg.task, data=cfg.data, data_dir=cfg.data_dir, seed=seed)
+    t = client_task(task, n, seed, dirichlet)
     data = [t.client_data(p, n) for p in range(n)]
     pooled_y = np.concatenate([np.asarray(d.y_train, np.int64).reshape(-1) for d in data])
     pooled = int(np.bincount(pooled_y).argmax())
@@ -297,12 +304,7 @@ def constant_accuracy(method: str, task: str, form: Form, seed: int, dirichlet: 
 @functools.lru_cache(maxsize=64)
 def two_class_clients(task: str, nodes: int, seed: int, dirichlet: float) -> int:
     """How many of the ``nodes`` clients' test splits hold both classes (the clients with a ROC-AUC)."""
-    from graphfl.common.config import parse_run_config
-    from graphfl.tasks import registry as tasks
-
-    cfg = parse_run_config({"strategy": "fedavg", "task": task, "nodes": nodes, "seed": seed, "engine": "inprocess",
-                            "data.dirichlet-alpha": dirichlet})
-    t = tasks.create(cfg.task, data=cfg.data, data_dir=cfg.data_dir, seed=seed)
+    t = client_task(task, nodes, seed, dirichlet)
     return sum(1 for p in range(nodes) if np.unique(np.asarray(t.client_data(p, nodes).y_test)).size >= 2)
 
 
