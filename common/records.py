@@ -88,8 +88,20 @@ def pack_arrays(arrays: Arrays) -> bytes:
     return b"".join(pieces)  # the one copy of the data
 
 
-def unpack_arrays(data: bytes | bytearray | memoryview) -> Arrays:
-    """One packed blob -> named arrays (writable copies, record order kept).
+def unpack_arrays(data: bytes | bytearray | memoryview, copy: bool = True) -> Arrays:
+    """One packed blob -> named arrays (record order kept).
+
+    Parameters
+    ----------
+    data
+        The packed blob (layout in the module docstring).
+    copy
+        ``True`` (default): each array is a writable copy, independent of ``data``. ``False``:
+        each array is a **read-only view** into ``data`` (no copy of the tensor bytes; writing to
+        it raises ``ValueError``), for a caller that only reads the arrays. A view keeps the whole
+        blob alive as long as any of its arrays lives, and ``torch.as_tensor`` of a view would
+        share (and let torch write) the blob's memory: copy before handing a view to code that
+        keeps or writes it.
 
     Raises
     ------
@@ -97,6 +109,8 @@ def unpack_arrays(data: bytes | bytearray | memoryview) -> Arrays:
         If the blob is not a packed record or any header field is invalid (names the field).
     """
     view = memoryview(data).cast("B")
+    if not copy:
+        view = view.toreadonly()  # a bytearray's or writable memoryview's views are read-only too
     total = len(view)
     if total < 12 or bytes(view[:8]) != _MAGIC:
         raise ValueError("packed arrays: missing the GFLPACK1 magic")
@@ -134,7 +148,8 @@ def unpack_arrays(data: bytes | bytearray | memoryview) -> Arrays:
             raise ValueError(f"packed arrays: array {name!r} ({nbytes} bytes at offset {offset!r}) lies outside "
                              f"the {region}-byte data region or overlaps the previous array")
         start = base + offset
-        out[name] = np.frombuffer(view[start:start + nbytes], dtype=dtype).reshape(shape).copy()
+        arr = np.frombuffer(view[start:start + nbytes], dtype=dtype).reshape(shape)
+        out[name] = arr.copy() if copy else arr
         end_prev = offset + nbytes
     return out
 
@@ -155,8 +170,11 @@ def arrays_to_record(arrays: Arrays, pack: bool = True) -> ArrayRecord:
     return rec
 
 
-def record_to_arrays(record: ArrayRecord) -> Arrays:
+def record_to_arrays(record: ArrayRecord, copy: bool = True) -> Arrays:
     """``ArrayRecord`` (packed or one ``Array`` per tensor) -> numpy dict (order kept).
+
+    ``copy=False`` gives read-only views into a packed record's blob (:func:`unpack_arrays`);
+    a plain record's arrays are always new arrays (``Array.numpy`` deserialises each).
 
     Raises
     ------
@@ -169,7 +187,7 @@ def record_to_arrays(record: ArrayRecord) -> Arrays:
     if packed is not None and packed.stype == PACKED_STYPE:
         if len(record) != 1:
             raise ValueError(f"packed arrays: the record holds {sorted(record)} besides {wire.PACKED!r}")
-        return unpack_arrays(packed.data)
+        return unpack_arrays(packed.data, copy=copy)
     return {key: arr.numpy() for key, arr in record.items()}
 
 
@@ -191,9 +209,12 @@ def arrays_record(arrays: Arrays, inline_max: int = INLINE_MAX_BYTES) -> ConfigR
     return _packed_array_record(blob)
 
 
-def get_arrays(content: RecordDict, name: str) -> Arrays | None:
+def get_arrays(content: RecordDict, name: str, copy: bool = True) -> Arrays | None:
     """The arrays stored under ``name`` by :func:`arrays_record` (either form) or as a plain
     ``ArrayRecord``; ``None`` when ``content`` has no record of that name.
+
+    ``copy=False``: read-only views into the packed blob where there is one (:func:`unpack_arrays`
+    says what a view costs and forbids).
 
     Raises
     ------
@@ -204,14 +225,14 @@ def get_arrays(content: RecordDict, name: str) -> Arrays | None:
         An ``Array`` of a serialisation type numpy cannot read.
     """
     if name in content.array_records:
-        return record_to_arrays(content.array_records[name])
+        return record_to_arrays(content.array_records[name], copy=copy)
     if name in content.config_records:
         rec = content.config_records[name]
         blob = rec.get(wire.PACKED)
         if len(rec) != 1 or not isinstance(blob, bytes):
             raise ValueError(f"inline arrays {name!r}: expected one bytes value under {wire.PACKED!r}, "
                              f"got keys {sorted(rec)}")
-        return unpack_arrays(blob)
+        return unpack_arrays(blob, copy=copy)
     return None
 
 
