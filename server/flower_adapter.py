@@ -53,7 +53,12 @@ comes back under a new node id, so a retired id is one the SuperLink still lists
 
 
 def reply_from_message(msg: Message, partition_id: int | None = None) -> Reply:
-    """Parse a ClientApp reply (or a Flower error message) into a :class:`Reply`."""
+    """Parse a ClientApp reply (or a Flower error message) into a :class:`Reply`.
+
+    The reply's arrays and mask are read-only views into the message's packed blob
+    (:func:`~graphfl.common.records.get_arrays` with ``copy=False``): the server only reads an
+    upload, and writing to one raises ``ValueError``.
+    """
     if msg.has_error():
         return Reply(partition_id if partition_id is not None else -1,
                      error=f"client error {msg.error.code}: {msg.error.reason}")
@@ -67,14 +72,16 @@ def reply_from_message(msg: Message, partition_id: int | None = None) -> Reply:
         if value is not None and not (math.isfinite(value) and value >= 0 and float(value).is_integer()):
             return Reply(fallback, error=f"reply metric {key!r} = {value!r} is not a non-negative integer")
     pid = int(metrics.get(wire.PARTITION_ID, fallback))
+    # Views, not copies: validation, decoding and aggregation only read an upload, and a strategy
+    # that keeps one copies it into its own table (ModelTable.flatten, weighted_average).
     try:
-        arrays = get_arrays(content, wire.ARRAYS)
+        arrays = get_arrays(content, wire.ARRAYS, copy=False)
     except (ValueError, TypeError) as exc:  # undecodable arrays: treat as a failed reply
         return Reply(pid, error=f"undecodable arrays: {exc}")
     mask = None
     if wire.MASK_PREFIX + wire.ARRAYS in content:
         try:
-            mask = get_arrays(content, wire.MASK_PREFIX + wire.ARRAYS)
+            mask = get_arrays(content, wire.MASK_PREFIX + wire.ARRAYS, copy=False)
         except (ValueError, TypeError) as exc:
             return Reply(pid, error=f"undecodable channel mask: {exc}")
     return Reply(pid, arrays, metrics, mask=mask)
