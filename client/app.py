@@ -138,7 +138,9 @@ def _serve(msg: Message, context: Context, default_kind: str) -> Message:
                             data_dir)
 
     request = read_request(msg.content.config_records.get(wire.CONFIG), default_kind)
-    payload = Payload(get_arrays(msg.content, wire.ARRAYS) or {}, request.payload_config)
+    # Read-only views into the message's blob (no copy of the model): the trainers read the payload
+    # (load_state_dict copies it into the model; anchors and references are read), never write it.
+    payload = Payload(get_arrays(msg.content, wire.ARRAYS, copy=False) or {}, request.payload_config)
 
     state_rec = context.state.array_records.get(wire.STATE)
     state = record_to_arrays(state_rec) if state_rec is not None else {}

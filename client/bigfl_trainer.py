@@ -141,8 +141,9 @@ class BiGFLTrainer(ClientTrainer[BiGFLParams]):
             if key not in payload.arrays:
                 raise ValueError(f"bigfl client {self.ctx.partition_id}: payload lacks {key!r}")
         model, keys = self._model(payload, state)
-        m_i = torch.as_tensor(np.asarray(payload.arrays[M_KEY], dtype=np.float32))
-        phi = torch.as_tensor(np.asarray(payload.arrays[PHI_KEY], dtype=np.float32))
+        # torch.tensor copies: payload arrays may be read-only views into the received message
+        m_i = torch.tensor(np.asarray(payload.arrays[M_KEY], dtype=np.float32))
+        phi = torch.tensor(np.asarray(payload.arrays[PHI_KEY], dtype=np.float32))
         d = int(sum(p.numel() for k, p in model.named_parameters() if k in keys))
         if m_i.shape != (d,) or phi.shape != (d, d):
             raise ValueError(

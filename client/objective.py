@@ -169,7 +169,11 @@ class LocalObjective:
 
 
 def _tensor(a: np.ndarray) -> torch.Tensor:
-    return torch.as_tensor(np.asarray(a, dtype=np.float32))
+    """``a`` as a float32 tensor; a read-only array (a view into a received message) is copied,
+    never shared with torch, which would ignore the flag.
+    """
+    arr = np.asarray(a, dtype=np.float32)
+    return torch.as_tensor(arr if arr.flags.writeable else arr.copy())
 
 
 def _proximal(params: Params, tensors: dict[str, Any], keys: tuple[str, ...]) -> torch.Tensor:

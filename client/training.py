@@ -6,6 +6,7 @@ Every function is deterministic given its ``rng``; trainers derive that generato
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -36,10 +37,17 @@ def check_arrays(shapes: dict[str, tuple[int, ...]], arrays: dict[str, np.ndarra
 
 
 def set_arrays(model: nn.Module, arrays: dict[str, np.ndarray]) -> None:
-    """Load named arrays into ``model``; missing/extra keys or wrong shapes raise ValueError."""
+    """Load named arrays into ``model``; missing/extra keys or wrong shapes raise ValueError.
+
+    ``load_state_dict`` copies each array into the model's own tensors, so read-only arrays (views
+    into a received message, :func:`graphfl.common.records.unpack_arrays`) are loaded without a
+    copy of their own: the temporary tensors that share their memory are only read.
+    """
     own = model.state_dict()
     check_arrays({k: tuple(v.shape) for k, v in own.items()}, arrays)
-    model.load_state_dict({k: torch.as_tensor(np.asarray(arrays[k])) for k in own})
+    with warnings.catch_warnings():  # torch's warning about sharing a read-only array (read only here)
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning)
+        model.load_state_dict({k: torch.as_tensor(np.asarray(arrays[k])) for k in own})
 
 
 def param_keys(model: nn.Module) -> tuple[str, ...]:
