@@ -62,11 +62,12 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from graphfl.common.config import dump_toml, parse_run_config
+from graphfl.common.config import parse_run_config
 from graphfl.common.results import markdown_table
 
 from .harness import Bench, Cell, Metric, run_bench
 from .report import build_doc, write_report
+from .stock_flower import STATUS_EVERY, TIMED_FEDAVG, run_app, write_app
 
 logger = logging.getLogger(__name__)
 
@@ -98,38 +99,7 @@ from flwr.serverapp.strategy import FedAvg
 
 app = ServerApp()
 
-
-class TimedFedAvg(FedAvg):
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self.times = {}
-        self.metrics = {}
-
-    def _mark(self, r, key):
-        self.times.setdefault(r, {})[key] = time.time()
-
-    def configure_train(self, server_round, arrays, config, grid):
-        self._mark(server_round, "train_start")
-        return super().configure_train(server_round, arrays, config, grid)
-
-    def aggregate_train(self, server_round, replies):
-        replies = list(replies)
-        self._mark(server_round, "train_replies")
-        out = super().aggregate_train(server_round, replies)
-        self.metrics.setdefault(server_round, {})["train_replies"] = sum(not m.has_error() for m in replies)
-        return out
-
-    def configure_evaluate(self, server_round, arrays, config, grid):
-        self._mark(server_round, "eval_start")
-        return super().configure_evaluate(server_round, arrays, config, grid)
-
-    def aggregate_evaluate(self, server_round, replies):
-        replies = list(replies)
-        self._mark(server_round, "eval_replies")
-        accs = [float(m.content["metrics"]["test_acc"]) for m in replies if not m.has_error()]
-        self.metrics.setdefault(server_round, {})["test_acc"] = sum(accs) / len(accs) if accs else None
-        return super().aggregate_evaluate(server_round, replies)
-
+''' + TIMED_FEDAVG + '''
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
@@ -212,24 +182,12 @@ def client_data(seed, pid, n):
 
 def write_vanilla_app(path: Path, cfg: dict[str, Any]) -> Path:
     """Write the vanilla Flower App (``pyproject.toml`` + package ``vanillafl``) into ``path``."""
-    pkg = path / "vanillafl"
-    pkg.mkdir(parents=True, exist_ok=True)
-    (pkg / "__init__.py").write_text('"""Vanilla Flower App for graphfl bench deploy."""\n')
-    (pkg / "server_app.py").write_text(VANILLA_SERVER)
-    (pkg / "client_app.py").write_text(VANILLA_CLIENT)
-    (pkg / "task.py").write_text(VANILLA_TASK)
-    (path / "pyproject.toml").write_text(dump_toml({
-        "build-system": {"requires": ["setuptools>=69"], "build-backend": "setuptools.build_meta"},
-        "project": {"name": "vanillafl", "version": "1.0.0", "dependencies": []},
-        "tool": {"flwr": {"app": {
-            "publisher": "graphfl-bench",
-            "components": {"serverapp": "vanillafl.server_app:app", "clientapp": "vanillafl.client_app:app"},
-            "config": {"num-server-rounds": int(cfg["rounds"]), "nodes": int(cfg["nodes"]), "seed": int(cfg["seed"]),
-                       "local-steps": int(cfg["local-steps"]), "batch-size": int(cfg["batch-size"]),
-                       "lr": float(cfg["lr"]), "out-file": ""},
-        }}},
-    }))
-    return path
+    return write_app(path, "vanillafl", {"server_app": VANILLA_SERVER, "client_app": VANILLA_CLIENT,
+                                         "task": VANILLA_TASK},
+                     {"num-server-rounds": int(cfg["rounds"]), "nodes": int(cfg["nodes"]), "seed": int(cfg["seed"]),
+                      "local-steps": int(cfg["local-steps"]), "batch-size": int(cfg["batch-size"]),
+                      "lr": float(cfg["lr"]), "out-file": ""},
+                     doc="Vanilla Flower App for graphfl bench deploy.")
 
 
 # ------------------------------------------------------------------------------------------
@@ -303,39 +261,23 @@ def _warm_split(out: Path, nodes: int, rounds: int) -> dict[str, Any]:
             "reply_to_server": [_median(p) for p in to_server]}
 
 
-VANILLA_STATUS_EVERY = 5.0
+VANILLA_STATUS_EVERY = STATUS_EVERY
 """Seconds between `flwr list` status checks of a vanilla run (its rounds time themselves)."""
 
 
 def run_vanilla(out: Path, seed: int, rounds: int) -> dict[str, Any]:
-    """One run of the vanilla Flower App on stock SuperNodes; its timings."""
-    from graphfl.deploy.federation import LocalFederation
-
+    """One run of the vanilla Flower App on stock SuperNodes (:func:`graphfl.bench.stock_flower.run_app`); its timings."""
     defaults = parse_run_config({**BASE_CONFIG, "rounds": rounds, "seed": seed})
     app_cfg = {"rounds": rounds, "nodes": defaults.nodes, "seed": seed, "local-steps": defaults.train.local_steps,
                "batch-size": defaults.train.batch_size, "lr": defaults.train.lr}
     out.mkdir(parents=True, exist_ok=True)
     app = write_vanilla_app(out / "vanilla-app", app_cfg)
-    result_file = (out / "vanilla.json").resolve()
-    overrides = out / "run-config.toml"
-    overrides.write_text(dump_toml({"out-file": str(result_file)}))
-    t_fed = time.perf_counter()
-    with LocalFederation(out, defaults.nodes, tls=True, start_timeout=defaults.connect_timeout,
-                         clientapp_mode="cold", superlink_middleware="stock",
-                         env={"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "1.0"}) as fed:
-        startup = time.perf_counter() - t_fed
-        sub = fed.submitter()
-        t_run = time.perf_counter()
-        handle = sub.submit(app, overrides, out)
-        # every `flwr list` is a CLI process (about 1 s of CPU): asked every 5 s, not every second, so
-        # the monitoring does not slow the measured rounds (which the App times itself)
-        sub.wait_status(handle.run_id, timeout=60 + rounds * 300, interval=VANILLA_STATUS_EVERY)
-        wall = time.perf_counter() - t_run
-    doc = json.loads(result_file.read_text())
+    doc = run_app(out, app, defaults.nodes, tls=True, start_timeout=defaults.connect_timeout,
+                  run_timeout=60 + rounds * 300)
     times = {int(k): v for k, v in doc["times"].items()}
     rs = sorted(times)
     return {
-        "variant": "vanilla-flower", "federation_start": startup, "wall": wall,
+        "variant": "vanilla-flower", "federation_start": doc["federation_start"], "wall": doc["wall"],
         "rounds": [times[r]["eval_replies"] - times[r]["train_start"] for r in rs],
         "train_exchange": [times[r]["train_replies"] - times[r]["train_start"] for r in rs],
         "eval_exchange": [times[r]["eval_replies"] - times[r]["eval_start"] for r in rs],
