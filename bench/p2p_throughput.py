@@ -30,7 +30,14 @@ TLS material), the same for the floor's processes.
 TLS as the p2p case) runs FedAvg on ``synthetic-vector`` with ``data.dim = d``: a bare
 ``d``-parameter float32 model, so one round moves ``n`` messages of ``4d`` bytes down and ``n``
 up — the same ``2n`` messages as the ring — plus one SGD step per client. Its round time
-(median of rounds 2..) is reported beside the p2p round. The p2p round is the **whole ring's**:
+(median of rounds 2..) is reported beside the p2p round. **Vanilla Flower, same bytes, same run**:
+right after it, a stock Flower App (:func:`graphfl.bench.stock_flower.run_vector_app`: Flower's own
+``FedAvg``, training only, over a bare ``d``-parameter float32 vector; each ClientApp does one
+gradient step ``θ ← θ − η (θ − μ_i)``) runs the same ``rounds`` on the stock ``flower-superlink`` and
+``n`` stock ``flower-supernode`` processes (one ``flwr-clientapp`` process per message, Flower's
+default 1 s SuperExec poll), TLS as the case; its round (the App's own clock: training exchange +
+aggregation, median of rounds 2..) is reported beside graphfl's, with their ratio. The p2p round is
+the **whole ring's**:
 the interval between the instants at which the last peer finished consecutive rounds
 (:func:`network_round_seconds`), after the start-up catch-up. p2pfl is measured only when installed
 (it is not a dependency; reported as skipped with the reason otherwise). No figure is copied
@@ -39,7 +46,8 @@ from notes.
 The in-process engine (``graphfl p2p --engine inprocess``) is measured in the same run: ms per
 round of DFL-GT on ``linreg`` with 1000 nodes on a ring, vectorised vs the per-node driver.
 
-``run(quick, seed, out)`` writes ``<out>/p2p_throughput.{json,md,png}``. The full form adds one
+``run(quick, seed, out, form=None)`` writes ``<out>/p2p_throughput.{json,md,png}``. ``form="4-nodes"``
+runs the full form's 4-node cases only (1M and 10M parameters, plaintext and TLS). The full form adds one
 128-peer ring (100k parameters, plaintext) when the machine has the memory for it (1.5 x 128 x
 the per-peer estimate ``60 MB + 20 x model bytes``, from the RSS measured in docs/p2p.md; skipped
 with the reason otherwise).
@@ -47,15 +55,16 @@ with the reason otherwise).
 On the benchmark harness (:mod:`graphfl.bench.harness`) in its measurement mode (``cache="none"``):
 points = the cases ``(params, peers, tls)``, methods = what one case measures (``serial-floor``,
 ``parallel-floor``, ``parallel-floor-tls`` for TLS cases, ``grpc`` and ``socket`` = graphfl's ring
-on either data path, ``flower`` up to :data:`FLOWER_MAX_NODES` nodes), one joint cell per case
+on either data path, ``flower`` and ``vanilla-flower`` up to :data:`FLOWER_MAX_NODES` nodes), one joint cell per case
 (:func:`measure_case`: the floors and graphfl's rounds of a case are measured together), one
 repeat (the run's seed), metrics = round seconds, the ratio to the parallel floor, wire/payload
 bytes, per-process memory and start-up. The results are ratios of graphfl's round time to floors
 measured in the same run on the same machine: every case is measured in the run that writes the
 result, none is cached across runs (a cached time beside a fresh floor would compare two loads).
-The 128-peer case is skipped by the memory available when the run starts, a Flower case by the
-memory available when it is reached. What this module adds: the measurements, the per-case
-``rows`` with every figure, the in-process engine and mixing-step timings, and its own tables.
+The 128-peer case is skipped by the memory available when the run starts, a Flower case (graphfl's
+or vanilla) by the memory available when it is reached (:func:`flower_memory_mb` for both). What
+this module adds: the measurements, the per-case ``rows`` with every figure, the in-process engine
+and mixing-step timings, and its own tables.
 """
 
 from __future__ import annotations
@@ -86,6 +95,7 @@ from graphfl.p2p.mixing import mix
 
 from .harness import Bench, Cell, Metric, run_bench
 from .report import build_doc, metric_panels, write_report
+from .stock_flower import run_vector_app
 
 logger = logging.getLogger(__name__)
 
@@ -100,6 +110,10 @@ SCALE_PARAMS = 100_000
 INPROCESS_NODES = 1000
 FLOWER_MAX_NODES = 16
 """Largest ring for which the same bytes are also sent through a Flower deployment (one SuperNode per node)."""
+FORMS: dict[str, tuple[tuple[int, int, bool], ...]] = {
+    "4-nodes": tuple((d, 4, insecure) for insecure in (True, False) for d in FULL_SIZES),
+}
+"""``--form`` -> its cases ``(params, peers, insecure)``, measured with the full form's rounds."""
 RING_ROUNDS_QUICK = 8
 RING_ROUNDS_FULL = 20
 """Rounds of a p2p ring and of the parallel floor (the steady state is measured after start-up)."""
@@ -418,14 +432,17 @@ def render(doc: Mapping[str, Any]) -> str:
         columns=["params", "peers", "TLS", "gRPC round s (median)", "serial floor s", "parallel floor s", "/ serial",
                  "/ parallel", "parallel TLS floor s", "/ parallel TLS", "wire/payload", "MB/round (wire)",
                  "peer RSS MB (median)", "peer start-up s",
-                 "floor proc RSS MB", "floor start-up s", "Flower round s", "Flower / p2p", "ok"],
+                 "floor proc RSS MB", "floor start-up s", "Flower round s", "Flower / p2p",
+                 "vanilla Flower round s", "vanilla / graphfl Flower", "vanilla / p2p", "ok"],
         rows=[[r["params"], r["peers"], r["tls"], r.get("median_round_s"), r["floor_s"], r["parallel_floor_s"],
                r.get("ratio_to_floor"), r.get("ratio_to_parallel_floor"),
                r.get("parallel_floor_tls_s"), r.get("ratio_to_parallel_floor_tls"),
                None if r.get("wire_over_payload") is None else f"{r['wire_over_payload']:.5f}",
                (r.get("wire_bytes_per_round") or 0) / 2**20, r.get("rss_mb_median"), r.get("startup_s_median"),
                r["parallel_floor"]["rss_mb"], r["parallel_floor"]["startup_s"],
-               (r.get("flower") or {}).get("median_round_s"), r.get("flower_over_p2p"), r["ok"]] for r in rows],
+               (r.get("flower") or {}).get("median_round_s"), r.get("flower_over_p2p"),
+               (r.get("vanilla") or {}).get("median_round_s"), r.get("vanilla_over_flower"), r.get("vanilla_over_p2p"),
+               r["ok"]] for r in rows],
     )
     socket_table = markdown_table(
         columns=["params", "peers", "TLS", "socket round s (median)", "/ parallel", "/ parallel TLS",
@@ -445,7 +462,8 @@ def render(doc: Mapping[str, Any]) -> str:
         + (f"## data-path = socket (the same frames over TCP / TLS connections beside gRPC)\n\n{socket_table}\n\n"
            "Same cases, same floors (measured once per case, above), peers started fresh.\n\n"
            if any(r.get("socket") for r in rows) else "")
-        + f"p2p round = {RING_MEASURE}. Flower round = median of rounds 2.. of its run.\n\n"
+        + f"p2p round = {RING_MEASURE}. Flower round = median of rounds 2.. of its run. Vanilla Flower "
+          "round = median of rounds 2.. of a stock Flower App's run (its ServerApp's own clock).\n\n"
         "Serial floor = tobytes + one loopback TCP socket + frombuffer + graphfl's mixing sums of the same 2n "
         "messages, one process. Parallel floor = n processes doing the same ring exchange over raw sockets "
         "(same bytes, same pattern); for TLS rows also over TLS sockets (Python's ssl, the same "
@@ -457,29 +475,44 @@ def render(doc: Mapping[str, Any]) -> str:
         f"(float32 in place) vs {mixing['float64_copies']['median_ms']:.2f} ms (float64 with a copy per term), "
         f"median of interleaved repeats ({mixing['speedup_median']:.1f}x; min: {mixing['speedup_min']:.1f}x), "
         f"largest difference {mixing['max_abs_difference']:.2g}.\n\n"
-        f"Flower: {doc['flower']}.\n\np2pfl: {p2pfl}.\n"
+        f"Flower: {doc['flower']}.\n\n"
+        + (f"Vanilla Flower: {doc['vanilla_flower']}.\n\n" if doc.get("vanilla_flower") else "")
+        + f"p2pfl: {p2pfl}.\n"
         + ("".join(f"\nSkipped: {x}.\n" for x in skipped))
         + ("".join(f"\nFlower failed for {r['params']} params, {r['peers']} nodes"
                    f"{' (TLS)' if r['tls'] else ''}: {_first_line(r['flower'].get('error', ''))}"
                    + (f" (the run's own error: {_first_line(r['flower']['run_error'])})"
                       if r["flower"].get("run_error") else "") + "\n"
                    for r in rows if r.get("flower") and r["flower"].get("ok") is False))
+        + ("".join(f"\nVanilla Flower failed for {r['params']} params, {r['peers']} nodes"
+                   f"{' (TLS)' if r['tls'] else ''}: {_first_line(r['vanilla'].get('error', ''))}\n"
+                   for r in rows if r.get("vanilla") and r["vanilla"].get("ok") is False))
     )
 
 
-METHODS = ("serial-floor", "parallel-floor", "parallel-floor-tls", "grpc", "socket", "flower")
+VANILLA_DESCRIPTION = (
+    "measured in this run, right after graphfl's Flower run of the same case: a stock Flower App "
+    "(flwr.serverapp.strategy.FedAvg, training only, fraction_evaluate=0) over a bare float32 vector of the "
+    "same parameter count, ClientApp = one gradient step theta - lr (theta - mu_i); stock flower-superlink + "
+    "stock flower-supernode processes (one flwr-clientapp process per message, SuperExec poll 1 s), TLS as "
+    "the case, same nodes and rounds; round = the ServerApp's own clock (training exchange + aggregation), "
+    "rounds 2.. median")
+
+METHODS = ("serial-floor", "parallel-floor", "parallel-floor-tls", "grpc", "socket", "flower", "vanilla-flower")
 METRICS = (Metric("round_s", "round s (median)", fmt=".4g"),
            Metric("ratio_to_parallel_floor", "/ parallel floor", fmt=".3g", paired=False),
            Metric("wire_over_payload", "wire/payload", fmt=".5f", paired=False),
            Metric("rss_mb", "RSS MB per process (median)", fmt=".0f", paired=False),
            Metric("startup_s", "start-up s (median)", fmt=".3g", paired=False))
-PAIRS = (("grpc", "parallel-floor"), ("socket", "grpc"), ("flower", "grpc"))
+PAIRS = (("grpc", "parallel-floor"), ("socket", "grpc"), ("flower", "grpc"), ("vanilla-flower", "flower"))
 
 
 def methods_at(point: Mapping[str, Any]) -> list[str]:
-    """What a case measures: the TLS floor only for TLS cases, Flower only up to :data:`FLOWER_MAX_NODES` nodes."""
+    """What a case measures: the TLS floor only for TLS cases, Flower (graphfl's and vanilla) only up to
+    :data:`FLOWER_MAX_NODES` nodes.
+    """
     return [m for m in METHODS if (m != "parallel-floor-tls" or point["tls"])
-            and (m != "flower" or point["peers"] <= FLOWER_MAX_NODES)]
+            and (m not in ("flower", "vanilla-flower") or point["peers"] <= FLOWER_MAX_NODES)]
 
 
 def measure_case(out: Path, rounds: int, ring_rounds: int, d: int, n: int, insecure: bool) -> dict[str, Any]:
@@ -489,7 +522,8 @@ def measure_case(out: Path, rounds: int, ring_rounds: int, d: int, n: int, insec
     label = f"{'plain' if insecure else 'tls'}-{n}peers"
     logger.info("p2p throughput: %d params, %d peers, %s", d, n, label)
     case = f"{d}-{n}-{label}"
-    for folder in (out / "runs" / case, out / "runs" / f"{case}-socket", out / "flower" / case):
+    for folder in (out / "runs" / case, out / "runs" / f"{case}-socket", out / "flower" / case,
+                   out / "vanilla" / case):
         _fresh(folder)
     floor = raw_floor(d, n)
     pfloor = parallel_floor(d, n, rounds=ring_rounds)
@@ -528,7 +562,33 @@ def measure_case(out: Path, rounds: int, ring_rounds: int, d: int, n: int, insec
             res["flower"] = fl
             fmed = fl.get("median_round_s")
             res["flower_over_p2p"] = fmed / med if (fmed and med) else None
+        res.update(measure_vanilla_case(out / "vanilla" / case, d, n, rounds, insecure, res))
     return res
+
+
+def measure_vanilla_case(out: Path, d: int, n: int, rounds: int, insecure: bool,
+                         row: Mapping[str, Any]) -> dict[str, Any]:
+    """A case's vanilla Flower entries: ``vanilla`` (:func:`graphfl.bench.stock_flower.run_vector_app`,
+    or ``skipped`` with the reason when :func:`flower_memory_mb` exceeds the memory available now),
+    ``vanilla_over_flower`` (vanilla round / graphfl's Flower round) and ``vanilla_over_p2p``.
+    """
+    need, avail = flower_memory_mb(d, n), _mem_available_mb()
+    if avail is not None and need > avail:
+        reason = (f"vanilla Flower, {d} params x {n} nodes: needs ~{need:.0f} MB (bench.p2p_throughput."
+                  f"flower_memory_mb), {avail:.0f} MB available; not run")
+        logger.warning("p2p throughput: skipping %s", reason)
+        return {"vanilla": {"ok": None, "skipped": reason}}
+    van = measure_vanilla(out, d, n, rounds, insecure, timeout=600 + 10 * n)
+    vmed = van.get("median_round_s") if van.get("ok") else None
+    fmed = (row.get("flower") or {}).get("median_round_s")
+    med = row.get("median_round_s")
+    return {"vanilla": van, "vanilla_over_flower": vmed / fmed if (vmed and fmed) else None,
+            "vanilla_over_p2p": vmed / med if (vmed and med) else None}
+
+
+def measure_vanilla(out: Path, d: int, n: int, rounds: int, insecure: bool, timeout: float) -> dict[str, Any]:
+    """The vanilla Flower round for the same bytes (:func:`graphfl.bench.stock_flower.run_vector_app`)."""
+    return run_vector_app(out, d, n, rounds, tls=not insecure, timeout=timeout)
 
 
 def case_methods(res: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
@@ -561,6 +621,15 @@ def case_methods(res: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
             out["flower"] = {"final": {"round_s": fmed, "ratio_to_parallel_floor": fmed / pfloor if fmed else None},
                              "failed": None if fl.get("ok") and fmed else
                              f"Flower run not completed: {_first_line(fl.get('error') or fl.get('run_error') or '')}"}
+    van = res.get("vanilla")
+    if van is not None:
+        vmed = van.get("median_round_s")
+        if van.get("skipped"):
+            out["vanilla-flower"] = {"skipped": van["skipped"]}
+        else:
+            out["vanilla-flower"] = {"final": {"round_s": vmed, "ratio_to_parallel_floor": vmed / pfloor if vmed else None},
+                                     "failed": None if van.get("ok") and vmed else
+                                     f"vanilla Flower run not completed: {_first_line(van.get('error') or '')}"}
     return out
 
 
@@ -598,11 +667,19 @@ def declare(out: Path, seed: int, cases: Sequence[tuple[int, int, bool]], rounds
                  cache="none")
 
 
-def run(quick: bool, seed: int, out: Path, cases: Sequence[tuple[int, int, bool]] | None = None) -> dict[str, Any]:
+def run(quick: bool, seed: int, out: Path, cases: Sequence[tuple[int, int, bool]] | None = None,
+        form: str | None = None) -> dict[str, Any]:
     """Measure and write ``<out>/p2p_throughput.{json,md,png}``; returns the result dict.
 
-    ``cases`` (``(params, peers, insecure)``) replaces the form's grid.
+    ``cases`` (``(params, peers, insecure)``) replaces the form's grid; ``form`` (a key of
+    :data:`FORMS`) picks a named subset of the full form's cases, run with the full form's rounds.
     """
+    if form is not None:
+        if form not in FORMS:
+            raise ValueError(f"unknown p2p-throughput form {form!r}; valid: {sorted(FORMS)}")
+        if quick:
+            raise ValueError("p2p-throughput: --form and --quick exclude each other (a form runs the full rounds)")
+        cases = cases if cases is not None else list(FORMS[form])
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     sizes = QUICK_SIZES if quick else FULL_SIZES
@@ -619,6 +696,7 @@ def run(quick: bool, seed: int, out: Path, cases: Sequence[tuple[int, int, bool]
     rows = [r["row"] for r in outcome.joint.values() if "row" in r]
     skipped = [str(r["skipped"]) for r in outcome.joint.values() if r.get("skipped")]
     skipped += [r["flower"]["skipped"] for r in rows if (r.get("flower") or {}).get("skipped")]
+    skipped += [r["vanilla"]["skipped"] for r in rows if (r.get("vanilla") or {}).get("skipped")]
     inproc = measure_inprocess(out / "inprocess", INPROCESS_NODES, 10 if quick else 30)
     mixing = measure_mixing()
     p2pfl = ("measured" if importlib.util.find_spec("p2pfl") is not None else
@@ -627,7 +705,7 @@ def run(quick: bool, seed: int, out: Path, cases: Sequence[tuple[int, int, bool]
         p2pfl = "skipped: p2pfl is installed but its ring round is not automated in this bench"
     config = {"seed": seed, "sizes": sorted({d for d, _, _ in cases}), "peers": sorted({n for _, n, _ in cases}),
               "rounds": rounds, "ring_rounds": ring_rounds, "ring_round_measure": RING_MEASURE,
-              "topology": "ring", "algorithm": "gossip", "dtype": "float32", "cpus": os.cpu_count(),
+              "form": form, "topology": "ring", "algorithm": "gossip", "dtype": "float32", "cpus": os.cpu_count(),
               "malloc": ("peers and parallel-floor processes keep freed memory (graphfl.common.malloc; rows "
                          "list what each process reported); the serial floor runs in the bench process with "
                          "glibc's defaults (keeping 2n model copies there would hold GBs through the Flower runs)")}
@@ -635,6 +713,7 @@ def run(quick: bool, seed: int, out: Path, cases: Sequence[tuple[int, int, bool]
         "rows": rows, "inprocess": inproc, "mixing": mixing, "skipped": skipped,
         "flower": ("measured in this run: graphfl's Flower deployment (warm ClientApp workers), FedAvg on "
                    "synthetic-vector with the same parameter count, one SGD step per client; rounds 2.. median"),
+        "vanilla_flower": VANILLA_DESCRIPTION,
         "p2pfl": p2pfl})
     panels = []
     for tls in sorted({not insecure for _, _, insecure in cases}):

@@ -132,10 +132,15 @@ def test_p2p_throughput_assembles_each_case_on_the_measurement_mode(tmp_path: Pa
         measured.append(("flower", d, n, insecure))
         return {"ok": True, "median_round_s": 1.2}
 
+    def vanilla(out: Path, d: int, n: int, rounds: int, insecure: bool, timeout: float) -> dict:
+        measured.append(("vanilla", d, n, insecure))
+        return {"ok": True, "median_round_s": 6.0}
+
     monkeypatch.setattr(pt, "raw_floor", lambda d, n: 0.05)
     monkeypatch.setattr(pt, "parallel_floor", floor)
     monkeypatch.setattr(pt, "measure_ring", ring)
     monkeypatch.setattr(pt, "measure_flower", flower)
+    monkeypatch.setattr(pt, "measure_vanilla", vanilla)
     monkeypatch.setattr("graphfl.common.certs.generate_tls", lambda folder: None)
     monkeypatch.setattr(pt, "_mem_available_mb", lambda: 5000.0)  # the 128-peer case does not fit, Flower does
     monkeypatch.setattr(pt, "measure_inprocess", lambda out, nodes, rounds: {
@@ -148,6 +153,9 @@ def test_p2p_throughput_assembles_each_case_on_the_measurement_mode(tmp_path: Pa
     assert doc["config"]["cache"] == "none" and doc["estimate"]["cells_to_run"] == 2
     assert len(doc["rows"]) == 2 and len(doc["skipped"]) == 1 and "128 peers" in doc["skipped"][0]
     assert sum(m[0] == "flower" for m in measured) == 2 and sum(m[0] == "parallel" and m[3] for m in measured) == 1
+    assert sum(m[0] == "vanilla" for m in measured) == 2
+    assert [r["vanilla_over_flower"] for r in doc["rows"]] == pytest.approx([5.0, 5.0])
+    assert report_result(doc, "vanilla-flower", tls=True)["metrics"]["round_s"]["mean"] == pytest.approx(6.0)
     grpc = report_result(doc, "grpc", params=1000, peers=4, tls=False)
     assert grpc["metrics"]["ratio_to_parallel_floor"]["mean"] == pytest.approx(3.0)
     assert report_result(doc, "parallel-floor-tls", tls=True)["metrics"]["round_s"]["mean"] == pytest.approx(0.2)
@@ -160,6 +168,7 @@ def test_p2p_throughput_assembles_each_case_on_the_measurement_mode(tmp_path: Pa
     assert bench_results.view("p2p_throughput.json", saved)["layout"] == "harness"
     text = (tmp_path / "p2p_throughput.md").read_text()
     assert "measured in this run" in text and "gRPC round s (median)" in text
+    assert "vanilla / graphfl Flower" in text and "stock Flower App" in text
     assert (tmp_path / "p2p_throughput.png").stat().st_size > 0
 
 
