@@ -25,6 +25,16 @@ Round protocol
   With ``resume = true`` the loop loads that checkpoint instead of building a core, still sends
   the join request (clients report their partition ids; nothing of it is recorded) and
   continues at the round after the checkpoint's.
+* early stop: a caller may give ``run_federated`` a :data:`StopRule`, a function of one round's
+  row (as recorded once its training phases have run: ``round``, ``train_loss``, ``server``
+  metrics, ...; with piggy-backed evaluation the row's test metrics arrive only with the next
+  round) that returns why the run should go no further, or ``None``. It is asked after every
+  round, once that round's rows and checkpoint are written; on resume it is first asked about
+  the restored rows, in order, so a resumed run stops where an uninterrupted one would have (at
+  the checkpoint's round, if a restored row already gives a reason). A stopped run gets its final
+  evaluation like a finished one, the status ``stopped`` and ``stopped_early`` = ``{"round": the
+  round whose row gave the reason, "after_round": the last round run, "rounds": the rounds
+  configured, "reason": ...}`` in ``run.json``.
 """
 
 from __future__ import annotations
@@ -32,7 +42,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,11 +64,17 @@ from graphfl.server.exchange import ClientExchange, Reply, Request
 from graphfl.server.recorder import PhaseOutcome, RunRecorder, write_failure
 
 __all__ = [
-    "ClientExchange", "PhaseOutcome", "Reply", "Request", "RunError", "RunRecorder", "ServerInputs",
-    "build_server_context", "run_federated", "run_phase", "sample_clients", "validate_update",
+    "ClientExchange", "PhaseOutcome", "Reply", "Request", "RunError", "RunRecorder", "STOPPED", "ServerInputs",
+    "StopRule", "build_server_context", "run_federated", "run_phase", "sample_clients", "validate_update",
 ]
 
 logger = logging.getLogger(__name__)
+
+StopRule = Callable[[Mapping[str, Any]], str | None]
+"""Why a run should stop after the round whose row it is given, or ``None`` (module doc, early stop)."""
+
+STOPPED = "stopped"
+"""The ``run.json`` status of a run a :data:`StopRule` ended before its last configured round."""
 
 
 class RunError(RuntimeError):
@@ -104,6 +120,7 @@ def run_federated(
     exchange: ClientExchange,
     inputs: ServerInputs,
     recorder: RunRecorder,
+    stop_when: StopRule | None = None,
 ) -> ServerCore[Any]:
     """Run ``cfg.rounds`` rounds of ``spec`` over ``exchange``; return the final core.
 
@@ -116,11 +133,14 @@ def run_federated(
     be updated.
     A run whose last round has an infinite per-client loss ends with the status ``diverged`` and
     the reason (:func:`graphfl.common.finite.round_divergence`), not ``completed``.
+    ``stop_when`` (a :data:`StopRule`) may end the run after an earlier round: its status is then
+    :data:`STOPPED` and ``stopped_early`` says where and why (module doc, early stop); the core
+    returned is the one after that round.
     """
     if inputs.task_info:
         recorder.extra["task"] = dict(inputs.task_info)
     try:
-        core = _run(cfg, spec, exchange, inputs, recorder)
+        core = _run(cfg, spec, exchange, inputs, recorder, stop_when)
     except BaseException as exc:
         disk = full_disk(recorder.out_dir) if recorder.out_dir is not None else None
         stored = isinstance(exc, ResultsWriteError) or (isinstance(exc, OSError) and exc.errno in STORAGE_ERRNOS)
@@ -132,15 +152,17 @@ def run_federated(
         if unwritten:
             logger.error("%s", unwritten)
         raise
-    diverged = round_divergence(recorder.rounds.get(cfg.rounds, {}))
-    recorder.status = "completed" if diverged is None else "diverged"
+    stopped = recorder.extra.get("stopped_early")
+    end = cfg.rounds if stopped is None else int(stopped["after_round"])
+    diverged = round_divergence(recorder.rounds.get(end, {}))
+    recorder.status = "diverged" if diverged is not None else "completed" if stopped is None else STOPPED
     if diverged is not None:  # the run ran to its end, but its final numbers are no result
         logger.error("the run diverged: %s", diverged)
         recorder.extra["error"] = diverged
     recorder.flush(plot=True)
-    last = recorder.rounds[cfg.rounds]
+    last = recorder.rounds[end]
     # Only now: a follower that stops at "done" (Submitter.wait) then finds run.json completed.
-    recorder.emit(_event("done", cfg.rounds, cfg.rounds, last, last, cfg.rounds))
+    recorder.emit(_event("done", end, cfg.rounds, last, last, end))
     return core
 
 
@@ -264,8 +286,25 @@ def _evaluations(replies: Mapping[int, Reply]) -> dict[int, dict[str, float]]:
     return {pid: ev for pid, rep in replies.items() if rep.error is None and (ev := rep.eval_metrics())}
 
 
+def _stop(stop_when: StopRule | None, recorder: RunRecorder, r: int, rows: Sequence[int]) -> bool:
+    """Ask ``stop_when`` about the rows ``rows`` in order; on the first reason record ``stopped_early``
+    (the run stops after round ``r``) and return True.
+    """
+    if stop_when is None:
+        return False
+    for k in rows:
+        why = stop_when(recorder.rounds[k])
+        if why is not None:
+            recorder.extra["stopped_early"] = {"round": k, "after_round": r, "rounds": recorder.cfg.rounds,
+                                               "reason": str(why)}
+            logger.warning("stopping after round %d of %d: %s", r, recorder.cfg.rounds, why)
+            return True
+    return False
+
+
 def _run(
     cfg: RunConfig, spec: AlgorithmSpec[Any], exchange: ClientExchange, inputs: ServerInputs, recorder: RunRecorder,
+    stop_when: StopRule | None = None,
 ) -> ServerCore[Any]:
     n = cfg.nodes
     initial = inputs.initial_arrays
@@ -309,8 +348,12 @@ def _run(
     channel_ref = reference_scale(initial, inputs.param_keys) if cfg.channel.active else None
     if ck_dir is not None and resumed is None:
         _checkpoint(ck_dir, 0, cfg, core, rng, active, recorder)
+    end = first - 1
+    stopped = _stop(stop_when, recorder, end, sorted(k for k in recorder.rounds if 0 < k <= end))
 
     for r in range(first, cfg.rounds + 1):
+        if stopped:
+            break
         t_round = time.perf_counter()
         selected = sample_clients(active, cfg.fraction_train, rng)
         phases: list[PhaseOutcome] = []
@@ -334,11 +377,13 @@ def _run(
             _checkpoint(ck_dir, r, cfg, core, rng, active, recorder)
         eval_round = r - 1 if piggyback else r
         recorder.emit(_event("round", r, cfg.rounds, recorder.rounds[r], recorder.rounds[eval_round], eval_round))
+        end = r
+        stopped = _stop(stop_when, recorder, r, [r])
 
     if piggyback:
         t_eval = time.perf_counter()
-        recorder.record_eval(cfg.rounds, _evaluations(_evaluate(core, exchange, cfg.rounds + 1, active)))
-        recorder.rounds[cfg.rounds]["eval_seconds"] = time.perf_counter() - t_eval
+        recorder.record_eval(end, _evaluations(_evaluate(core, exchange, end + 1, active)))
+        recorder.rounds[end]["eval_seconds"] = time.perf_counter() - t_eval
     return core
 
 
