@@ -23,7 +23,9 @@ Fair set-up:
   own step) and the best (κ, step) pair, then the form's λ × α grid at that pair on validation
   (α is the length of the normalised UL step). A run whose lower level was not strongly convex in
   some round (``ll_min_curvature <= 0``, C2 c; :func:`bigfl_inadmissible`) is excluded whatever
-  its validation score, and the result names it with the round and the curvature. Rounds whose
+  its validation score, and the result names it with the round and the curvature. Such a tuning
+  run stops after that round (:func:`tuning_stop_rule`, the round loop's early stop): its record
+  then ends there, marked ``stopped_early``; evaluation cells always run every round. Rounds whose
   implicit solve stopped above its tolerance (C2 d) are counted per run. Every λ in the grid
   is > 0: with λ = 0, φ leaves the lower level and the run is local training with κ, "BiG-FL
   disabled", never a BiG-FL result (:func:`check_bigfl_grid`). The result keeps ``‖φ − I‖_F`` and
@@ -88,21 +90,24 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from graphfl.common.errors import ConfigError
-from graphfl.tasks.holdout import VALIDATION_FRACTION, validation_task
+from graphfl.tasks.holdout import VALIDATION_FRACTION, VALIDATION_SUFFIX, validation_task
 
 from . import claims
 from .harness import Bench, Cell, CellRunner, Metric, MissingCell, Tuning, run_bench, tune
 from .report import write_report
 from .runcache import RunCache
 from .stats import first_better_on_every_seed, paired_difference
+
+if TYPE_CHECKING:
+    from graphfl.server.rounds import StopRule
 
 logger = logging.getLogger(__name__)
 
@@ -253,7 +258,8 @@ def cell_config(strategy: str, task: str, nodes: int, rounds: int, seed: int,
 
 
 def run_method(strategy: str, task: str, nodes: int, rounds: int, seed: int,
-               overrides: dict[str, Any], hook: Hook | None = None, work_dir: Path | None = None) -> dict[str, Any]:
+               overrides: dict[str, Any], hook: Hook | None = None, work_dir: Path | None = None,
+               stop_when: StopRule | None = None) -> dict[str, Any]:
     """One run on :data:`ENGINE`: curve, per-round server seconds, final core state of interest.
 
     ``hook(core)`` is called on the freshly built server core (diagnostics: a planted FeSEM
@@ -261,6 +267,10 @@ def run_method(strategy: str, task: str, nodes: int, rounds: int, seed: int,
     pickle) the run checkpoints every round there (:mod:`graphfl.server.checkpoint`, client state
     in ``client-state``) and continues from that checkpoint when one is there: a cell killed in
     round r resumes after r. The folder is removed once the run has finished.
+    ``stop_when`` is the round loop's early-stop rule (:data:`graphfl.server.rounds.StopRule`,
+    asked about restored rows on resume too): a run it stops has ``stopped_early`` (the round,
+    the last round run, the reason) and its curve ends at that round; a run it does not stop
+    has exactly the keys and values of a run without it.
     """
     import shutil
 
@@ -310,7 +320,7 @@ def run_method(strategy: str, task: str, nodes: int, rounds: int, seed: int,
     recorder = RunRecorder(cfg, strategy, work_dir, name=f"{NAME}-{strategy}",
                            env={**env_info(), "engine": cfg.engine})
     t0 = time.perf_counter()
-    core: Any = run_federated(cfg, timed_spec, exchange, server_inputs(cfg), recorder)
+    core: Any = run_federated(cfg, timed_spec, exchange, server_inputs(cfg), recorder, stop_when)
     wall = time.perf_counter() - t0
     curve = recorder.document()["methods"][strategy]["curve"]
     if hook is None:  # the round loop's own aggregation seconds (the core is not wrapped: it must pickle)
@@ -326,6 +336,8 @@ def run_method(strategy: str, task: str, nodes: int, rounds: int, seed: int,
         out["local_test_loss"] = local
     if strategy == "bigfl":
         out["phi"] = core.phi.clone()
+    if "stopped_early" in recorder.extra:
+        out["stopped_early"] = dict(recorder.extra["stopped_early"])
     if work_dir is not None:
         out["resumed"] = resume
         shutil.rmtree(work_dir, ignore_errors=True)
@@ -423,7 +435,9 @@ def _run_cell(cell: Cell) -> dict[str, Any]:
         return run_dfl(p["task"], p["nodes"], p["rounds"], cell.seed, float(_settings(cell)["lr"]))
     hook = _HOOKS[p["hook"]] if p["hook"] else None
     work = None if hook is not None or _cache.folder is None else _cache.work_dir(key)
-    return run_method(cell.method, p["task"], p["nodes"], p["rounds"], cell.seed, key["overrides"], hook, work)
+    rule = tuning_stop_rule(cell.method, p["task"])
+    return run_method(cell.method, p["task"], p["nodes"], p["rounds"], cell.seed, key["overrides"], hook, work,
+                      **({} if rule is None else {"stop_when": rule}))
 
 
 def _missing(cell: Cell) -> str:
@@ -613,6 +627,27 @@ def bigfl_inadmissible(run: dict[str, Any]) -> str | None:
         if bad or _server_metric(row, "ll_strongly_convex") == 0:
             shown = "–" if curv is None else f"{curv:.3g}"
             return f"excluded: LL not strongly convex at round {row.get('round')} (min curvature {shown})"
+    return None
+
+
+def _bigfl_round_inadmissible(row: Mapping[str, Any]) -> str | None:
+    """:func:`bigfl_inadmissible` of one round's row (the round loop's early-stop rule)."""
+    return bigfl_inadmissible({"curve": [row]})
+
+
+def tuning_stop_rule(method: str, task: str) -> StopRule | None:
+    """The early-stop rule of a B2 cell, or ``None`` (the cell runs every round).
+
+    A BiG-FL tuning cell (on a validation task, ``…+val``) stops after the first round whose row
+    makes it inadmissible (:func:`bigfl_inadmissible`: the choice excludes it whatever follows, so
+    the rounds after it would only cost time); its record ends at that round, with
+    ``stopped_early``, and :func:`bigfl_inadmissible` reads it as excluded at that round, as it
+    reads a record that ran every round. Every other cell, the evaluation cells (train and test
+    graph) included, runs all its rounds. The rule is not part of the run-cache key: a tuning
+    cell it does not stop gives exactly the result it gave without it.
+    """
+    if method == "bigfl" and task.endswith(VALIDATION_SUFFIX):
+        return _bigfl_round_inadmissible
     return None
 
 
