@@ -60,7 +60,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from graphfl.flowerx import clientapp_runtime
+from graphfl.flowerx import array_copies, clientapp_runtime
 from graphfl.flowerx.clientapp_runtime import RuntimeTarget, TaskRunner, claim_task, push_crash_reply
 from graphfl.flowerx.object_io import widen_object_transfers
 
@@ -164,6 +164,7 @@ def worker_main(args: argparse.Namespace) -> int:
     if not clientapp_runtime.available():
         return 2
     widen_object_transfers()
+    array_copies.install()
     for name in [m for m in args.preload.split(",") if m]:
         try:
             importlib.import_module(name)

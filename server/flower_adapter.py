@@ -33,7 +33,7 @@ from graphfl.common.core import EVALUATE_PHASE, ServerCore
 from graphfl.common.records import arrays_record, arrays_to_record, get_arrays, record_to_arrays
 from graphfl.common.registry import AlgorithmSpec
 from graphfl.common.types import Arrays, Payload
-from graphfl.flowerx import bounded_pull, object_io
+from graphfl.flowerx import array_copies, bounded_pull, object_io
 from graphfl.server.exchange import Reply, Request
 from graphfl.server.recorder import RunRecorder
 from graphfl.server.rounds import RunError, ServerInputs, run_federated
@@ -104,6 +104,7 @@ class GridExchange:
         """One JSON line per exchange with wall-clock instants (see :meth:`_trace`)."""
         bounded_pull.install()
         object_io.widen_object_transfers()
+        array_copies.install()
 
     # -- messages -----------------------------------------------------------------------
     def _record(self, arrays: Arrays) -> ArrayRecord | ConfigRecord:

@@ -306,7 +306,7 @@ def test_graphfl_run_completes_on_stock_flower_behaviour_when_the_version_is_unv
     assert [r["round"] for r in curve] == [0, 1, 2]
     # the ServerApp's own fast paths, decided in its process (Flower keeps its log), recorded in run.json
     assert doc["env"]["flower_fast_paths"] == {"grid-handshake-retry": False, "bounded-pull": False,
-                                               "object-io-threads": False}
+                                               "object-io-threads": False, "array-fewer-copies": False}
     logs = "\n".join(p.read_text(errors="replace") for p in (out / "logs").glob("*.log"))
     for name in ("superlink-gates", "warm-clientapp", "supernode-fast-polls", "fleet-handshake-retry"):
         assert f"graphfl fast path '{name}'" in logs and "flwr 1.99.0 is not a version" in logs, name

@@ -226,7 +226,7 @@ def test_warm_and_cold_give_identical_curves(tmp_path):
         _assert_nothing_left(out)
         env = json.loads((out / "run.json").read_text())["env"]   # on a verified Flower every fast path ran
         assert env["flower_fast_paths"] == {"grid-handshake-retry": True, "bounded-pull": True,
-                                            "object-io-threads": True}
+                                            "object-io-threads": True, "array-fewer-copies": True}
     warm, cold = curves["warm"], curves["cold"]
     assert [r["round"] for r in warm] == [r["round"] for r in cold] == [0, 1, 2]
     for w, c in zip(warm, cold):
