@@ -97,7 +97,7 @@ def main(grid: Grid, context: Context) -> None:
     from graphfl.common.config import parse_run_config
     from graphfl.common.envinfo import env_info
     from graphfl.common.records import arrays_to_record
-    from graphfl.flowerx import bounded_pull, object_io, policy
+    from graphfl.flowerx import array_copies, bounded_pull, object_io, policy
     from graphfl.flowerx.handshake_retry import install_on_grid
     from graphfl.server.flower_adapter import CoreStrategy
     from graphfl.server.inprocess import server_inputs
@@ -112,6 +112,7 @@ def main(grid: Grid, context: Context) -> None:
         install_on_grid(grid)     # a TLS handshake the SuperLink cuts short is retried, not fatal
         bounded_pull.install()    # the ServerApp's fast paths, decided before run.json records them
         object_io.widen_object_transfers()
+        array_copies.install()
         spec = registry.get(cfg.strategy)
         inputs = server_inputs(cfg)
         recorder = RunRecorder(cfg, cfg.strategy, out, progress=progress,

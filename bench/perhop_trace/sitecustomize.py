@@ -183,6 +183,10 @@ if os.environ.get("GRAPHFL_PERHOP_TRACE"):  # pragma: no branch - only under the
                                                               ("InMemoryObjectStore", "get", "object_store_get")],
         "flwr.supercore.inflatable.inflatable_utils": [("", "validate_object_content", "validate_object")],
         "graphfl.server.rounds": [("", "run_phase", "phase")],
+        # graphfl's fast path array-fewer-copies replaces ArrayChunk.deflate/inflate and Array.inflate
+        # by these (looked up when it installs them): the same activities
+        "graphfl.flowerx.array_copies": [("", "deflate_chunk", "deflate"), ("", "inflate_chunk", "inflate"),
+                                         ("", "inflate_array", "inflate")],
         "graphfl.common.records": [("", "pack_arrays", "graphfl_pack_arrays"),
                                    ("", "unpack_arrays", "graphfl_unpack_arrays"),
                                    ("", "_packed_array_record", "graphfl_array_record")],
