@@ -22,6 +22,7 @@ from typing import Any
 from graphfl.common.certs import ServerTlsFiles, generate_tls
 from graphfl.common.config import dump_toml
 from graphfl.common.ports import free_port, port_open
+from graphfl.deploy import flower_malloc
 from graphfl.deploy.processes import Managed, ProcessGroup, tail
 
 logger = logging.getLogger(__name__)
@@ -350,6 +351,22 @@ class LocalFederation:
         self.flwr_home = self.run_dir / ".flwr"
         self.env = {"FLWR_HOME": str(self.flwr_home), **self.env}
         self.group = ProcessGroup(self.run_dir / "logs", env=self.env)
+        try:
+            added = flower_malloc.flower_malloc_env(self.group.base_env())
+        except ValueError as exc:
+            raise FederationError(str(exc)) from None
+        self.malloc_added = added
+        self.malloc_note = flower_malloc.describe(self.group.base_env(), added)
+
+    def start_process(self, name: str, argv: list[str]) -> Managed:
+        """Start ``argv`` in :attr:`group` with :func:`flower_malloc.process_env` added (with
+        ``GRAPHFL_FLOWER_MALLOC=release``, graphfl's SuperLink and SuperNode wrappers get glibc's fixed
+        mmap threshold, not their children).
+        """
+        extra = flower_malloc.process_env(argv, self.group.base_env())
+        if extra:
+            logger.debug("%s starts with %s", name, extra)
+        return self.group.start(name, argv, extra_env=extra)
 
     @property
     def address(self) -> str:
@@ -373,7 +390,8 @@ class LocalFederation:
         if self.node_auth and self.tls_files is None:
             raise FederationError("SuperNode authentication needs TLS (Flower refuses it with --insecure)")
         self.superlink_port = self.superlink_port or free_port()
-        self.group.start("superlink", superlink_argv(self.superlink_host, self.superlink_port, self.tls_files,
+        logger.log(logging.INFO if self.malloc_added else logging.DEBUG, "allocator: %s", self.malloc_note)
+        self.start_process("superlink", superlink_argv(self.superlink_host, self.superlink_port, self.tls_files,
                                                      simulation=self.simulation, node_auth=self.node_auth,
                                                      middleware=self.superlink_middleware))
         self.group.wait_for(f"SuperLink on {self.address}", lambda: port_open(self.superlink_host, self.superlink_port),
@@ -399,7 +417,7 @@ class LocalFederation:
             self.supernode_superlink(partition_id), free_port(), partition_id, self.nodes, ca, device=self.device,
             auth_key=auth_key, max_wait_time=self.start_timeout, clientapp_mode=mode, polls=self.polls, trace=trace,
             state_dir=self.state_dir, data_dir=self.data_dirs.get(partition_id))
-        proc = self.group.start(name, [*self.supernode_prefix(partition_id), *argv])
+        proc = self.start_process(name, [*self.supernode_prefix(partition_id), *argv])
         if mode == "warm":
             self._warm.add(name)
         return proc

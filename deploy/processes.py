@@ -80,14 +80,17 @@ class ProcessGroup:
         env["PATH"] = with_interpreter_bin(env.get("PATH", ""))
         return env
 
-    def start(self, name: str, argv: list[str], cwd: Path | None = None) -> Managed:
+    def start(self, name: str, argv: list[str], cwd: Path | None = None,
+              extra_env: dict[str, str] | None = None) -> Managed:
+        """Start ``argv`` with :meth:`base_env` (plus ``extra_env``, for this process only), logging to ``<name>.log``."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"{name}.log"
         fh = log_path.open("ab")
         logger.debug("starting %s: %s", name, " ".join(argv))
         try:
             popen = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env=self.base_env(), cwd=cwd, start_new_session=True)
+                                     env={**self.base_env(), **(extra_env or {})}, cwd=cwd,
+                                     start_new_session=True)
         except FileNotFoundError:
             fh.close()
             raise RuntimeError(f"cannot start {argv[0]!r}: not found on PATH (is graphfl's environment active?)") from None

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
+from graphfl.deploy.flower_malloc import keep_to_this_process
 from graphfl.flowerx import entrypoints
 from graphfl.flowerx.superlink_gates import install_gated_middleware
 
@@ -36,7 +38,13 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Install the path gates (unless ``--middleware stock``), then run Flower's SuperLink."""
+    own = keep_to_this_process(os.environ)   # allocator settings for this process, not the ServerApp's
     args, flower_args = parse_args(sys.argv[1:] if argv is None else argv)
+    if own:
+        from graphfl.deploy.warm import own_log_handler
+
+        own_log_handler(logger)
+        logger.info("allocator: %s for this process only", ", ".join(f"{n}={v}" for n, v in own.items()))
     entry = entrypoints.superlink_entry() if args.middleware == "gated" else None
     if entry is None:
         entrypoints.exec_stock("flower-superlink", flower_args)

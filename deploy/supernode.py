@@ -38,6 +38,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from graphfl.deploy.flower_malloc import keep_to_this_process
 from graphfl.flowerx import clientapp_runtime, entrypoints
 from graphfl.flowerx.handshake_retry import install_on_fleet_connections
 from graphfl.flowerx.object_io import widen_object_transfers
@@ -152,7 +153,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run one SuperNode (see the module docstring)."""
     from graphfl.deploy.warm import own_log_handler
 
+    own = keep_to_this_process(os.environ)   # allocator settings for this process, not its ClientApps'
     own_log_handler(logger)
+    if own:
+        logger.info("allocator: %s for this process only", ", ".join(f"{n}={v}" for n, v in own.items()))
     args, flower = parse_args(sys.argv[1:] if argv is None else argv)
     entry = None if args.clientapp_mode == "cold" and args.polls == "stock" else entrypoints.supernode_entry()
     if entry is None:
