@@ -496,7 +496,8 @@ VANILLA_DESCRIPTION = (
     "same parameter count, ClientApp = one gradient step theta - lr (theta - mu_i); stock flower-superlink + "
     "stock flower-supernode processes (one flwr-clientapp process per message, SuperExec poll 1 s), TLS as "
     "the case, same nodes and rounds; round = the ServerApp's own clock (training exchange + aggregation), "
-    "rounds 2.. median")
+    "rounds 2.. median. The same bytes, not the same work: graphfl's Flower case also evaluates the previous "
+    "model on each client (piggy-backed on the training reply) and takes its SGD step in torch")
 
 METHODS = ("serial-floor", "parallel-floor", "parallel-floor-tls", "grpc", "socket", "flower", "vanilla-flower")
 METRICS = (Metric("round_s", "round s (median)", fmt=".4g"),

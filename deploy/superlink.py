@@ -40,12 +40,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Install the path gates (unless ``--middleware stock``), then run Flower's SuperLink."""
     own = keep_to_this_process(os.environ)   # allocator settings for this process, not the ServerApp's
     args, flower_args = parse_args(sys.argv[1:] if argv is None else argv)
+    entry = entrypoints.superlink_entry() if args.middleware == "gated" else None
     if own:
         from graphfl.deploy.warm import own_log_handler
 
         own_log_handler(logger)
-        logger.info("allocator: %s for this process only", ", ".join(f"{n}={v}" for n, v in own.items()))
-    entry = entrypoints.superlink_entry() if args.middleware == "gated" else None
+        logger.info("allocator: %s %s", ", ".join(f"{n}={v}" for n, v in own.items()),
+                    "for this process only" if entry is not None else
+                    "not applied: this process runs the stock flower-superlink, whose children would inherit it")
     if entry is None:
         entrypoints.exec_stock("flower-superlink", flower_args)
     assert entry is not None

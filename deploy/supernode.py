@@ -155,10 +155,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     own = keep_to_this_process(os.environ)   # allocator settings for this process, not its ClientApps'
     own_log_handler(logger)
-    if own:
-        logger.info("allocator: %s for this process only", ", ".join(f"{n}={v}" for n, v in own.items()))
     args, flower = parse_args(sys.argv[1:] if argv is None else argv)
     entry = None if args.clientapp_mode == "cold" and args.polls == "stock" else entrypoints.supernode_entry()
+    if own:
+        logger.info("allocator: %s %s", ", ".join(f"{n}={v}" for n, v in own.items()),
+                    "for this process only" if entry is not None else
+                    "not applied: this process runs the stock flower-supernode, whose children would inherit it")
     if entry is None:
         entrypoints.exec_stock("flower-supernode", flower)
     assert entry is not None

@@ -29,7 +29,8 @@ Round protocol
   row (as recorded once its training phases have run: ``round``, ``train_loss``, ``server``
   metrics, ...; with piggy-backed evaluation the row's test metrics arrive only with the next
   round) that returns why the run should go no further, or ``None``. It is asked after every
-  round, once that round's rows and checkpoint are written; on resume it is first asked about
+  round before the last, once that round's rows and checkpoint are written (a run that reaches its
+  last round is not stopped, whatever the rule says of it); on resume it is first asked about
   the restored rows, in order, so a resumed run stops where an uninterrupted one would have (at
   the checkpoint's round, if a restored row already gives a reason). A stopped run gets its final
   evaluation like a finished one, the status ``stopped`` and ``stopped_early`` = ``{"round": the
@@ -349,7 +350,7 @@ def _run(
     if ck_dir is not None and resumed is None:
         _checkpoint(ck_dir, 0, cfg, core, rng, active, recorder)
     end = first - 1
-    stopped = _stop(stop_when, recorder, end, sorted(k for k in recorder.rounds if 0 < k <= end))
+    stopped = end < cfg.rounds and _stop(stop_when, recorder, end, sorted(k for k in recorder.rounds if 0 < k <= end))
 
     for r in range(first, cfg.rounds + 1):
         if stopped:
@@ -378,7 +379,7 @@ def _run(
         eval_round = r - 1 if piggyback else r
         recorder.emit(_event("round", r, cfg.rounds, recorder.rounds[r], recorder.rounds[eval_round], eval_round))
         end = r
-        stopped = _stop(stop_when, recorder, r, [r])
+        stopped = r < cfg.rounds and _stop(stop_when, recorder, r, [r])
 
     if piggyback:
         t_eval = time.perf_counter()

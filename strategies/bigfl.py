@@ -290,7 +290,7 @@ class BiGFLCore(ServerCore[BiGFLParams]):
         for pid, up in good.items():
             self.theta[pid] = torch.as_tensor(flatten_params(up.arrays, self.keys))
             if self.hessians is not None:
-                self.hessians[pid] = torch.as_tensor(np.asarray(up.arrays[HESS_KEY], dtype=np.float32))
+                self.hessians[pid] = torch.tensor(np.asarray(up.arrays[HESS_KEY], dtype=np.float32))  # own copy
         if self.other_keys and self.params.others == "fedavg" and good:
             ups = list(good.values())
             self.shared = weighted_average(

@@ -144,3 +144,18 @@ def test_the_round_loop_records_a_stopped_run_as_stopped(tmp_path: Path) -> None
     assert doc["stopped_early"] == {"round": 2, "after_round": 2, "rounds": 5, "reason": "enough"}
     curve = doc["methods"]["fedavg"]["curve"]
     assert [row["round"] for row in curve] == [0, 1, 2] and curve[-1]["test_loss"] is not None
+
+
+def test_a_rule_that_fires_at_the_last_round_leaves_the_run_completed(tmp_path: Path) -> None:
+    """A run that reached its last round is completed, not stopped, whatever the rule says of it."""
+    from graphfl.common import registry
+    from graphfl.common.envinfo import env_info
+    from graphfl.server.inprocess import InProcessExchange, server_inputs
+    from graphfl.server.rounds import RunRecorder, run_federated
+
+    cfg = mc.cell_config("fedavg", TASK, NODES, 3, 0, {**mc.TRAIN, "train.lr": 0.3, "engine": "inprocess"})
+    recorder = RunRecorder(cfg, "fedavg", tmp_path, name="run", env=env_info())
+    run_federated(cfg, registry.get("fedavg"), InProcessExchange(cfg), server_inputs(cfg), recorder,
+                  stop_when=lambda row: "enough" if row["round"] == 3 else None)
+    doc = json.loads((tmp_path / "run.json").read_text())
+    assert doc["status"] == "completed" and "stopped_early" not in doc
