@@ -185,9 +185,17 @@ def test_common_modules_have_no_import_cycle() -> None:
 
 # -- e2e marks --------------------------------------------------------------------------------------
 
-STARTS_PROCESSES = ("PeerProcesses(", "LocalFederation(", '"-m", "graphfl.p2p", "peer"', "measure_ring(",
+STARTS_PROCESSES = ("PeerProcesses(", "with LocalFederation(", '"-m", "graphfl.p2p", "peer"', "measure_ring(",
                     "measure_flower(")
 """Calls that start peer processes or a Flower deployment (what ``-m e2e`` selects)."""
+
+
+def _starts_a_federation(text: str) -> bool:
+    """A ``LocalFederation`` is started by ``with`` or ``.start()``; one only constructed starts nothing."""
+    import re
+
+    return "LocalFederation(" in text and (".start(" in text or ".start_supernode(" in text
+                                           or re.search(r"\bwith\s+\w+\s*(:|\bas\b)", text) is not None)
 
 
 def unmarked_process_tests(src: str) -> list[str]:
@@ -202,7 +210,7 @@ def unmarked_process_tests(src: str) -> list[str]:
                if isinstance(n, ast.FunctionDef) and not n.name.startswith("test_")}
 
     def starts(text: str, seen: frozenset[str] = frozenset()) -> bool:
-        if any(s in text for s in STARTS_PROCESSES):
+        if any(s in text for s in STARTS_PROCESSES) or _starts_a_federation(text):
             return True
         return any(name not in seen and f"{name}(" in text and starts(body, seen | {name})
                    for name, body in helpers.items())
@@ -239,6 +247,17 @@ def test_the_e2e_check_sees_a_peer_process_behind_a_helper() -> None:
         "def test_c():\n    assert 1\n"
     )
     assert unmarked_process_tests(src) == ["test_a"]
+
+
+def test_the_e2e_check_tells_a_started_federation_from_a_constructed_one() -> None:
+    src = (
+        "import pytest\nfrom graphfl.deploy.federation import LocalFederation\n"
+        "def test_with(tmp_path):\n    with LocalFederation(tmp_path, 2) as fed:\n        pass\n"
+        "def test_started(tmp_path):\n    fed = LocalFederation(tmp_path, 2)\n    fed.start()\n"
+        "def test_entered(tmp_path):\n    fed = LocalFederation(tmp_path, 2)\n    with fed:\n        pass\n"
+        "def test_constructed(tmp_path):\n    assert LocalFederation(tmp_path, 2).group is not None\n"
+    )
+    assert unmarked_process_tests(src) == ["test_with", "test_started", "test_entered"]
 
 
 def test_library_text_names_no_issue_numbers() -> None:
