@@ -9,9 +9,9 @@ from flwr.app.message import array as array_mod
 from flwr.app.message.arraychunk import ArrayChunk
 from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
 from flwr.supercore.inflatable.inflatable_utils import inflate_object_from_contents
-from flwr.supercore.task_identity import TaskIdentity
 
 from graphfl.flowerx import array_copies, policy
+from graphfl.tests.flower_messages import message_in_a_run
 
 
 @pytest.fixture
@@ -36,12 +36,7 @@ def _message(chunk_size: int, monkeypatch: pytest.MonkeyPatch) -> Message:
                                                  "raw": Array(dtype="uint8", shape=(7,), stype="x",
                                                               data=b"graphfl")}),
                           "cfg": ConfigRecord({"k": 1})})
-    saved = TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id  # Flower builds Messages in a run
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
-    try:
-        return Message(content, dst_node_id=1, message_type="train")
-    finally:
-        TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = saved
+    return message_in_a_run(content)
 
 
 def _contents(msg: Message) -> dict[str, bytes]:

@@ -9,8 +9,7 @@ Nothing else may escape (an escaping exception would kill a receive thread or th
 from __future__ import annotations
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
-from flwr.supercore.task_identity import TaskIdentity
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -20,6 +19,7 @@ from graphfl.p2p import codec
 from graphfl.p2p.codec import WireError
 from graphfl.p2p.proto import graphfl_p2p_pb2 as pb
 from graphfl.server.flower_adapter import reply_from_message
+from graphfl.tests.flower_messages import message_in_a_run
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -118,13 +118,7 @@ def test_any_flower_reply_parses_to_a_reply_or_a_failed_one(metrics: dict, array
     if extra_record:
         content["unexpected"] = ConfigRecord({"a": 1})
         content["other-arrays"] = ArrayRecord()
-    saved = TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id  # Flower builds Messages in a run
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
-    try:
-        msg = Message(content, dst_node_id=1, message_type="train")
-    finally:
-        TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = saved
-    reply = reply_from_message(msg, partition_id=2)
+    reply = reply_from_message(message_in_a_run(content), partition_id=2)
     assert reply.error is not None or reply.partition_id is not None
     if reply.error is None and reply.arrays is not None:
         assert set(reply.arrays) == set(arrays or {})

@@ -128,18 +128,25 @@ def test_both_record_lengths_read_as_excluded_at_the_same_round() -> None:
     assert mc._bigfl_round_inadmissible({"round": 3, "server": {"ll_strongly_convex": 0}}) is not None
 
 
-def test_the_round_loop_records_a_stopped_run_as_stopped(tmp_path: Path) -> None:
-    """The engine's general hook: a rule's reason ends the run after that round; run.json says so."""
+def _fedavg_run_stopping_at(tmp_path: Path, rounds: int, stop_at: int) -> dict:
+    """run.json of an in-process FedAvg run whose stop rule gives a reason at round ``stop_at``."""
     from graphfl.common import registry
     from graphfl.common.envinfo import env_info
     from graphfl.server.inprocess import InProcessExchange, server_inputs
-    from graphfl.server.rounds import STOPPED, RunRecorder, run_federated
+    from graphfl.server.rounds import RunRecorder, run_federated
 
-    cfg = mc.cell_config("fedavg", TASK, NODES, 5, 0, {**mc.TRAIN, "train.lr": 0.3, "engine": "inprocess"})
+    cfg = mc.cell_config("fedavg", TASK, NODES, rounds, 0, {**mc.TRAIN, "train.lr": 0.3, "engine": "inprocess"})
     recorder = RunRecorder(cfg, "fedavg", tmp_path, name="run", env=env_info())
     run_federated(cfg, registry.get("fedavg"), InProcessExchange(cfg), server_inputs(cfg), recorder,
-                  stop_when=lambda row: "enough" if row["round"] == 2 else None)
-    doc = json.loads((tmp_path / "run.json").read_text())
+                  stop_when=lambda row: "enough" if row["round"] == stop_at else None)
+    return json.loads((tmp_path / "run.json").read_text())
+
+
+def test_the_round_loop_records_a_stopped_run_as_stopped(tmp_path: Path) -> None:
+    """The engine's general hook: a rule's reason ends the run after that round; run.json says so."""
+    from graphfl.server.rounds import STOPPED
+
+    doc = _fedavg_run_stopping_at(tmp_path, rounds=5, stop_at=2)
     assert doc["status"] == STOPPED
     assert doc["stopped_early"] == {"round": 2, "after_round": 2, "rounds": 5, "reason": "enough"}
     curve = doc["methods"]["fedavg"]["curve"]
@@ -148,14 +155,5 @@ def test_the_round_loop_records_a_stopped_run_as_stopped(tmp_path: Path) -> None
 
 def test_a_rule_that_fires_at_the_last_round_leaves_the_run_completed(tmp_path: Path) -> None:
     """A run that reached its last round is completed, not stopped, whatever the rule says of it."""
-    from graphfl.common import registry
-    from graphfl.common.envinfo import env_info
-    from graphfl.server.inprocess import InProcessExchange, server_inputs
-    from graphfl.server.rounds import RunRecorder, run_federated
-
-    cfg = mc.cell_config("fedavg", TASK, NODES, 3, 0, {**mc.TRAIN, "train.lr": 0.3, "engine": "inprocess"})
-    recorder = RunRecorder(cfg, "fedavg", tmp_path, name="run", env=env_info())
-    run_federated(cfg, registry.get("fedavg"), InProcessExchange(cfg), server_inputs(cfg), recorder,
-                  stop_when=lambda row: "enough" if row["round"] == 3 else None)
-    doc = json.loads((tmp_path / "run.json").read_text())
+    doc = _fedavg_run_stopping_at(tmp_path, rounds=3, stop_at=3)
     assert doc["status"] == "completed" and "stopped_early" not in doc

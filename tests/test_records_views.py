@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 import torch
 from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
-from flwr.supercore.task_identity import TaskIdentity
 
 from graphfl.client.objective import _tensor
 from graphfl.client.training import set_arrays
@@ -16,6 +15,7 @@ from graphfl.common import wire
 from graphfl.common.arrays import weighted_average
 from graphfl.common.records import arrays_record, get_arrays, pack_arrays, record_to_arrays, unpack_arrays
 from graphfl.server.flower_adapter import reply_from_message
+from graphfl.tests.flower_messages import message_in_a_run
 
 
 def _arrays(seed: int = 0) -> dict[str, np.ndarray]:
@@ -85,12 +85,7 @@ def _reply(arrays: dict[str, np.ndarray], pid: int) -> Message:
     content = RecordDict({wire.ARRAYS: arrays_record(arrays, inline_max=0),
                           wire.METRICS: MetricRecord({wire.PARTITION_ID: pid, wire.NUM_EXAMPLES: 10 + pid}),
                           "cfg": ConfigRecord({"x": 1})})
-    saved = TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id  # Flower builds Messages in a run
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
-    try:
-        return Message(content, dst_node_id=1, message_type="train")
-    finally:
-        TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = saved
+    return message_in_a_run(content)
 
 
 def test_server_reads_replies_as_views_and_aggregates_them() -> None:
