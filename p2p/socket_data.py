@@ -584,6 +584,8 @@ class DataServer:
             if victim is None:
                 return False
             victim.replaced = True
+            # no longer live from this moment: the peer may see its close before its reader thread ends
+            self._live.discard(victim)
             idle_s = time.monotonic() - victim.last_used
         victim.abort()
         logger.info("peer %d: a new data connection of peer %d replaced its least recently used idle one (idle "
