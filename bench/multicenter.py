@@ -21,7 +21,8 @@ Fair set-up:
 * **BiG-FL** (ALGORITHMS.md §0.1 C2; proximal LL ridge): the step for each κ of the form's
   ``bigfl_kappas`` (at λ = 0.1, α = 2e-2; κ bounds how far a round moves, so each κ gets its
   own step) and the best (κ, step) pair, then the form's λ × α grid at that pair on validation
-  (α is the length of the normalised UL step). A run whose lower level was not strongly convex in
+  (α is the length of the normalised UL step); a λ that wins at an edge of its grid is extended
+  beyond it, ÷ or × 10 at the best α (:func:`extend_lambda_edge`). A run whose lower level was not strongly convex in
   some round (``ll_min_curvature <= 0``, C2 c; :func:`bigfl_inadmissible`) is excluded whatever
   its validation score, and the result names it with the round and the curvature. Such a tuning
   run stops after that round (:func:`tuning_stop_rule`, the round loop's early stop): its record
@@ -156,6 +157,7 @@ class Form:
     testgraph: tuple[str, ...]  # generators run on the test graph
     bigfl_lambdas: tuple[float, ...] = (0.01, 0.1, 1.0)  # all > 0 (check_bigfl_grid)
     bigfl_alphas: tuple[float, ...] = (5e-3, 2e-2, 5e-2)  # normalised UL step lengths
+    bigfl_lambda_extensions: int = 2  # λ tried past a winning edge of bigfl_lambdas (extend_lambda_edge)
     bigfl_kappas: tuple[float, ...] = (0.3, 1.0, 0.1)  # LL ridge weights (proximal ridge), each with its own step;
     # above the data Hessian's curvature deficit (C2 c), which grows as the models train;
     # the order is only the order of computation
@@ -201,7 +203,8 @@ def unspecified(form: Form) -> list[str]:
         "BiG-FL tuned coordinate-wise: the step for each kappa in "
         f"{list(form.bigfl_kappas)} at lambda = 0.1, alpha = 2e-2 (the best step/kappa pair), then the lambda x "
         f"alpha grid {list(form.bigfl_lambdas)} x {list(form.bigfl_alphas)} at that step and kappa (lambda = 0 is "
-        "BiG-FL disabled, not in the grid); a run whose LL was not strongly convex in some round (ll_min_curvature "
+        f"BiG-FL disabled, not in the grid); a winning lambda edge is extended /10 or x10 at the best alpha, at most "
+        f"{form.bigfl_lambda_extensions} extra lambdas; a run whose LL was not strongly convex in some round (ll_min_curvature "
         "<= 0, ALGORITHMS.md §0.1 C2 c) is excluded from the choice",
         "BiG-FL (ALGORITHMS.md §0.1 C2): UL embedding on centred parameters A(Theta - mean)phi, normalised UL "
         "step of length alpha, one lambda for both levels, proximal LL ridge (kappa/2)||theta_i - theta_i^t||^2 "
@@ -694,11 +697,68 @@ def tune_bigfl_grid(task: str, rounds: int, seed: int, lr: float, form: Form,
                 best = (s, lam, alpha)
         grid[f"lam={lam:g}"] = row
         phi_grid[f"lam={lam:g}"] = prow
+    extension = extend_lambda_edge(task, rounds, seed, lr, form, best[2], kappa, grid, excluded)
+    if extension["lam"] is not None and extension["lam"] != best[1]:
+        best = (extension["val_mse"][f"{extension['lam']:g}"], extension["lam"], best[2])
     return {"lam_alpha_grid_val_mse": grid, "lam_alpha_grid_phi_minus_identity": phi_grid,
             "grid": {"lam": list(form.bigfl_lambdas), "alpha": list(form.bigfl_alphas)},
+            "lam_extension": extension,
             "lam": best[1], "alpha": best[2], "excluded": excluded,
             "note": "lambda = 0 (BiG-FL disabled: local training with kappa) is not a BiG-FL setting and is not in "
                     "the grid; a run whose LL was not strongly convex in some round is excluded"}
+
+
+LAMBDA_FACTOR = 10.0
+"""Ratio between a winning edge of BiG-FL's λ grid and the λ tried beyond it (the grid is in decades)."""
+
+
+def extend_lambda_edge(task: str, rounds: int, seed: int, lr: float, form: Form, alpha: float,
+                       kappa: float | None, grid: Mapping[str, Mapping[str, float | None]],
+                       excluded: dict[str, str]) -> dict[str, Any]:
+    """BiG-FL's λ past a winning edge of the λ × α grid, at the grid's best α.
+
+    The λ column of ``grid`` at ``alpha`` is searched with :func:`~graphfl.bench.tuning.search_grid`
+    (factor :data:`LAMBDA_FACTOR`, at most ``form.bigfl_lambda_extensions`` new λ): while the best λ
+    is unbracketed (the smallest or the largest tried), one more λ beyond it is run on validation.
+    A λ below the grid moves the method towards local training with κ (λ = 0 is not BiG-FL, §0.1
+    C2 e, and is never reached: each extension divides by the factor); the extension says where
+    the validation optimum lies rather than stopping at a bound. Inadmissible runs score ``None``.
+
+    Returns the λ column searched (``val_mse``, keys ``:g``), the λ run beyond the grid
+    (``extended``), the chosen ``lam`` and ``at_edge`` (still unbracketed when the budget ran out).
+    """
+    from .tuning import search_grid
+
+    column = {lam: grid[f"lam={lam:g}"][f"alpha={alpha:g}"] for lam in form.bigfl_lambdas}
+    phi: dict[str, float | None] = {}
+    if all(v is None for v in column.values()):  # the winner is the default run outside the grid
+        return {"alpha": alpha, "val_mse": {}, "extended": [], "phi_minus_identity": phi, "lam": None,
+                "at_edge": False, "factor": LAMBDA_FACTOR, "max_extensions": form.bigfl_lambda_extensions}
+
+    def score(lam: float) -> float | None:
+        if lam in column:
+            return column[lam]
+        extra = {} if kappa is None else {"bigfl.kappa": kappa}
+        r = _try(f"tuning bigfl lam={lam} alpha={alpha}", "bigfl", task, NODES, rounds,
+                 seed, {"lr": lr, "bigfl.lam": lam, "bigfl.alpha": alpha, **extra}, TRAIN)
+        why = None if r is None else bigfl_inadmissible(r)
+        if why is not None:
+            logger.warning("B2 tuning bigfl lam=%g alpha=%g on %s: %s", lam, alpha, task, why)
+            excluded[f"lam={lam:g}, alpha={alpha:g}"] = why
+        phi[f"{lam:g}"] = None if r is None else _server_metric(r["curve"][-1], "phi_minus_identity")
+        s = float("inf") if r is None or why is not None else val_score(r, False)
+        logger.info("B2 tuning bigfl: lambda %g beyond the grid at alpha %g: val MSE %s", lam, alpha, s)
+        return s if np.isfinite(s) else None
+
+    found = search_grid(score, form.bigfl_lambdas, factor=LAMBDA_FACTOR, max_extensions=form.bigfl_lambda_extensions)
+    in_grid = {lam: v for lam, v in column.items() if v is not None}
+    grid_best = min(in_grid, key=lambda lam: in_grid[lam])
+    chosen_score = found.scores[found.chosen]
+    # a λ beyond the grid replaces the grid's best only when strictly better (a tie keeps the grid's λ)
+    lam = found.chosen if chosen_score is not None and chosen_score < in_grid[grid_best] else grid_best
+    return {"alpha": alpha, "val_mse": found.grid_scores(), "extended": list(found.extended),
+            "phi_minus_identity": phi, "lam": lam, "at_edge": found.at_edge and lam == found.chosen,
+            "factor": LAMBDA_FACTOR, "max_extensions": form.bigfl_lambda_extensions}
 
 
 CONSTANT_LEVEL = 0.97
@@ -978,7 +1038,8 @@ def estimate(form: Form) -> dict[str, Any]:
         "local": tune * steps + len(form.generators) * form.seeds + len(form.testgraph) * form.seeds,
         "dfl": tune * steps + len(form.generators) * form.seeds + len(form.testgraph) * form.seeds,
         "bigfl": (0 if form.bigfl_settings is not None else
-                  tune * (len(form.bigfl_kappas) * steps + len(form.bigfl_lambdas) * len(form.bigfl_alphas) - 1))
+                  tune * (len(form.bigfl_kappas) * steps + len(form.bigfl_lambdas) * len(form.bigfl_alphas) - 1
+                          + form.bigfl_lambda_extensions))
         + len(form.generators) * form.seeds,
         "bigfl-frozen": 2 * len(form.testgraph) * form.seeds,
     }
@@ -1766,6 +1827,7 @@ def render_markdown(doc: dict[str, Any]) -> str:
             lines.append(f"| {lam.split('=')[1]} | " + " | ".join(
                 ("–" if v is None else f"{v:.4f}") + ("" if pv is None else f" (‖φ − I‖ {pv:.3f})")
                 for v, pv in zip(row.values(), prow.values())) + " |")
+        lines += _lambda_extension_lines(b.get("lam_extension"))
         lines += _fesem_sweep_lines(t["fesem"])
     rd = doc["real_data"]
     if rd["methods"]:
@@ -1782,6 +1844,19 @@ def render_markdown(doc: dict[str, Any]) -> str:
     lines += ["", "## Settings the paper does not give", ""] + [f"- {u}" for u in doc["unspecified_settings"]]
     lines += ["", f"Total wall time: {doc['wall_seconds']:.0f} s. Environment: {doc['env']}", ""]
     return "\n".join(lines)
+
+
+def _lambda_extension_lines(ext: Mapping[str, Any] | None) -> list[str]:
+    """The λ column searched past the grid's winning edge (:func:`extend_lambda_edge`), if any ran."""
+    if not ext or not ext.get("extended"):
+        return []
+    cells = ", ".join(f"λ {lam}: " + ("excluded or failed" if v is None else f"{v:.4f}")
+                      + ("" if ext["phi_minus_identity"].get(lam) is None
+                         else f" (‖φ − I‖ {ext['phi_minus_identity'][lam]:.3f})")
+                      for lam, v in ext["val_mse"].items())
+    return ["", f"BiG-FL λ past its grid's winning edge at α = {ext['alpha']:g} (×/÷ {ext['factor']:g}, at most "
+                f"{ext['max_extensions']}; val MSE): {cells}; chosen λ = {ext['lam']:g}"
+                + (" — still at the edge of what was tried" if ext["at_edge"] else "")]
 
 
 def _fesem_sweep_lines(f: dict[str, Any]) -> list[str]:

@@ -117,3 +117,49 @@ def test_a_non_finite_curvature_is_not_admissible():
                          {"round": 2, "server": {"ll_min_curvature": bad}}]}
         assert bigfl_inadmissible(run) is not None and "round 2" in bigfl_inadmissible(run)
     assert bigfl_inadmissible({"curve": [{"round": 1, "server": {"ll_min_curvature": 0.2}}]}) is None
+
+
+def _lambda_fake(calls: list, bad_lams: tuple[float, ...] = ()):
+    """Validation MSE 0.1 + λ (the smaller λ the better, as in B2's full form); a λ in ``bad_lams``
+    loses strong convexity in round 2."""
+
+    def fake_run_any(method, task, nodes, rounds, seed, settings, train, params=None, hook=None, hook_key=""):
+        lam = settings.get("bigfl.lam", 0.1)
+        calls.append(dict(settings))
+        return _run(0.1 + lam + 0.01 * settings.get("bigfl.alpha", 0.02), [0.2, -0.01] if lam in bad_lams else [0.2, 0.2])
+
+    return fake_run_any
+
+
+def test_b2_lambda_winning_its_lower_edge_is_extended_at_the_best_alpha(monkeypatch):
+    calls: list = []
+    monkeypatch.setattr(mc, "run_any", _lambda_fake(calls))
+    form = mc.Form(**{**mc.QUICK.__dict__, "bigfl_lambdas": (0.01, 0.1, 1.0), "bigfl_alphas": (0.005, 0.02)})
+    grid = mc.tune_bigfl_grid("t+val", 2, 0, 0.3, form, _run(0.5, [0.2, 0.2]), kappa=0.3)
+    ext = grid["lam_extension"]
+    # 0.01 wins the grid at its lower edge: 0.001, then 0.0001, each at α = 0.005 and the tuned κ and step
+    assert ext["extended"] == [0.001, 0.0001] and ext["alpha"] == 0.005
+    beyond = [s for s in calls if s["bigfl.lam"] < 0.01]
+    assert [s["bigfl.lam"] for s in beyond] == [0.001, 0.0001]
+    assert all(s["bigfl.alpha"] == 0.005 and s["bigfl.kappa"] == 0.3 and s["lr"] == 0.3 for s in beyond)
+    assert grid["lam"] == 0.0001 and grid["alpha"] == 0.005 and ext["at_edge"]
+    assert ext["val_mse"]["0.0001"] < ext["val_mse"]["0.001"] < ext["val_mse"]["0.01"]
+    assert "λ past its grid's winning edge" in "\n".join(mc._lambda_extension_lines(ext))
+
+
+def test_b2_lambda_extension_skips_an_inadmissible_lambda_and_keeps_ties(monkeypatch):
+    calls: list = []
+    monkeypatch.setattr(mc, "run_any", _lambda_fake(calls, bad_lams=(0.0001,)))
+    form = mc.Form(**{**mc.QUICK.__dict__, "bigfl_lambdas": (0.01, 0.1, 1.0), "bigfl_alphas": (0.005,)})
+    grid = mc.tune_bigfl_grid("t+val", 2, 0, 0.3, form, _run(0.5, [0.2, 0.2]), kappa=0.3)
+    assert grid["lam"] == 0.001 and grid["lam_extension"]["val_mse"]["0.0001"] is None
+    assert grid["excluded"]["lam=0.0001, alpha=0.005"].startswith("excluded: LL not strongly convex at round 2")
+    # an interior winner runs nothing beyond the grid
+    calls.clear()
+    monkeypatch.setattr(mc, "run_any", lambda *a, **k: _run(0.3 if a[5]["bigfl.lam"] == 0.1 else 0.4, [0.2, 0.2]))
+    grid = mc.tune_bigfl_grid("t+val", 2, 0, 0.3, form, _run(0.5, [0.2, 0.2]), kappa=0.3)
+    assert grid["lam"] == 0.1 and grid["lam_extension"]["extended"] == []
+    # a tie beyond the edge keeps the grid's λ
+    monkeypatch.setattr(mc, "run_any", lambda *a, **k: _run(0.25, [0.2, 0.2]))
+    grid = mc.tune_bigfl_grid("t+val", 2, 0, 0.3, form, _run(0.5, [0.2, 0.2]), kappa=0.3)
+    assert grid["lam"] == 0.01 and grid["lam_extension"]["extended"] == [0.001, 0.0001]
