@@ -50,6 +50,22 @@ non-empty cluster), its clients' last local models' test MSE.
 Declared on the harness (:mod:`graphfl.bench.harness`): every run goes through the run cache in
 ``<out>/cache`` (an interrupted sweep resumes), the time estimate is logged; results in
 ``<out>/multicenter-regime.{json,md,png}``.
+
+**BiG-FL form** (``--form bigfl``, :data:`FORMS`; opt-in, the default forms and their cache keys
+do not change): BiG-FL (strategy ``bigfl``, ALGORITHMS.md §0.1 C2) beside the other methods at a
+reduced point set (:data:`BIGFL_FORM`), results in ``<out>/multicenter-regime-bigfl.*``. Its
+graph is the task's client graph: the 4-NN graph (symmetrised by union) of the clients' mixture
+samples, i.e. of their true task vectors (an oracle graph). Its settings (:class:`BigflSpec`):
+κ and α fixed (not tuned per point), the step from :attr:`BigflSpec.steps` at λ =
+:attr:`BigflSpec.base_lam` (a value of the form's step grid outside it is not run: "skipped"),
+then λ from :attr:`BigflSpec.lambdas` (all > 0, :func:`~graphfl.bench.multicenter.check_bigfl_grid`)
+at that step, on the same validation view, seed and budget as the other methods. A validation
+run whose lower level is not strongly convex in some round is stopped there and excluded
+(:func:`~graphfl.bench.multicenter.tuning_stop_rule`, :func:`~graphfl.bench.multicenter.bigfl_inadmissible`);
+with no admissible setting the test cells are not run. Per test run the final ``‖φ − I‖_F``
+(server metric ``phi_minus_identity``) is kept; a run below
+:data:`~graphfl.bench.multicenter.PHI_MOVED` is flagged degenerate (φ did not move) in the result
+and the log. BiG-FL is compared per seed with FedAvg, Local and FeSEM (:func:`verdict`).
 """
 
 from __future__ import annotations
@@ -72,6 +88,11 @@ from .stats import first_better_on_every_seed, fmt_pm, mean_sd, paired_differenc
 logger = logging.getLogger(__name__)
 
 NAME = "multicenter-regime"
+BIGFL_NAME = "multicenter-regime-bigfl"
+"""The name (and result files) of the BiG-FL form; its cells share :data:`NAME`'s cache keys."""
+BIGFL = "BiG-FL"
+BIGFL_REFERENCES = ("FedAvg", "Local", "FeSEM")
+"""BiG-FL is compared, per seed, with each of these."""
 TASK = "synthetic-multicenter"
 TRAINED: dict[str, str] = {"FedAvg": "fedavg", "Local": "local", "FeSEM": "fesem"}
 CONSTANTS = ("Const-own", "Const-pooled")
@@ -120,6 +141,48 @@ QUICK = Form(rounds=15, seeds=3, samples=(10, 100), stds=(0.05, 0.5), lr_grid=(1
              cut=("most of the grid (quick form)",))
 
 
+@dataclass(frozen=True)
+class BigflSpec:
+    """BiG-FL's settings in the BiG-FL form (module docstring)."""
+
+    steps: tuple[float, ...] = (0.3, 1.0)
+    """BiG-FL's step grid (a subset of the form's ``lr_grid``; not extended)."""
+    lambdas: tuple[float, ...] = (0.01, 0.1, 1.0)
+    """λ grid (one λ for both levels), tuned at the chosen step; every value > 0."""
+    base_lam: float = 0.1
+    """λ of the step search (a value of :attr:`lambdas`)."""
+    kappa: float = 0.3
+    """LL ridge weight κ, fixed (bench multicenter's validation choice at 50 clients, 200 rounds)."""
+    alpha: float = 0.005
+    """Normalised UL step length α, fixed (bench multicenter's validation choice)."""
+    seconds_per_round: float = 2.0
+    """Measured seconds per BiG-FL round at 20 clients on one core (the time estimate)."""
+
+    def __post_init__(self) -> None:
+        from .multicenter import check_bigfl_grid
+
+        check_bigfl_grid(self.lambdas)
+        if self.base_lam not in self.lambdas:
+            raise ValueError(f"BigflSpec: base_lam {self.base_lam} is not in lambdas {list(self.lambdas)}")
+
+
+BIGFL_FORM = Form(rounds=50, seeds=3, samples=(5, 100), stds=(0.05, 0.5), nodes=(20,),
+                  cut=("the smooth generator (synthetic-multicenter-smooth)", "FeSEM's K (fixed at the planted 3)",
+                       "DFL (module docstring)", "BiG-FL's kappa and alpha (fixed, not tuned per point)",
+                       "samples 10 / 20, std 0.15, 50 clients and 200 rounds (BiG-FL's cost)"))
+"""The BiG-FL form's points: 20 clients, 50 rounds, m ∈ {5, 100} × std ∈ {0.05, 0.5}; the other
+methods' grids are :data:`FULL`'s, so their cells are those of the full form's run cache."""
+FORMS: dict[str, tuple[Form, BigflSpec]] = {"bigfl": (BIGFL_FORM, BigflSpec())}
+"""Named forms (``--form``): the form and BiG-FL's settings."""
+SECONDS_PER_ROUND = {"FedAvg": 0.1, "FeSEM": 0.1, "Local": 0.05}
+"""Declared seconds per round of the other methods in the BiG-FL form (its time estimate)."""
+
+
+def methods_of(form: Form, bigfl: BigflSpec | None) -> tuple[str, ...]:
+    """The methods run: the form's, and BiG-FL last when ``bigfl`` is given."""
+    return (*form.methods, BIGFL) if bigfl is not None else form.methods
+
+
 def points(form: Form) -> list[dict[str, Any]]:
     """The grid: clients × samples per client × component std at ``rounds``, then the :attr:`Form.long` points."""
     base = [{"nodes": int(n), "samples": int(m), "std": float(s), "rounds": form.rounds}
@@ -129,17 +192,23 @@ def points(form: Form) -> list[dict[str, Any]]:
     return base + long
 
 
-def run_values(method: str, task: str, form: Form, seed: int, point: dict[str, Any], params: dict[str, Any]
-               ) -> dict[str, Any]:
-    """The run configuration of one run (``params``: ``lr`` and FeSEM's ``warmup``).
+def run_values(method: str, task: str, form: Form, seed: int, point: dict[str, Any], params: dict[str, Any],
+               bigfl: BigflSpec | None = None) -> dict[str, Any]:
+    """The run configuration of one run (``params``: ``lr``, FeSEM's ``warmup``, BiG-FL's ``lam``).
 
     Constant predictors have no step (their key carries none, so every tuning value shares one
-    cache entry).
+    cache entry). BiG-FL's λ defaults to :attr:`BigflSpec.base_lam` (the step search's).
     """
     values: dict[str, Any] = {"task": task, "nodes": int(point["nodes"]), "seed": seed,
                               "data.client-samples": int(point["samples"]), "data.cluster-std": float(point["std"])}
     if method in CONSTANTS:
         return {"strategy": method, **values}
+    if method == BIGFL:
+        spec = bigfl or BigflSpec()
+        values.update({"strategy": "bigfl", "rounds": int(point.get("rounds", form.rounds)), "engine": form.engine,
+                       "train.lr": float(params["lr"]), **TRAIN, "bigfl.kappa": float(spec.kappa),
+                       "bigfl.lam": float(params.get("lam", spec.base_lam)), "bigfl.alpha": float(spec.alpha)})
+        return values
     strategy = TRAINED[method]
     values.update({"strategy": strategy, "rounds": int(point.get("rounds", form.rounds)), "engine": form.engine,
                    "train.lr": float(params["lr"]), **TRAIN})
@@ -176,15 +245,81 @@ def constant_mse(method: str, task: str, seed: int, point: dict[str, Any]) -> di
     return {"final": float(np.mean(mses)), "clients": n}
 
 
-def run_one(method: str, task: str, form: Form, seed: int, point: dict[str, Any], params: dict[str, Any]
-            ) -> dict[str, Any]:
-    """One run of ``method``: final mean client test MSE, its curve and FeSEM's diagnostics.
+BIGFL_SERVER_KEYS = ("phi_minus_identity", "hypergrad_norm", "implicit_residual", "implicit_converged",
+                     "ll_min_curvature", "ll_strongly_convex")
+"""The server metrics of a BiG-FL run kept per round in its result."""
+
+
+def bigfl_result(run: dict[str, Any], validation: bool) -> dict[str, Any]:
+    """A BiG-FL cell's result from a :func:`~graphfl.bench.multicenter.run_method` record.
+
+    Keeps the final test MSE, the MSE curve and per round :data:`BIGFL_SERVER_KEYS`. A run whose
+    lower level was not strongly convex in some round
+    (:func:`~graphfl.bench.multicenter.bigfl_inadmissible`) is ``excluded`` when ``validation``
+    (a failed cell: the tuning never chooses it); a test run keeps its MSE and carries the
+    reason in ``diag.inadmissible``. ``diag.phi_minus_identity`` is the last round's ``‖φ − I‖_F``.
+    """
+    from .multicenter import bigfl_inadmissible, implicit_unconverged_rounds
+
+    curve = run.get("curve") or []
+    slim = [{"round": row.get("round"), "server": {k: (row.get("server") or {}).get(k) for k in BIGFL_SERVER_KEYS}}
+            for row in curve]
+    why = bigfl_inadmissible(run)
+    last = curve[-1] if curve else {}
+    final = last.get("test_loss")
+    phi = (last.get("server") or {}).get("phi_minus_identity")
+    out: dict[str, Any] = {
+        "final": float(final) if final is not None and np.isfinite(final) else None,
+        "mse": [r.get("test_loss") for r in curve], "curve": slim,
+        "diag": {"phi_minus_identity": None if phi is None else float(phi), "inadmissible": why,
+                 "stopped_early": run.get("stopped_early"),
+                 "implicit_unconverged_rounds": implicit_unconverged_rounds(run)},
+        "wall_seconds": run.get("wall_seconds")}
+    if out["final"] is None:
+        out["error"] = f"final test MSE {final}"
+    if why is not None and validation:
+        out["excluded"] = why
+    return out
+
+
+def run_bigfl(values: dict[str, Any]) -> dict[str, Any]:
+    """One BiG-FL run of the flat configuration ``values`` (:func:`~graphfl.bench.multicenter.run_method`).
+
+    On a validation task the round loop stops after the first round whose lower level is not
+    strongly convex (:func:`~graphfl.bench.multicenter.tuning_stop_rule`). A run the round loop
+    stops for non-finite uploads is a failed setting (``final = None``, ``error``), not a crash.
+    """
+    from graphfl.server.rounds import RunError
+
+    from .multicenter import run_method, tuning_stop_rule
+
+    v = dict(values)
+    strategy, task = v.pop("strategy"), v.pop("task")
+    nodes, rounds, seed = int(v.pop("nodes")), int(v.pop("rounds")), int(v.pop("seed"))
+    try:
+        run = run_method(strategy, task, nodes, rounds, seed, v, stop_when=tuning_stop_rule(strategy, task))
+    except (RunError, ArithmeticError) as exc:
+        logger.warning("BiG-FL %s seed %d diverged: %s", task, seed, exc)
+        return {"final": None, "error": str(exc)}
+    run.pop("phi", None)  # a tensor; the result keeps its distance to I per round
+    return bigfl_result(run, validation=task != TASK)
+
+
+def run_one(method: str, task: str, form: Form, seed: int, point: dict[str, Any], params: dict[str, Any],
+            bigfl: BigflSpec | None = None) -> dict[str, Any]:
+    """One run of ``method``: final mean client test MSE, its curve and FeSEM's / BiG-FL's diagnostics.
 
     A run that fails (non-finite uploads at a too large step) returns ``final = None`` and
     ``error``: a failed setting, not a crash.
     """
     if method in CONSTANTS:
         return constant_mse(method, task, seed, point)
+    if method == BIGFL:
+        res = run_bigfl(run_values(method, task, form, seed, point, params, bigfl))
+        diag = res.get("diag") or {}
+        logger.info("%s %s seed %d %s: test MSE %s, ||phi - I||_F %s%s", method, point, seed, params, res.get("final"),
+                    diag.get("phi_minus_identity"), f" ({res['excluded']})" if res.get("excluded") else "")
+        return res
     import torch
 
     torch.set_num_threads(1)
@@ -214,16 +349,30 @@ def _task_of(cell: Cell) -> str:
     return validation_task(TASK) if cell.split == "val" else TASK
 
 
-def _args(cell: Cell, form: Form) -> tuple[Any, ...]:
-    return cell.method, _task_of(cell), form, cell.seed, cell.at, cell.settings
+def _args(cell: Cell, form: Form, bigfl: BigflSpec | None = None) -> tuple[Any, ...]:
+    return cell.method, _task_of(cell), form, cell.seed, cell.at, cell.settings, bigfl
 
 
-def refine_for(form: Form) -> Callable[[str, dict[str, Any], Callable[[dict[str, Any]], float | None]],
-                                       tuple[dict[str, Any], dict[str, Any]]]:
-    """The second tuning stage: FeSEM's warm-up length at its tuned step (validation only)."""
+NO_ADMISSIBLE = "no admissible BiG-FL setting on validation"
+
+
+def refine_for(form: Form, bigfl: BigflSpec | None = None
+               ) -> Callable[[str, dict[str, Any], Callable[[dict[str, Any]], float | None]],
+                             tuple[dict[str, Any], dict[str, Any]]]:
+    """The second tuning stage (validation only): FeSEM's warm-up length at its tuned step; BiG-FL's
+    λ from :attr:`BigflSpec.lambdas` at its tuned step (an excluded or failed λ is not eligible;
+    with none eligible ``lam`` is ``None`` and the test cells are not run).
+    """
 
     def refine(method: str, params: dict[str, Any], evaluate: Callable[[dict[str, Any]], float | None]
                ) -> tuple[dict[str, Any], dict[str, Any]]:
+        if method == BIGFL and bigfl is not None:
+            lscores = {lam: evaluate({**params, "lam": lam}) for lam in bigfl.lambdas}
+            ok = {lam: v for lam, v in lscores.items() if v is not None and np.isfinite(v)}
+            lam = min(ok, key=lambda k: ok[k]) if ok else None
+            return {**params, "lam": lam}, {"lam": lam, "validation_mse": {str(k): v for k, v in lscores.items()},
+                                            "kappa": bigfl.kappa, "alpha": bigfl.alpha,
+                                            "step_grid": list(bigfl.steps), "step_search_lam": bigfl.base_lam}
         if method != "FeSEM" or len(form.fesem_warmups) < 2:
             return params, {}
         scores = {w: evaluate({**params, "warmup": w}) for w in form.fesem_warmups}
@@ -234,53 +383,97 @@ def refine_for(form: Form) -> Callable[[str, dict[str, Any], Callable[[dict[str,
     return refine
 
 
-def declare(form: Form, seed: int) -> Bench:
-    """The sweep on the harness: points (nodes, samples, std); each method's step tuned per point."""
+def bigfl_skip(bigfl: BigflSpec) -> Callable[[Cell], str | None]:
+    """Why a BiG-FL cell is not run: a validation step outside :attr:`BigflSpec.steps` (the form's
+    step grid is the other methods'), or a test cell without an admissible setting.
+    """
+
+    def skip(cell: Cell) -> str | None:
+        if cell.method != BIGFL:
+            return None
+        st = cell.settings
+        if "lam" in st and st["lam"] is None:
+            return NO_ADMISSIBLE
+        if cell.split == "val" and not any(np.isclose(float(st["lr"]), s, rtol=1e-9) for s in bigfl.steps):
+            return f"step {st['lr']:g} is not in BiG-FL's step grid {list(bigfl.steps)}"
+        return None
+
+    return skip
+
+
+def declare(form: Form, seed: int, bigfl: BigflSpec | None = None,
+            only: Sequence[dict[str, Any]] | None = None) -> Bench:
+    """The sweep on the harness: points (nodes, samples, std); each method's step tuned per point.
+
+    ``bigfl``: the BiG-FL form (module docstring); ``only``: run these of the form's points.
+    """
     unknown = [m for m in form.methods if m not in METHODS]
     if unknown:
         raise ValueError(f"bench {NAME}: unknown methods {unknown}; valid: {list(METHODS)}")
+    methods = methods_of(form, bigfl)
     refs = [r for r in REFERENCES if r in form.methods]
-    pairs = [(m, r) for r in refs for m in form.methods if m != r]
+    pairs = [(m, r) for r in refs for m in methods if m != r]
+    if bigfl is not None:
+        pairs += [(BIGFL, r) for r in BIGFL_REFERENCES if r in form.methods and r not in refs]
 
     def key(cell: Cell) -> dict[str, Any]:
-        return {"bench": NAME, "method": cell.method, **run_values(*_args(cell, form))}
+        return {"bench": NAME, "method": cell.method, **run_values(*_args(cell, form, bigfl))}
 
+    def failed(r: dict[str, Any]) -> str | None:
+        return r.get("error") or r.get("excluded") or (None if r.get("final") is not None else "no final test MSE")
+
+    extra: dict[str, Any] = {}
+    if bigfl is not None:
+        def seconds(cell: Cell) -> float:
+            if cell.method in CONSTANTS:
+                return 1.0
+            per = bigfl.seconds_per_round if cell.method == BIGFL else SECONDS_PER_ROUND[cell.method]
+            return float(cell.at.get("rounds", form.rounds)) * per
+
+        extra = {"skip": bigfl_skip(bigfl), "seconds": seconds}
     return Bench(
-        name=NAME, title="Where FeSEM helps: samples per client × cluster spread (synthetic-multicenter)",
-        methods=form.methods, points=points(form), seeds=[seed + k for k in range(form.seeds)],
+        name=NAME if bigfl is None else BIGFL_NAME,
+        title=("Where FeSEM helps: samples per client × cluster spread (synthetic-multicenter)" if bigfl is None else
+               "Where BiG-FL helps: samples per client × cluster spread (synthetic-multicenter)"),
+        methods=methods, points=points(form) if only is None else [dict(p) for p in only],
+        seeds=[seed + k for k in range(form.seeds)],
         metrics=(Metric("mse", "test MSE", lower_is_better=True),),
-        run_cell=lambda cell: run_one(*_args(cell, form)), key=key,
+        run_cell=lambda cell: run_one(*_args(cell, form, bigfl)), key=key,
         final=lambda r: {"mse": r.get("final")},
-        failed=lambda r: r.get("error") or (None if r.get("final") is not None else "no final test MSE"),
+        failed=failed,
         tuning=Tuning(param="lr", grid=form.lr_grid, metric="mse", lower_is_better=True, max_extensions=1,
-                      if_all_fail=form.lr_grid[0], refine=refine_for(form)),
+                      if_all_fail=form.lr_grid[0], refine=refine_for(form, bigfl)),
         pairs=pairs,
-        cost=lambda cell: 0.02 if cell.method in CONSTANTS else 0.4 if cell.method == "Local" else 1.0)
+        cost=lambda cell: 0.02 if cell.method in CONSTANTS else 0.4 if cell.method == "Local" else 1.0, **extra)
 
 
-def verdict(fesem: Sequence[float | None], ref: Sequence[float | None], expected: int) -> dict[str, Any]:
-    """FeSEM against a reference from the per-seed final test MSE (rule: module docstring)."""
+def verdict(fesem: Sequence[float | None], ref: Sequence[float | None], expected: int, name: str = "FeSEM"
+            ) -> dict[str, Any]:
+    """A method (``name``, default FeSEM) against a reference from the per-seed final test MSE (rule:
+    module docstring; the words name the method).
+    """
     d = paired_difference(list(fesem), list(ref), lower_is_better=True, expected=expected)
     rev = paired_difference(list(ref), list(fesem), lower_is_better=True, expected=expected)
     refs = [float(x) for x in ref if x is not None and np.isfinite(x)]
     band = TIE_BAND * float(np.mean(refs)) if refs else None
     if d["first_nonfinite"]:
-        word = "FeSEM loses"
+        word = f"{name} loses"
     elif d["missing"] or d["second_nonfinite"] or d["mean"] is None or band is None:
         word = "not testable"
     elif first_better_on_every_seed(d) and d["mean"] < -band:
-        word = "FeSEM wins"
+        word = f"{name} wins"
     elif first_better_on_every_seed(rev) and d["mean"] > band:
-        word = "FeSEM loses"
+        word = f"{name} loses"
     else:
         word = "tie"
     return {"verdict": word, "mean": d["mean"], "sd": d.get("sd"), "first_better": d["first_better"],
             "seeds": d["seeds"], "expected": expected, "band": band, "per_seed": d.get("per_seed")}
 
 
-def verdicts(doc: dict[str, Any], form: Form, runs: dict[str, dict[str, list[float | None]]]
-             ) -> list[dict[str, Any]]:
-    """One entry per grid point: FeSEM − FedAvg and FeSEM − Local verdicts and the best method.
+def verdicts(doc: dict[str, Any], form: Form, runs: dict[str, dict[str, list[float | None]]],
+             bigfl: BigflSpec | None = None) -> list[dict[str, Any]]:
+    """One entry per grid point: FeSEM − FedAvg and FeSEM − Local verdicts (and BiG-FL − FedAvg / Local /
+    FeSEM in the BiG-FL form) and the best method.
 
     ``runs[repr(sorted(point.items()))][method]``: the per-seed final test MSE (``None``: failed).
     """
@@ -291,7 +484,11 @@ def verdicts(doc: dict[str, Any], form: Form, runs: dict[str, dict[str, list[flo
         for ref in REFERENCES:
             if "FeSEM" in form.methods and ref in form.methods:
                 entry[f"FeSEM vs {ref}"] = verdict(runs[k]["FeSEM"], runs[k][ref], form.seeds)
-        means = {m: result(doc, m, **p)["metrics"]["mse"].get("mean") for m in form.methods}
+        if bigfl is not None:
+            for ref in BIGFL_REFERENCES:
+                if ref in form.methods:
+                    entry[f"{BIGFL} vs {ref}"] = verdict(runs[k][BIGFL], runs[k][ref], form.seeds, name=BIGFL)
+        means = {m: result(doc, m, **p)["metrics"]["mse"].get("mean") for m in methods_of(form, bigfl)}
         finite = {m: v for m, v in means.items() if v is not None}
         entry["best"] = min(finite, key=lambda m: finite[m]) if finite else None
         out.append(entry)
@@ -311,6 +508,48 @@ def _diagnostics(bench: Bench, runs: dict[Any, list[dict[str, Any] | None]]) -> 
             entry[k] = mean_sd([float(v) for v in vals]) if vals else None
         entry["collapsed_seeds"] = sum(1 for d in diags if d and d.get("nonempty") == 1)
         out.append(entry)
+    return out
+
+
+def bigfl_diagnostics(runs: dict[Any, list[dict[str, Any] | None]], seeds: Sequence[int]) -> list[dict[str, Any]]:
+    """Per point: BiG-FL's final ``‖φ − I‖_F`` per test seed, its mean ± sd, the degenerate seeds.
+
+    A seed whose final ``‖φ − I‖_F`` is below :data:`~graphfl.bench.multicenter.PHI_MOVED` (or
+    missing) is degenerate: φ stayed at the identity, the upper level did not act (logged as a
+    warning). Test runs whose lower level was not strongly convex in some round are listed in
+    ``inadmissible``.
+    """
+    from .multicenter import PHI_MOVED
+
+    out = []
+    for (point, method), per_seed in runs.items():
+        if method != BIGFL:
+            continue
+        phis: list[float | None] = []
+        degenerate: list[int] = []
+        inadmissible: dict[str, str] = {}
+        unconverged: dict[str, list[int]] = {}
+        for s, r in zip(seeds, per_seed):
+            d = (r or {}).get("diag") or {}
+            phi = d.get("phi_minus_identity")
+            phis.append(phi)
+            if r is not None and (phi is None or phi < PHI_MOVED):
+                degenerate.append(int(s))
+            if d.get("inadmissible"):
+                inadmissible[str(s)] = str(d["inadmissible"])
+            if d.get("implicit_unconverged_rounds"):
+                unconverged[str(s)] = list(d["implicit_unconverged_rounds"])
+        finite = [float(v) for v in phis if v is not None]
+        if degenerate:
+            logger.warning("BiG-FL %s: ||phi - I||_F %s stayed below %g for seed(s) %s: phi did not move, the upper "
+                           "level did not act (degenerate)", dict(point), phis, PHI_MOVED, degenerate)
+        if inadmissible:
+            logger.warning("BiG-FL %s: test run(s) with a lower level not strongly convex: %s", dict(point),
+                           inadmissible)
+        out.append({"point": dict(point), "method": method, "phi_minus_identity": phis,
+                    "phi": mean_sd(finite) if finite else None, "threshold": PHI_MOVED,
+                    "degenerate_seeds": degenerate, "inadmissible": inadmissible,
+                    "implicit_unconverged_rounds": unconverged})
     return out
 
 
@@ -340,14 +579,86 @@ def unspecified(form: Form) -> list[str]:
     ]
 
 
-def run(quick: bool = False, seed: int = 0, out: Path | None = None, spec: Form | None = None) -> dict[str, Any]:
+def bigfl_settings(form: Form, bigfl: BigflSpec) -> list[str]:
+    """BiG-FL's settings, graph and grids, as written in the result."""
+    return [
+        f"BiG-FL (strategy bigfl, ALGORITHMS.md §0.1 C2): kappa = {bigfl.kappa:g} and alpha = {bigfl.alpha:g} FIXED "
+        "(bench multicenter's validation choice at 50 clients, 100 rows, 200 rounds on the smooth generator; not "
+        "re-tuned per point); per point on validation (first seed): the step from "
+        f"{list(bigfl.steps)} at lambda = {bigfl.base_lam:g} (the form's other steps are skipped for BiG-FL, no "
+        f"extension), then lambda from {list(bigfl.lambdas)} (one lambda for both levels; lambda = 0 is BiG-FL "
+        "disabled and never in the grid) at that step",
+        "BiG-FL: a validation run whose lower level is not strongly convex in some round (ll_min_curvature <= 0, "
+        "C2 c) is stopped at that round and excluded from the choice; with no admissible setting BiG-FL's test "
+        "cells are not run (reported failed, never replaced by another method)",
+        "BiG-FL's graph: the task's client graph, the 4-NN graph (symmetrised by union) of the clients' mixture "
+        "samples, i.e. of their true task vectors (an oracle graph: at small std its edges stay inside the planted "
+        "clusters); phi acts on every parameter of the model (bigfl.layers default)",
+        "BiG-FL's output: the mean over clients of the test MSE of each client's own lower-level model after the "
+        "last round; diagnostics per test run: final ||phi - I||_F (server metric phi_minus_identity; below "
+        "0.05 = degenerate, phi did not move)",
+        f"budget: BiG-FL runs the same {form.rounds} rounds, {TRAIN['train.local-steps']} local steps of batch "
+        f"{TRAIN['train.batch-size']} (plain SGD) as the other methods; engine {form.engine}",
+    ]
+
+
+def _complete_points(form: Form, seed: int, bigfl: BigflSpec | None, out: Path | None
+                     ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The form's points whose tuning the run cache holds in full, and the others (cache-only report)."""
+    from .harness import MissingCell
+
+    done, missing = [], []
+    for p in points(form):
+        try:
+            run_bench(declare(form, seed, bigfl, only=[p]), out, cache_only=True)
+        except MissingCell:
+            missing.append(p)
+        else:
+            done.append(p)
+    return done, missing
+
+
+def _estimate(bench: Bench, form: Form, bigfl: BigflSpec) -> float:
+    """Upper bound of the BiG-FL form's seconds when nothing is cached: every point's BiG-FL step and λ
+    searches and its test runs, each for every round.
+    """
+    per_point = len(bigfl.steps) + len(bigfl.lambdas) - 1 + form.seeds
+    return float(len(bench.points) * per_point * form.rounds * bigfl.seconds_per_round)
+
+
+def run(quick: bool = False, seed: int = 0, out: Path | None = None, spec: Form | None = None,
+        form: str | None = None, bigfl: BigflSpec | None = None, cache_only: bool = False) -> dict[str, Any]:
     """Tune and run the sweep; write ``<out>/multicenter-regime.{json,md,png}``.
 
-    ``spec`` replaces the form ``quick`` names (tests run a tiny one).
+    ``spec`` replaces the form ``quick`` names (tests run a tiny one); ``form`` names one of
+    :data:`FORMS` (``bigfl``: the BiG-FL form, ``<out>/multicenter-regime-bigfl.*``); ``bigfl``
+    adds BiG-FL with these settings to ``spec``. ``cache_only``: report what the run cache holds,
+    compute nothing; a point whose tuning is not complete there is listed in ``missing_points``.
     """
-    form = spec or (QUICK if quick else FULL)
-    bench = declare(form, seed)
-    outcome = run_bench(bench, out)
+    if form is not None:
+        if form not in FORMS:
+            raise ValueError(f"bench {NAME}: unknown form {form!r}; valid: {sorted(FORMS)}")
+        spec, bigfl = spec or FORMS[form][0], bigfl or FORMS[form][1]
+    f = spec or (QUICK if quick else FULL)
+    missing_points: list[dict[str, Any]] = []
+    only = None
+    if cache_only:
+        only, missing_points = _complete_points(f, seed, bigfl, out)
+        if missing_points:
+            logger.warning("%s: points without a complete tuning in the cache (not reported): %s",
+                           NAME if bigfl is None else BIGFL_NAME, missing_points)
+    bench = declare(f, seed, bigfl, only=only)
+    if bigfl is not None:
+        logger.info("%s: BiG-FL about %.2g s per round; upper bound with nothing cached: %d points x (%d step + "
+                    "%d lambda validation + %d test runs) x %d rounds = about %.0f min of BiG-FL",
+                    BIGFL_NAME, bigfl.seconds_per_round, len(bench.points), len(bigfl.steps),
+                    len(bigfl.lambdas) - 1, f.seeds, f.rounds, _estimate(bench, f, bigfl) / 60)
+    outcome = run_bench(bench, out, cache_only=cache_only)
+    return _report(bench, outcome, f, seed, quick, out, bigfl, missing_points)
+
+
+def _report(bench: Bench, outcome: Any, form: Form, seed: int, quick: bool, out: Path | None,
+            bigfl: BigflSpec | None, missing_points: list[dict[str, Any]]) -> dict[str, Any]:
     per_seed: dict[str, dict[str, list[float | None]]] = {}
     for (point, method), rs in outcome.runs.items():
         per_seed.setdefault(repr(sorted(dict(point).items())), {})[method] = [
@@ -355,11 +666,17 @@ def run(quick: bool = False, seed: int = 0, out: Path | None = None, spec: Form 
     config = {**{k: list(v) if isinstance(v, tuple) else v for k, v in form.__dict__.items()},
               "task": TASK, "tuning_seed": seed, "validation_fraction": VALIDATION_FRACTION, "tie_band": TIE_BAND,
               "fesem_k": FESEM_K, "train": TRAIN}
-    doc = build_doc(bench, outcome, quick, config,
-                    extra={"diagnostics": _diagnostics(bench, outcome.runs), "settings": unspecified(form)})
-    doc["verdicts"] = verdicts(doc, form, per_seed)
+    extra: dict[str, Any] = {"diagnostics": _diagnostics(bench, outcome.runs), "settings": unspecified(form)}
+    if bigfl is not None:
+        config["bigfl"] = {k: list(v) if isinstance(v, tuple) else v for k, v in bigfl.__dict__.items()}
+        extra["settings"] = extra["settings"] + bigfl_settings(form, bigfl)
+        extra["bigfl_diagnostics"] = bigfl_diagnostics(outcome.runs, bench.seeds)
+        extra["missing_points"] = missing_points
+        extra["missing_cells"] = [c.label() for c in outcome.missing]
+    doc = build_doc(bench, outcome, quick, config, extra=extra)
+    doc["verdicts"] = verdicts(doc, form, per_seed, bigfl)
     if out is not None:
-        _write(Path(out), doc, form)
+        _write(Path(out), doc, form, bigfl)
     for line in summary(doc):
         logger.info("%s", line)
     return doc
@@ -383,23 +700,24 @@ def _where(p: dict[str, Any]) -> str:
     return f"n={p['nodes']}, m={p['samples']}, std={p['std']:g}, R={p['rounds']}"
 
 
-def _write(out: Path, doc: dict[str, Any], form: Form) -> None:
+def _write(out: Path, doc: dict[str, Any], form: Form, bigfl: BigflSpec | None = None) -> None:
     pts = doc["config"]["points"]
+    methods = methods_of(form, bigfl)
     rows = []
     for p in pts:
         row: dict[str, Any] = {"point": _where(p)}
-        for m in form.methods:
+        for m in methods:
             row[m] = _num(result(doc, m, **p)["metrics"]["mse"])
         rows.append(row)
     sections = ["## Mean client test MSE (mean ± sd over seeds)", "", markdown_table(rows, list(rows[0])), ""]
     vrows = []
     for v in doc["verdicts"]:
         row = {"point": _where(v["point"]), "best": v["best"] or "–"}
-        for ref in REFERENCES:
-            e = v.get(f"FeSEM vs {ref}")
-            if e:
-                mean = "–" if e["mean"] is None else f"{e['mean']:+.4g}"
-                row[f"FeSEM − {ref}"] = f"{mean} ({e['first_better']}/{e['expected']}): {e['verdict']}"
+        for k, e in v.items():
+            if " vs " not in k or not e:
+                continue
+            mean = "–" if e["mean"] is None else f"{e['mean']:+.4g}"
+            row[k.replace(" vs ", " − ")] = f"{mean} ({e['first_better']}/{e['expected']}): {e['verdict']}"
         vrows.append(row)
     sections += ["## Verdicts (computed from the paired per-seed differences)", "",
                  f"FeSEM − reference: mean difference of test MSE (seeds where FeSEM is better / expected seeds): "
@@ -409,7 +727,7 @@ def _write(out: Path, doc: dict[str, Any], form: Form) -> None:
         if ref not in form.methods:
             continue
         prow = []
-        for m in form.methods:
+        for m in methods:
             if m == ref:
                 continue
             prow.append({"method": f"{m} − {ref}", **{_where(p): _diff(doc, m, ref, p) for p in pts}})
@@ -428,6 +746,8 @@ def _write(out: Path, doc: dict[str, Any], form: Form) -> None:
                      "against the planted clusters (1 = exact, ≈ 0 = unrelated), non-empty clusters, cluster sizes, "
                      "and the test MSE of its clients' last local models (FeSEM's output is the center's).", "",
                      markdown_table(drows, list(drows[0])), ""]
+    if bigfl is not None:
+        sections += _bigfl_sections(doc, pts)
     sections += ["## Settings", ""] + [f"- {s}" for s in doc["settings"]]
     intro = [f"Mean client test MSE after R rounds (R = {form.rounds}; some points also {form.long_rounds}), "
              f"mean ± sd over {form.seeds} seeds; every method's "
@@ -444,10 +764,50 @@ def _write(out: Path, doc: dict[str, Any], form: Form) -> None:
                  plot_title="Where FeSEM helps: samples per client × cluster spread")
 
 
+def _bigfl_sections(doc: dict[str, Any], pts: list[dict[str, Any]]) -> list[str]:
+    """The BiG-FL form's extra Markdown: BiG-FL − FeSEM, φ diagnostics, tuning, what is missing."""
+    out: list[str] = []
+    prow = [{"method": f"{BIGFL} − FeSEM", **{_where(p): _diff(doc, BIGFL, "FeSEM", p) for p in pts}}]
+    out += ["### Paired differences against FeSEM (test MSE, mean ± sd; seeds where BiG-FL is better / seeds)", "",
+            markdown_table(prow, list(prow[0])), ""]
+    drows = []
+    for d in doc.get("bigfl_diagnostics", []):
+        phis = ", ".join("–" if v is None else f"{v:.3g}" for v in d["phi_minus_identity"])
+        drows.append({"point": _where(d["point"]), "‖φ − I‖_F (mean ± sd)": _num(d.get("phi"), ".3g"),
+                      "per seed": phis, "degenerate seeds (< 0.05)": str(d["degenerate_seeds"] or "none"),
+                      "inadmissible test runs": str(d["inadmissible"] or "none")})
+    if drows:
+        out += ["## Diagnostics: did BiG-FL's φ move?", "",
+                "Final ‖φ − I‖_F of each test run (server metric `phi_minus_identity`); a run below "
+                f"{drows and doc['bigfl_diagnostics'][0]['threshold']:g} is degenerate (the upper level did not act).",
+                "", markdown_table(drows, list(drows[0])), ""]
+    trows = []
+    for t in doc.get("tuning", []):
+        if t.get("methods") != [BIGFL] and t.get("method") != BIGFL:
+            continue
+        ref = t.get("refined") or {}
+        steps = ", ".join(f"{k}: {'–' if v is None else f'{v:.4g}'}" for k, v in (t.get("scores") or {}).items())
+        lams = ", ".join(f"{k}: {'–' if v is None else f'{v:.4g}'}" for k, v in (ref.get("validation_mse") or {}).items())
+        trows.append({"point": _where(t["point"]), "val MSE per step": steps or "–",
+                      "chosen step": str(t.get("chosen")), "val MSE per lambda": lams or "–",
+                      "chosen lambda": str(ref.get("lam")),
+                      "excluded / skipped": "; ".join(f"{k}: {v}" for k, v in (t.get("failed") or {}).items()) or "–"})
+    if trows:
+        out += ["## BiG-FL's tuning (validation, first seed)", "", markdown_table(trows, list(trows[0])), ""]
+    missing = doc.get("missing_points") or []
+    cells = doc.get("missing_cells") or []
+    out += ["## Missing", "",
+            ("Points not run (their tuning is not complete in the run cache): "
+             + "; ".join(_where(p) for p in missing)) if missing else "Every point of the form is reported.",
+            "", ("Test cells not in the cache (reported failed): " + "; ".join(cells)) if cells
+            else "No test cell of a reported point is missing.", ""]
+    return out
+
+
 def summary(doc: dict[str, Any]) -> list[str]:
     """One line per grid point: the verdicts and the best method, for logs and notes."""
     lines = []
     for v in doc["verdicts"]:
-        parts = [f"{k}: {e['verdict']}" for k, e in v.items() if k.startswith("FeSEM vs")]
+        parts = [f"{k}: {e['verdict']}" for k, e in v.items() if " vs " in k]
         lines.append(f"{_where(v['point'])}: best {v['best']}; " + "; ".join(parts))
     return lines

@@ -1,0 +1,140 @@
+"""Bench ``multicenter-regime``, BiG-FL form: its declared cells and grids, the exclusion of an
+inadmissible BiG-FL tuning run, the degenerate-φ flag, and the default form left unchanged."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from graphfl.bench import multicenter_regime as mr
+from graphfl.bench.harness import Cell
+
+
+def _cell(method: str, point: dict[str, Any], params: dict[str, Any], split: str = "test", seed: int = 0) -> Cell:
+    return Cell(tuple(point.items()), method, seed, tuple(params.items()), split)
+
+
+def test_bigfl_form_declares_its_points_grids_and_settings() -> None:
+    form, spec = mr.FORMS["bigfl"]
+    bench = mr.declare(form, 0, spec)
+    assert bench.name == mr.BIGFL_NAME
+    assert list(bench.methods) == [*mr.METHODS, mr.BIGFL]
+    assert [dict(p) for p in bench.points] == [
+        {"nodes": 20, "samples": m, "std": s, "rounds": 50} for m in (5, 100) for s in (0.05, 0.5)]
+    assert list(bench.seeds) == [0, 1, 2]
+    assert (spec.steps, spec.lambdas, spec.base_lam, spec.kappa, spec.alpha) == ((0.3, 1.0), (0.01, 0.1, 1.0), 0.1,
+                                                                                 0.3, 0.005)
+    assert (mr.BIGFL, "FedAvg") in bench.pair_list() and (mr.BIGFL, "Local") in bench.pair_list()
+    assert (mr.BIGFL, "FeSEM") in bench.pair_list()
+    point = dict(bench.points[0])
+    big = mr.run_values(mr.BIGFL, mr.TASK, form, 1, point, {"lr": 0.3}, spec)
+    fedavg = mr.run_values("FedAvg", mr.TASK, form, 1, point, {"lr": 0.3})
+    assert big["strategy"] == "bigfl"
+    assert (big["bigfl.kappa"], big["bigfl.lam"], big["bigfl.alpha"]) == (0.3, 0.1, 0.005)
+    same = ("rounds", "engine", "train.lr", "train.momentum", "train.local-steps", "train.batch-size", "nodes",
+            "data.client-samples", "data.cluster-std", "seed")
+    assert {k: big[k] for k in same} == {k: fedavg[k] for k in same}  # the same budget as the other methods
+    assert mr.run_values(mr.BIGFL, mr.TASK, form, 1, point, {"lr": 0.3, "lam": 1.0}, spec)["bigfl.lam"] == 1.0
+    assert bench.skip is not None
+    assert bench.skip(_cell(mr.BIGFL, point, {"lr": 0.3}, "val")) is None
+    assert bench.skip(_cell(mr.BIGFL, point, {"lr": 3.0}, "val")) == "step 3 is not in BiG-FL's step grid [0.3, 1.0]"
+    assert bench.skip(_cell("FedAvg", point, {"lr": 3.0}, "val")) is None
+    assert bench.skip(_cell(mr.BIGFL, point, {"lr": 0.3, "lam": None})) == mr.NO_ADMISSIBLE
+    settings = " ".join(mr.bigfl_settings(form, spec))
+    assert "kappa = 0.3 and alpha = 0.005 FIXED" in settings and "4-NN graph" in settings
+
+
+def test_a_bigfl_grid_with_lambda_zero_is_refused() -> None:
+    with pytest.raises(ValueError, match="lambda = 0"):
+        mr.BigflSpec(lambdas=(0.0, 0.1))
+    with pytest.raises(ValueError, match="base_lam"):
+        mr.BigflSpec(lambdas=(0.01, 1.0), base_lam=0.1)
+
+
+def test_default_form_is_unchanged() -> None:
+    bench = mr.declare(mr.FULL, 0)
+    assert bench.name == mr.NAME and list(bench.methods) == list(mr.METHODS)
+    assert mr.BIGFL not in bench.methods and bench.skip is None and bench.seconds is None
+    assert len(bench.points) == 4 * 3 * 2 + 6
+    cell = _cell("FeSEM", {"nodes": 20, "samples": 5, "std": 0.05, "rounds": 50}, {"lr": 1.0, "warmup": 10})
+    assert bench.cell_key(cell) == {
+        "bench": "multicenter-regime", "method": "FeSEM", "task": "synthetic-multicenter", "nodes": 20, "seed": 0,
+        "data.client-samples": 5, "data.cluster-std": 0.05, "strategy": "fesem", "rounds": 50, "engine": "batched",
+        "train.lr": 1.0, "train.momentum": 0.0, "train.local-steps": 10, "train.batch-size": 20, "fesem.k": 3,
+        "fesem.warmup-steps": 10}
+    # the BiG-FL form's other cells are the default form's (one run cache serves both)
+    form, spec = mr.FORMS["bigfl"]
+    assert mr.declare(form, 0, spec).cell_key(cell) == bench.cell_key(cell)
+
+
+def _fake_run(curvature: float, mse: float, phi: float, rounds: int) -> dict[str, Any]:
+    rows = [{"round": r, "test_loss": mse,
+             "server": {"ll_min_curvature": curvature, "phi_minus_identity": phi, "hypergrad_norm": 0.1,
+                        "implicit_converged": 1.0}} for r in range(1, rounds + 1)]
+    return {"curve": rows}
+
+
+def test_inadmissible_validation_run_is_excluded() -> None:
+    bad = mr.bigfl_result(_fake_run(-0.5, 0.01, 0.3, 2), validation=True)
+    assert bad["excluded"].startswith("excluded: LL not strongly convex at round 1")
+    assert mr.bigfl_result(_fake_run(-0.5, 0.01, 0.3, 2), validation=False).get("excluded") is None  # test: flagged
+    assert mr.bigfl_result(_fake_run(-0.5, 0.01, 0.3, 2), validation=False)["diag"]["inadmissible"]
+    good = mr.bigfl_result(_fake_run(0.2, 0.5, 0.3, 2), validation=True)
+    assert "excluded" not in good and good["final"] == pytest.approx(0.5, rel=1e-6)
+
+
+TINY = mr.Form(rounds=2, seeds=2, samples=(5,), stds=(0.1,), nodes=(6,), lr_grid=(0.3, 1.0), fesem_warmups=(10,))
+POINT = {"nodes": 6, "samples": 5, "std": 0.1, "rounds": 2}
+
+
+def test_tuning_excludes_inadmissible_runs_and_flags_a_phi_that_stays_at_identity(tmp_path, monkeypatch) -> None:
+    seen: list[dict[str, Any]] = []
+
+    def fake(values: dict[str, Any]) -> dict[str, Any]:
+        seen.append(values)
+        # step 1.0: the lowest validation MSE, but its lower level is not strongly convex -> never chosen
+        # lambda 1.0: inadmissible too; every admissible run keeps phi at I (degenerate)
+        bad = values["train.lr"] == 1.0 or values["bigfl.lam"] == 1.0
+        mse = 0.01 if bad else 0.5 - values["bigfl.lam"]
+        run = _fake_run(-0.5 if bad else 0.2, mse, 0.0, int(values["rounds"]))
+        return mr.bigfl_result(run, validation=values["task"] != mr.TASK)
+
+    monkeypatch.setattr(mr, "run_bigfl", fake)
+    spec = mr.BigflSpec(steps=(0.3, 1.0), lambdas=(0.01, 0.1, 1.0), base_lam=0.1)
+    doc = mr.run(seed=0, out=tmp_path, spec=TINY, bigfl=spec)
+    (rec,) = [t for t in doc["tuning"] if t["methods"] == [mr.BIGFL]]
+    assert rec["chosen"] == pytest.approx(0.3, rel=1e-9)
+    assert "not strongly convex" in rec["failed"]["1"]
+    assert rec["refined"]["lam"] == pytest.approx(0.1, rel=1e-9)
+    assert rec["refined"]["validation_mse"]["1.0"] is None  # excluded
+    tested = [v for v in seen if v["task"] == mr.TASK]
+    assert {v["seed"] for v in tested} == {0, 1}
+    assert all(v["train.lr"] == 0.3 and v["bigfl.lam"] == 0.1 for v in tested)
+    (diag,) = doc["bigfl_diagnostics"]
+    assert diag["degenerate_seeds"] == [0, 1]
+    md = (tmp_path / f"{mr.BIGFL_NAME}.md").read_text()
+    assert "Diagnostics: did BiG-FL's φ move?" in md and "[0, 1]" in md
+    (v,) = doc["verdicts"]
+    assert set(v) >= {"BiG-FL vs FedAvg", "BiG-FL vs Local", "BiG-FL vs FeSEM"}
+    assert v["BiG-FL vs FeSEM"]["verdict"] in {"BiG-FL wins", "BiG-FL loses", "tie"}
+    stat = mr.result(doc, mr.BIGFL, **POINT)["metrics"]["mse"]
+    assert stat["mean"] == pytest.approx(0.4, rel=1e-6) and np.isfinite(stat["mean"])
+    assert doc["missing_points"] == [] and doc["missing_cells"] == []
+
+
+def test_no_admissible_setting_runs_no_test_cell(tmp_path, monkeypatch) -> None:
+    calls: list[str] = []
+
+    def fake(values: dict[str, Any]) -> dict[str, Any]:
+        calls.append(values["task"])
+        return mr.bigfl_result(_fake_run(-1.0, 0.01, 0.4, int(values["rounds"])),
+                               validation=values["task"] != mr.TASK)
+
+    monkeypatch.setattr(mr, "run_bigfl", fake)
+    doc = mr.run(seed=0, out=tmp_path, spec=TINY, bigfl=mr.BigflSpec(steps=(0.3,), lambdas=(0.1,), base_lam=0.1))
+    assert calls and all(t != mr.TASK for t in calls)  # only validation runs
+    stat = mr.result(doc, mr.BIGFL, **POINT)
+    assert stat["metrics"]["mse"].get("mean") is None
+    assert mr.NO_ADMISSIBLE in str(stat)
