@@ -386,13 +386,16 @@ def batched_sgd(
 
 def _stack_arrays(items: Sequence[Arrays], keys: Sequence[str], device: Any) -> dict[str, torch.Tensor]:
     """``{key: clients × shape}`` float32 tensors on ``device`` from each client's arrays (one
-    array repeated when every client holds the same object, as after a broadcast).
+    array repeated when every client holds the same object, as after a broadcast). The arrays
+    may be read-only (a received payload's views): they are only read, into fresh tensors.
     """
     out = {}
     for k in keys:
         first = items[0][k]
         if all(a[k] is first for a in items):
-            one = torch.as_tensor(np.asarray(first, dtype=np.float32)).to(device)
+            with warnings.catch_warnings():  # torch's warning about sharing a read-only array (read, then cloned)
+                warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning)
+                one = torch.as_tensor(np.asarray(first, dtype=np.float32)).to(device)
             out[k] = one.unsqueeze(0).expand(len(items), *one.shape).clone()
         else:
             out[k] = torch.as_tensor(np.stack([np.asarray(a[k], dtype=np.float32) for a in items])).to(device)

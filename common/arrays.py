@@ -8,7 +8,7 @@ layer selections of FeSEM and BiG-FL.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -33,6 +33,28 @@ def validate_update(arrays: Arrays | None, template: Arrays) -> str | None:
         if arr.dtype.kind == "f" and not np.all(np.isfinite(arr)):
             return f"array {key!r} contains NaN or Inf"
     return None
+
+
+def read_only_views(arrays: Mapping[str, np.ndarray], memo: dict[int, np.ndarray] | None = None) -> Arrays:
+    """Read-only views of ``arrays`` in a new dict: no data copied, the owner's arrays untouched.
+
+    What a receiver gets in a deployment (views into the message's blob, writing raises
+    ``ValueError``), for an engine that hands arrays over in memory. Only the views' flag is
+    cleared: the owner keeps writing its own arrays, and the views see those writes.
+    ``memo`` (``id`` of an owner's array -> its view) gives an array that several dicts hold one
+    view, so a broadcast model stays one object per key for every receiver; the owners' arrays
+    must outlive it.
+    """
+    out: Arrays = {}
+    for key, arr in arrays.items():
+        view = memo.get(id(arr)) if memo is not None else None
+        if view is None:
+            view = np.asarray(arr).view()
+            view.flags.writeable = False
+            if memo is not None:
+                memo[id(arr)] = view
+        out[key] = view
+    return out
 
 
 def weighted_average(arrays: Sequence[Arrays], weights: Sequence[float]) -> Arrays:

@@ -20,6 +20,12 @@ named arrays or output mixtures (``evaluation_arrays``, plus ``evaluation_scalar
 that cannot be batched (PyG graph tasks, models with buffers, trainers with their own loop) is
 served client by client, and the reason is logged once.
 The numbers equal the per-client engine up to floating-point summation order.
+
+As in the per-client engine, the receiving side gets read-only views, as in a deployment: each
+client's payload arrays reach its trainer as views
+(:meth:`~graphfl.server.inprocess.InProcessExchange.received`, a broadcast model still one object
+per key) and every reply's arrays reach the server as views
+(:meth:`~graphfl.server.inprocess.InProcessExchange.transmit`).
 """
 
 from __future__ import annotations
@@ -89,6 +95,8 @@ class BatchedExchange(InProcessExchange):
     of a phase stacked on a client axis (module docstring). ``chunk``: clients per batched
     computation (default: as many as fit :func:`graphfl.client.batched.memory_budget`, each
     client's :func:`~graphfl.client.batched.client_bytes` plus its penalty tensors).
+    The receiving side gets read-only views, as in a deployment: payload arrays on the clients'
+    side, reply arrays on the server's (the base class's ``received`` and ``transmit``).
     """
 
     def __init__(self, cfg: RunConfig, fail: Mapping[FailKey, str] | None = None,
@@ -184,7 +192,7 @@ class BatchedExchange(InProcessExchange):
         plain_metrics = self._task_metrics_plain()
         replies: dict[int, Reply] = {}
         jobs: list[_Job] = []
-        for pid, payload in payloads.items():
+        for pid, payload in self.received(payloads).items():
             trainer = self.runtime(pid).trainer
             eval_phase = EVALUATE_PHASE if request.kind != wire.EVALUATE else phase
             batch_fit = not train or fits_by_objective(trainer, phase)

@@ -11,10 +11,13 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from graphfl.client.handler import ClientRuntime, SharedInputs, build_runtime, check_client_options, handle, shared_inputs
 from graphfl.client.noisy_channel import CHANNEL_REF, transmit_upload
 from graphfl.client.state_store import CLIENT_STATE_DIR, StateStore, state_for_request, store_for
 from graphfl.common import wire
+from graphfl.common.arrays import read_only_views
 from graphfl.common.config import RunConfig
 from graphfl.common.core import EVALUATE_PHASE, ServerCore
 from graphfl.common.types import Arrays, ClientState, Payload
@@ -35,6 +38,13 @@ class InProcessExchange:
     ``fail`` maps ``(round, partition id)`` -- or ``(round, partition id, phase)`` for one
     phase only -- to a behaviour (``"error"`` or ``"nan"``), to inject failures in tests of
     the loop's error handling.
+
+    The receiving side gets read-only views, as in a deployment (where the ClientApp and the
+    ServerApp read views into the received message): a client handler gets its payload's arrays
+    as views (:meth:`received`), the round loop and the server core get every reply's arrays and
+    mask as views (:meth:`transmit`), both by :func:`~graphfl.common.arrays.read_only_views`. No
+    data is copied and the sender's own arrays stay writable; writing into a received array
+    raises ``ValueError`` (a client's then becomes its failed reply).
     """
 
     def __init__(self, cfg: RunConfig, fail: Mapping[FailKey, str] | None = None,
@@ -95,10 +105,31 @@ class InProcessExchange:
             logger.error("client %d failed in round %d (phase %s)", pid, r, request.phase, exc_info=exc)
         return Reply(pid, error=f"{type(exc).__name__}: {exc}")
 
+    @staticmethod
+    def received(payloads: Mapping[int, Payload]) -> dict[int, Payload]:
+        """``payloads`` as the clients receive them: the same config, the arrays as read-only
+        views (:func:`~graphfl.common.arrays.read_only_views`). A payload, an arrays dict or an
+        array that several clients share stays one object, so a broadcast is still one model.
+        """
+        memo: dict[int, np.ndarray] = {}
+        by_arrays: dict[int, Arrays] = {}
+        by_payload: dict[int, Payload] = {}
+        out: dict[int, Payload] = {}
+        for pid, payload in payloads.items():
+            got = by_payload.get(id(payload))
+            if got is None:
+                views = by_arrays.get(id(payload.arrays))
+                if views is None:
+                    views = by_arrays[id(payload.arrays)] = read_only_views(payload.arrays, memo)
+                got = by_payload[id(payload)] = Payload(views, payload.config)
+            out[pid] = got
+        return out
+
     def transmit(self, request: Request, pid: int, payload: Payload, arrays: Arrays | None,
                  metrics: dict[str, float], mode: str | None) -> Reply:
         """The reply as the server receives it: through the noisy uplink when ``[channel]`` is on
-        (the function the ClientApp's channel mod applies), NaN-poisoned when injected.
+        (the function the ClientApp's channel mod applies), NaN-poisoned when injected, its
+        arrays and mask read-only views (the client keeps its own arrays writable).
         """
         mask = None
         channel = self.cfg.channel
@@ -110,9 +141,11 @@ class InProcessExchange:
             key = next(iter(arrays))
             arrays = dict(arrays)
             arrays[key] = arrays[key] * float("nan")
-        return Reply(pid, arrays, metrics, mask=mask)
+        return Reply(pid, None if arrays is None else read_only_views(arrays), metrics,
+                     mask=None if mask is None else read_only_views(mask))
 
     def _call(self, request: Request, pid: int, payload: Payload) -> Reply:
+        """Serve one client; ``payload`` as the client receives it (:meth:`received`)."""
         r = request.server_round
         mode = self.fail_mode(request, pid)
         if mode == "error":
@@ -128,11 +161,12 @@ class InProcessExchange:
     def join(self, initial: Payload, num_clients: int) -> dict[int, Reply]:
         """Every client evaluates the initial model and reports its partition and size."""
         request = Request(wire.JOIN, 0, EVALUATE_PHASE)
-        return {pid: self._call(request, pid, initial) for pid in range(num_clients)}
+        received = self.received({pid: initial for pid in range(num_clients)})
+        return {pid: self._call(request, pid, p) for pid, p in received.items()}
 
     def send(self, request: Request, payloads: Mapping[int, Payload]) -> dict[int, Reply]:
         """Serve ``payloads`` one client after the other (partition-id order)."""
-        return {pid: self._call(request, pid, p) for pid, p in payloads.items()}
+        return {pid: self._call(request, pid, p) for pid, p in self.received(payloads).items()}
 
 
 def server_inputs(cfg: RunConfig, shared: SharedInputs | None = None) -> ServerInputs:
