@@ -145,9 +145,11 @@ QUICK = Form(rounds=15, seeds=3, samples=(10, 100), stds=(0.05, 0.5), lr_grid=(1
 class BigflSpec:
     """BiG-FL's settings in the BiG-FL form (module docstring)."""
 
-    steps: tuple[float, ...] = (0.3, 1.0)
-    """BiG-FL's step grid (a subset of the form's ``lr_grid``; not extended)."""
-    lambdas: tuple[float, ...] = (0.01, 0.1, 1.0)
+    steps: tuple[float, ...] = (0.1, 0.3, 1.0, 3.0, 9.0)
+    """The steps BiG-FL may run: the search is the form's (``lr_grid``, a winning edge extended once);
+    a value outside these is skipped for BiG-FL (the default: the full form's grid and its extensions,
+    so BiG-FL's step search is the other methods')."""
+    lambdas: tuple[float, ...] = (0.01, 0.1, 1.0, 10.0)
     """λ grid (one λ for both levels), tuned at the chosen step; every value > 0."""
     base_lam: float = 0.1
     """λ of the step search (a value of :attr:`lambdas`)."""
@@ -155,7 +157,7 @@ class BigflSpec:
     """LL ridge weight κ, fixed (bench multicenter's validation choice at 50 clients, 200 rounds)."""
     alpha: float = 0.005
     """Normalised UL step length α, fixed (bench multicenter's validation choice)."""
-    seconds_per_round: float = 2.0
+    seconds_per_round: float = 0.7
     """Measured seconds per BiG-FL round at 20 clients on one core (the time estimate)."""
 
     def __post_init__(self) -> None:
@@ -166,16 +168,30 @@ class BigflSpec:
             raise ValueError(f"BigflSpec: base_lam {self.base_lam} is not in lambdas {list(self.lambdas)}")
 
 
-BIGFL_FORM = Form(rounds=50, seeds=3, samples=(5, 100), stds=(0.05, 0.5), nodes=(20,),
+BIGFL_FORM = Form(rounds=50, seeds=3, samples=(5, 10, 20, 100), stds=(0.05, 0.15, 0.5), nodes=(20,),
                   cut=("the smooth generator (synthetic-multicenter-smooth)", "FeSEM's K (fixed at the planted 3)",
                        "DFL (module docstring)", "BiG-FL's kappa and alpha (fixed, not tuned per point)",
-                       "samples 10 / 20, std 0.15, 50 clients and 200 rounds (BiG-FL's cost)"))
-"""The BiG-FL form's points: 20 clients, 50 rounds, m ∈ {5, 100} × std ∈ {0.05, 0.5}; the other
-methods' grids are :data:`FULL`'s, so their cells are those of the full form's run cache."""
+                       "50 clients and 200 rounds (BiG-FL's cost)"))
+"""The BiG-FL form's points: 20 clients, 50 rounds, m ∈ {5, 10, 20, 100} × std ∈ {0.05, 0.15, 0.5} (run
+in the order of :func:`bigfl_points`); the other methods' grids are :data:`FULL`'s, so their cells are
+those of the full form's run cache."""
+BIGFL_FIRST = ((5, 0.05), (5, 0.5), (100, 0.05), (100, 0.5))
+"""``(samples, std)`` points the BiG-FL form runs first (few rows / many rows × tight / the paper's spread)."""
 FORMS: dict[str, tuple[Form, BigflSpec]] = {"bigfl": (BIGFL_FORM, BigflSpec())}
 """Named forms (``--form``): the form and BiG-FL's settings."""
 SECONDS_PER_ROUND = {"FedAvg": 0.1, "FeSEM": 0.1, "Local": 0.05}
 """Declared seconds per round of the other methods in the BiG-FL form (its time estimate)."""
+
+
+def bigfl_points(form: Form) -> list[dict[str, Any]]:
+    """The form's points, those of :data:`BIGFL_FIRST` first (an interrupted run has the corners)."""
+    pts = points(form)
+
+    def rank(p: dict[str, Any]) -> int:
+        at = (int(p["samples"]), float(p["std"]))
+        return BIGFL_FIRST.index(at) if at in BIGFL_FIRST else len(BIGFL_FIRST)
+
+    return sorted(pts, key=rank)  # stable: the rest in the form's order
 
 
 def methods_of(form: Form, bigfl: BigflSpec | None) -> tuple[str, ...]:
@@ -585,9 +601,9 @@ def bigfl_settings(form: Form, bigfl: BigflSpec) -> list[str]:
         f"BiG-FL (strategy bigfl, ALGORITHMS.md §0.1 C2): kappa = {bigfl.kappa:g} and alpha = {bigfl.alpha:g} FIXED "
         "(bench multicenter's validation choice at 50 clients, 100 rows, 200 rounds on the smooth generator; not "
         "re-tuned per point); per point on validation (first seed): the step from "
-        f"{list(bigfl.steps)} at lambda = {bigfl.base_lam:g} (the form's other steps are skipped for BiG-FL, no "
-        f"extension), then lambda from {list(bigfl.lambdas)} (one lambda for both levels; lambda = 0 is BiG-FL "
-        "disabled and never in the grid) at that step",
+        f"{list(form.lr_grid)} (a winning edge extended once by x3 or /3, as for the other methods; steps BiG-FL "
+        f"may run: {list(bigfl.steps)}) at lambda = {bigfl.base_lam:g}, then lambda from {list(bigfl.lambdas)} (one "
+        "lambda for both levels; lambda = 0 is BiG-FL disabled and never in the grid) at that step",
         "BiG-FL: a validation run whose lower level is not strongly convex in some round (ll_min_curvature <= 0, "
         "C2 c) is stopped at that round and excluded from the choice; with no admissible setting BiG-FL's test "
         "cells are not run (reported failed, never replaced by another method)",
@@ -608,7 +624,7 @@ def _complete_points(form: Form, seed: int, bigfl: BigflSpec | None, out: Path |
     from .harness import MissingCell
 
     done, missing = [], []
-    for p in points(form):
+    for p in (points(form) if bigfl is None else bigfl_points(form)):
         try:
             run_bench(declare(form, seed, bigfl, only=[p]), out, cache_only=True)
         except MissingCell:
@@ -622,7 +638,7 @@ def _estimate(bench: Bench, form: Form, bigfl: BigflSpec) -> float:
     """Upper bound of the BiG-FL form's seconds when nothing is cached: every point's BiG-FL step and λ
     searches and its test runs, each for every round.
     """
-    per_point = len(bigfl.steps) + len(bigfl.lambdas) - 1 + form.seeds
+    per_point = len(form.lr_grid) + 1 + len(bigfl.lambdas) - 1 + form.seeds
     return float(len(bench.points) * per_point * form.rounds * bigfl.seconds_per_round)
 
 
@@ -641,7 +657,7 @@ def run(quick: bool = False, seed: int = 0, out: Path | None = None, spec: Form 
         spec, bigfl = spec or FORMS[form][0], bigfl or FORMS[form][1]
     f = spec or (QUICK if quick else FULL)
     missing_points: list[dict[str, Any]] = []
-    only = None
+    only = None if bigfl is None else bigfl_points(f)
     if cache_only:
         only, missing_points = _complete_points(f, seed, bigfl, out)
         if missing_points:
@@ -651,7 +667,7 @@ def run(quick: bool = False, seed: int = 0, out: Path | None = None, spec: Form 
     if bigfl is not None:
         logger.info("%s: BiG-FL about %.2g s per round; upper bound with nothing cached: %d points x (%d step + "
                     "%d lambda validation + %d test runs) x %d rounds = about %.0f min of BiG-FL",
-                    BIGFL_NAME, bigfl.seconds_per_round, len(bench.points), len(bigfl.steps),
+                    BIGFL_NAME, bigfl.seconds_per_round, len(bench.points), len(f.lr_grid) + 1,
                     len(bigfl.lambdas) - 1, f.seeds, f.rounds, _estimate(bench, f, bigfl) / 60)
     outcome = run_bench(bench, out, cache_only=cache_only)
     return _report(bench, outcome, f, seed, quick, out, bigfl, missing_points)

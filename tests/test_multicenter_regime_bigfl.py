@@ -22,10 +22,13 @@ def test_bigfl_form_declares_its_points_grids_and_settings() -> None:
     assert bench.name == mr.BIGFL_NAME
     assert list(bench.methods) == [*mr.METHODS, mr.BIGFL]
     assert [dict(p) for p in bench.points] == [
-        {"nodes": 20, "samples": m, "std": s, "rounds": 50} for m in (5, 100) for s in (0.05, 0.5)]
+        {"nodes": 20, "samples": m, "std": s, "rounds": 50} for m in (5, 10, 20, 100) for s in (0.05, 0.15, 0.5)]
+    first = [(p["samples"], p["std"]) for p in mr.bigfl_points(form)]
+    assert first[:4] == [(5, 0.05), (5, 0.5), (100, 0.05), (100, 0.5)] and len(set(first)) == 12
     assert list(bench.seeds) == [0, 1, 2]
-    assert (spec.steps, spec.lambdas, spec.base_lam, spec.kappa, spec.alpha) == ((0.3, 1.0), (0.01, 0.1, 1.0), 0.1,
-                                                                                 0.3, 0.005)
+    assert form.lr_grid == mr.FULL.lr_grid and form.fesem_warmups == mr.FULL.fesem_warmups
+    assert (spec.steps, spec.lambdas, spec.base_lam, spec.kappa, spec.alpha) == (
+        (0.1, 0.3, 1.0, 3.0, 9.0), (0.01, 0.1, 1.0, 10.0), 0.1, 0.3, 0.005)
     assert (mr.BIGFL, "FedAvg") in bench.pair_list() and (mr.BIGFL, "Local") in bench.pair_list()
     assert (mr.BIGFL, "FeSEM") in bench.pair_list()
     point = dict(bench.points[0])
@@ -39,8 +42,9 @@ def test_bigfl_form_declares_its_points_grids_and_settings() -> None:
     assert mr.run_values(mr.BIGFL, mr.TASK, form, 1, point, {"lr": 0.3, "lam": 1.0}, spec)["bigfl.lam"] == 1.0
     assert bench.skip is not None
     assert bench.skip(_cell(mr.BIGFL, point, {"lr": 0.3}, "val")) is None
-    assert bench.skip(_cell(mr.BIGFL, point, {"lr": 3.0}, "val")) == "step 3 is not in BiG-FL's step grid [0.3, 1.0]"
-    assert bench.skip(_cell("FedAvg", point, {"lr": 3.0}, "val")) is None
+    assert bench.skip(_cell(mr.BIGFL, point, {"lr": 27.0}, "val")) == (
+        "step 27 is not in BiG-FL's step grid [0.1, 0.3, 1.0, 3.0, 9.0]")
+    assert bench.skip(_cell("FedAvg", point, {"lr": 27.0}, "val")) is None
     assert bench.skip(_cell(mr.BIGFL, point, {"lr": 0.3, "lam": None})) == mr.NO_ADMISSIBLE
     settings = " ".join(mr.bigfl_settings(form, spec))
     assert "kappa = 0.3 and alpha = 0.005 FIXED" in settings and "4-NN graph" in settings
