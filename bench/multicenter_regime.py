@@ -154,10 +154,13 @@ class BigflSpec:
     base_lam: float = 0.1
     """λ of the step search (a value of :attr:`lambdas`)."""
     kappa: float = 0.3
-    """LL ridge weight κ, fixed (bench multicenter's validation choice at 50 clients, 200 rounds)."""
+    """LL ridge weight κ of the step search (bench multicenter's validation choice at 50 clients, 200 rounds)."""
+    other_kappas: tuple[float, ...] = (0.1,)
+    """Further κ tried on validation, each with its best step of the form's ``lr_grid`` (not extended),
+    at λ = :attr:`base_lam`; the best admissible (κ, step) pair is kept for the λ search."""
     alpha: float = 0.005
     """Normalised UL step length α, fixed (bench multicenter's validation choice)."""
-    seconds_per_round: float = 0.7
+    seconds_per_round: float = 1.0
     """Measured seconds per BiG-FL round at 20 clients on one core (the time estimate)."""
 
     def __post_init__(self) -> None:
@@ -224,6 +227,7 @@ def run_values(method: str, task: str, form: Form, seed: int, point: dict[str, A
         values.update({"strategy": "bigfl", "rounds": int(point.get("rounds", form.rounds)), "engine": form.engine,
                        "train.lr": float(params["lr"]), **TRAIN, "bigfl.kappa": float(spec.kappa),
                        "bigfl.lam": float(params.get("lam", spec.base_lam)), "bigfl.alpha": float(spec.alpha)})
+        values["bigfl.kappa"] = float(params.get("kappa", spec.kappa))
         return values
     strategy = TRAINED[method]
     values.update({"strategy": strategy, "rounds": int(point.get("rounds", form.rounds)), "engine": form.engine,
@@ -383,12 +387,7 @@ def refine_for(form: Form, bigfl: BigflSpec | None = None
     def refine(method: str, params: dict[str, Any], evaluate: Callable[[dict[str, Any]], float | None]
                ) -> tuple[dict[str, Any], dict[str, Any]]:
         if method == BIGFL and bigfl is not None:
-            lscores = {lam: evaluate({**params, "lam": lam}) for lam in bigfl.lambdas}
-            ok = {lam: v for lam, v in lscores.items() if v is not None and np.isfinite(v)}
-            lam = min(ok, key=lambda k: ok[k]) if ok else None
-            return {**params, "lam": lam}, {"lam": lam, "validation_mse": {str(k): v for k, v in lscores.items()},
-                                            "kappa": bigfl.kappa, "alpha": bigfl.alpha,
-                                            "step_grid": list(bigfl.steps), "step_search_lam": bigfl.base_lam}
+            return refine_bigfl(form, bigfl, params, evaluate)
         if method != "FeSEM" or len(form.fesem_warmups) < 2:
             return params, {}
         scores = {w: evaluate({**params, "warmup": w}) for w in form.fesem_warmups}
@@ -415,6 +414,45 @@ def bigfl_skip(bigfl: BigflSpec) -> Callable[[Cell], str | None]:
         return None
 
     return skip
+
+
+def _finite(scores: dict[Any, float | None]) -> dict[Any, float]:
+    return {k: float(v) for k, v in scores.items() if v is not None and np.isfinite(v)}
+
+
+def refine_bigfl(form: Form, bigfl: BigflSpec, params: dict[str, Any],
+                 evaluate: Callable[[dict[str, Any]], float | None]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """BiG-FL's κ and λ on validation after its step search at κ = :attr:`BigflSpec.kappa`.
+
+    Each κ of :attr:`BigflSpec.other_kappas` gets its best step of ``form.lr_grid`` (at
+    :attr:`BigflSpec.base_lam`); the (κ, step) pair with the lowest validation MSE is kept, then λ
+    from :attr:`BigflSpec.lambdas` at that pair. Excluded (inadmissible) and failed runs score
+    ``None`` and are never chosen; with no admissible setting ``lam`` is ``None`` (the test cells
+    are then not run).
+    """
+    base = {"lr": params["lr"], "kappa": bigfl.kappa}
+    pairs: dict[tuple[float, float], float | None] = {(bigfl.kappa, float(params["lr"])): evaluate(base)}
+    per_kappa: dict[str, Any] = {f"{bigfl.kappa:g}": {"lr": params["lr"], "from": "step search"}}
+    for k in bigfl.other_kappas:
+        steps = {float(s): evaluate({"lr": float(s), "kappa": k}) for s in form.lr_grid}
+        ok = _finite(steps)
+        best = min(ok, key=lambda s: ok[s]) if ok else None
+        per_kappa[f"{k:g}"] = {"lr": best, "validation_mse": {f"{s:g}": v for s, v in steps.items()}}
+        if best is not None:
+            pairs[(k, best)] = ok[best]
+    okp = _finite(pairs)
+    record: dict[str, Any] = {"per_kappa": per_kappa, "alpha": bigfl.alpha, "step_search_lam": bigfl.base_lam,
+                              "kappa_grid": [bigfl.kappa, *bigfl.other_kappas], "lambda_grid": list(bigfl.lambdas)}
+    if not okp:
+        record.update(kappa=None, lam=None, validation_mse={})
+        return {**base, "lam": None}, record
+    kappa, lr = min(okp, key=lambda kp: okp[kp])
+    at = {"lr": lr, "kappa": kappa}
+    lscores = {lam: evaluate({**at, "lam": lam}) for lam in bigfl.lambdas}
+    ok_l = _finite(lscores)
+    lam = min(ok_l, key=lambda v: ok_l[v]) if ok_l else None
+    record.update(kappa=kappa, lr=lr, lam=lam, validation_mse={str(v): s for v, s in lscores.items()})
+    return {**at, "lam": lam}, record
 
 
 def declare(form: Form, seed: int, bigfl: BigflSpec | None = None,
@@ -598,12 +636,14 @@ def unspecified(form: Form) -> list[str]:
 def bigfl_settings(form: Form, bigfl: BigflSpec) -> list[str]:
     """BiG-FL's settings, graph and grids, as written in the result."""
     return [
-        f"BiG-FL (strategy bigfl, ALGORITHMS.md §0.1 C2): kappa = {bigfl.kappa:g} and alpha = {bigfl.alpha:g} FIXED "
-        "(bench multicenter's validation choice at 50 clients, 100 rows, 200 rounds on the smooth generator; not "
-        "re-tuned per point); per point on validation (first seed): the step from "
+        f"BiG-FL (strategy bigfl, ALGORITHMS.md §0.1 C2): alpha = {bigfl.alpha:g} FIXED (bench multicenter's "
+        "validation choice at 50 clients, 100 rows, 200 rounds on the smooth generator; not re-tuned per point); "
+        f"per point on validation (first seed): at kappa = {bigfl.kappa:g} (bench multicenter's choice) the step from "
         f"{list(form.lr_grid)} (a winning edge extended once by x3 or /3, as for the other methods; steps BiG-FL "
         f"may run: {list(bigfl.steps)}) at lambda = {bigfl.base_lam:g}, then lambda from {list(bigfl.lambdas)} (one "
-        "lambda for both levels; lambda = 0 is BiG-FL disabled and never in the grid) at that step",
+        "lambda for both levels; lambda = 0 is BiG-FL disabled and never in the grid) at the best (kappa, step) "
+        f"pair, where kappa {list(bigfl.other_kappas)} each get their best step of {list(form.lr_grid)} (not "
+        "extended) at the same lambda",
         "BiG-FL: a validation run whose lower level is not strongly convex in some round (ll_min_curvature <= 0, "
         "C2 c) is stopped at that round and excluded from the choice; with no admissible setting BiG-FL's test "
         "cells are not run (reported failed, never replaced by another method)",
@@ -638,7 +678,7 @@ def _estimate(bench: Bench, form: Form, bigfl: BigflSpec) -> float:
     """Upper bound of the BiG-FL form's seconds when nothing is cached: every point's BiG-FL step and λ
     searches and its test runs, each for every round.
     """
-    per_point = len(form.lr_grid) + 1 + len(bigfl.lambdas) - 1 + form.seeds
+    per_point = len(form.lr_grid) + 1 + len(bigfl.other_kappas) * len(form.lr_grid) + len(bigfl.lambdas) - 1 + form.seeds
     return float(len(bench.points) * per_point * form.rounds * bigfl.seconds_per_round)
 
 
@@ -666,8 +706,9 @@ def run(quick: bool = False, seed: int = 0, out: Path | None = None, spec: Form 
     bench = declare(f, seed, bigfl, only=only)
     if bigfl is not None:
         logger.info("%s: BiG-FL about %.2g s per round; upper bound with nothing cached: %d points x (%d step + "
-                    "%d lambda validation + %d test runs) x %d rounds = about %.0f min of BiG-FL",
+                    "%d other-kappa step + %d lambda validation + %d test runs) x %d rounds = about %.0f min of BiG-FL",
                     BIGFL_NAME, bigfl.seconds_per_round, len(bench.points), len(f.lr_grid) + 1,
+                    len(bigfl.other_kappas) * len(f.lr_grid),
                     len(bigfl.lambdas) - 1, f.seeds, f.rounds, _estimate(bench, f, bigfl) / 60)
     outcome = run_bench(bench, out, cache_only=cache_only)
     return _report(bench, outcome, f, seed, quick, out, bigfl, missing_points)
@@ -804,9 +845,13 @@ def _bigfl_sections(doc: dict[str, Any], pts: list[dict[str, Any]]) -> list[str]
         ref = t.get("refined") or {}
         steps = ", ".join(f"{k}: {'–' if v is None else f'{v:.4g}'}" for k, v in (t.get("scores") or {}).items())
         lams = ", ".join(f"{k}: {'–' if v is None else f'{v:.4g}'}" for k, v in (ref.get("validation_mse") or {}).items())
-        trows.append({"point": _where(t["point"]), "val MSE per step": steps or "–",
-                      "chosen step": str(t.get("chosen")), "val MSE per lambda": lams or "–",
-                      "chosen lambda": str(ref.get("lam")),
+        kap = "; ".join(f"κ {k}: " + ", ".join(f"{s}: {'–' if v is None else f'{v:.4g}'}"
+                                               for s, v in (e.get("validation_mse") or {}).items())
+                        for k, e in (ref.get("per_kappa") or {}).items() if e.get("validation_mse"))
+        trows.append({"point": _where(t["point"]), "val MSE per step (κ first)": steps or "–",
+                      "val MSE per step, other κ": kap or "–",
+                      "chosen κ, step": f"{ref.get('kappa')}, {ref.get('lr', t.get('chosen'))}",
+                      "val MSE per lambda": lams or "–", "chosen lambda": str(ref.get("lam")),
                       "excluded / skipped": "; ".join(f"{k}: {v}" for k, v in (t.get("failed") or {}).items()) or "–"})
     if trows:
         out += ["## BiG-FL's tuning (validation, first seed)", "", markdown_table(trows, list(trows[0])), ""]

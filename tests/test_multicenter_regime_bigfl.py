@@ -27,8 +27,8 @@ def test_bigfl_form_declares_its_points_grids_and_settings() -> None:
     assert first[:4] == [(5, 0.05), (5, 0.5), (100, 0.05), (100, 0.5)] and len(set(first)) == 12
     assert list(bench.seeds) == [0, 1, 2]
     assert form.lr_grid == mr.FULL.lr_grid and form.fesem_warmups == mr.FULL.fesem_warmups
-    assert (spec.steps, spec.lambdas, spec.base_lam, spec.kappa, spec.alpha) == (
-        (0.1, 0.3, 1.0, 3.0, 9.0), (0.01, 0.1, 1.0, 10.0), 0.1, 0.3, 0.005)
+    assert (spec.steps, spec.lambdas, spec.base_lam, spec.kappa, spec.other_kappas, spec.alpha) == (
+        (0.1, 0.3, 1.0, 3.0, 9.0), (0.01, 0.1, 1.0, 10.0), 0.1, 0.3, (0.1,), 0.005)
     assert (mr.BIGFL, "FedAvg") in bench.pair_list() and (mr.BIGFL, "Local") in bench.pair_list()
     assert (mr.BIGFL, "FeSEM") in bench.pair_list()
     point = dict(bench.points[0])
@@ -39,7 +39,9 @@ def test_bigfl_form_declares_its_points_grids_and_settings() -> None:
     same = ("rounds", "engine", "train.lr", "train.momentum", "train.local-steps", "train.batch-size", "nodes",
             "data.client-samples", "data.cluster-std", "seed")
     assert {k: big[k] for k in same} == {k: fedavg[k] for k in same}  # the same budget as the other methods
-    assert mr.run_values(mr.BIGFL, mr.TASK, form, 1, point, {"lr": 0.3, "lam": 1.0}, spec)["bigfl.lam"] == 1.0
+    other = mr.run_values(mr.BIGFL, mr.TASK, form, 1, point, {"lr": 0.3, "lam": 1.0, "kappa": 0.1}, spec)
+    assert (other["bigfl.lam"], other["bigfl.kappa"]) == (1.0, 0.1)
+    assert list(other) == list(big)  # same key layout: a kappa-0.3 cell's key is the step search's
     assert bench.skip is not None
     assert bench.skip(_cell(mr.BIGFL, point, {"lr": 0.3}, "val")) is None
     assert bench.skip(_cell(mr.BIGFL, point, {"lr": 27.0}, "val")) == (
@@ -47,7 +49,8 @@ def test_bigfl_form_declares_its_points_grids_and_settings() -> None:
     assert bench.skip(_cell("FedAvg", point, {"lr": 27.0}, "val")) is None
     assert bench.skip(_cell(mr.BIGFL, point, {"lr": 0.3, "lam": None})) == mr.NO_ADMISSIBLE
     settings = " ".join(mr.bigfl_settings(form, spec))
-    assert "kappa = 0.3 and alpha = 0.005 FIXED" in settings and "4-NN graph" in settings
+    assert "alpha = 0.005 FIXED" in settings and "kappa [0.1] each get their best step" in settings
+    assert "4-NN graph" in settings
 
 
 def test_a_bigfl_grid_with_lambda_zero_is_refused() -> None:
@@ -100,22 +103,26 @@ def test_tuning_excludes_inadmissible_runs_and_flags_a_phi_that_stays_at_identit
         seen.append(values)
         # step 1.0: the lowest validation MSE, but its lower level is not strongly convex -> never chosen
         # lambda 1.0: inadmissible too; every admissible run keeps phi at I (degenerate)
+        # kappa 0.1: admissible only at step 0.3, and worse there than kappa 0.3
         bad = values["train.lr"] == 1.0 or values["bigfl.lam"] == 1.0
-        mse = 0.01 if bad else 0.5 - values["bigfl.lam"]
+        mse = 0.01 if bad else 0.5 - values["bigfl.lam"] + (0.05 if values["bigfl.kappa"] == 0.1 else 0.0)
         run = _fake_run(-0.5 if bad else 0.2, mse, 0.0, int(values["rounds"]))
         return mr.bigfl_result(run, validation=values["task"] != mr.TASK)
 
     monkeypatch.setattr(mr, "run_bigfl", fake)
-    spec = mr.BigflSpec(steps=(0.3, 1.0), lambdas=(0.01, 0.1, 1.0), base_lam=0.1)
+    spec = mr.BigflSpec(steps=(0.3, 1.0), lambdas=(0.01, 0.1, 1.0), base_lam=0.1, other_kappas=(0.1,))
     doc = mr.run(seed=0, out=tmp_path, spec=TINY, bigfl=spec)
     (rec,) = [t for t in doc["tuning"] if t["methods"] == [mr.BIGFL]]
     assert rec["chosen"] == pytest.approx(0.3, rel=1e-9)
     assert "not strongly convex" in rec["failed"]["1"]
     assert rec["refined"]["lam"] == pytest.approx(0.1, rel=1e-9)
+    assert rec["refined"]["kappa"] == pytest.approx(0.3, rel=1e-9)
+    assert rec["refined"]["per_kappa"]["0.1"]["lr"] == pytest.approx(0.3, rel=1e-9)
+    assert rec["refined"]["per_kappa"]["0.1"]["validation_mse"]["1"] is None  # excluded at kappa 0.1 too
     assert rec["refined"]["validation_mse"]["1.0"] is None  # excluded
     tested = [v for v in seen if v["task"] == mr.TASK]
     assert {v["seed"] for v in tested} == {0, 1}
-    assert all(v["train.lr"] == 0.3 and v["bigfl.lam"] == 0.1 for v in tested)
+    assert all(v["train.lr"] == 0.3 and v["bigfl.lam"] == 0.1 and v["bigfl.kappa"] == 0.3 for v in tested)
     (diag,) = doc["bigfl_diagnostics"]
     assert diag["degenerate_seeds"] == [0, 1]
     md = (tmp_path / f"{mr.BIGFL_NAME}.md").read_text()
