@@ -56,10 +56,11 @@ do not change): BiG-FL (strategy ``bigfl``, ALGORITHMS.md §0.1 C2) beside the o
 reduced point set (:data:`BIGFL_FORM`), results in ``<out>/multicenter-regime-bigfl.*``. Its
 graph is the task's client graph: the 4-NN graph (symmetrised by union) of the clients' mixture
 samples, i.e. of their true task vectors (an oracle graph). Its settings (:class:`BigflSpec`):
-κ and α fixed (not tuned per point), the step from :attr:`BigflSpec.steps` at λ =
-:attr:`BigflSpec.base_lam` (a value of the form's step grid outside it is not run: "skipped"),
-then λ from :attr:`BigflSpec.lambdas` (all > 0, :func:`~graphfl.bench.multicenter.check_bigfl_grid`)
-at that step, on the same validation view, seed and budget as the other methods. A validation
+α fixed (not tuned per point); at λ = :attr:`BigflSpec.base_lam` the step by the form's search at
+κ = :attr:`BigflSpec.kappa` (a step outside :attr:`BigflSpec.steps` is not run: "skipped"), each
+further κ with its best step of the form's grid (:func:`refine_bigfl`), then λ from
+:attr:`BigflSpec.lambdas` (all > 0, :func:`~graphfl.bench.multicenter.check_bigfl_grid`) at the
+best (κ, step) pair, on the same validation view, seed and budget as the other methods. A validation
 run whose lower level is not strongly convex in some round is stopped there and excluded
 (:func:`~graphfl.bench.multicenter.tuning_stop_rule`, :func:`~graphfl.bench.multicenter.bigfl_inadmissible`);
 with no admissible setting the test cells are not run. Per test run the final ``‖φ − I‖_F``
@@ -525,23 +526,32 @@ def verdict(fesem: Sequence[float | None], ref: Sequence[float | None], expected
 
 
 def verdicts(doc: dict[str, Any], form: Form, runs: dict[str, dict[str, list[float | None]]],
-             bigfl: BigflSpec | None = None) -> list[dict[str, Any]]:
+             bigfl: BigflSpec | None = None, missing: set[tuple[str, str, int]] | None = None
+             ) -> list[dict[str, Any]]:
     """One entry per grid point: FeSEM − FedAvg and FeSEM − Local verdicts (and BiG-FL − FedAvg / Local /
     FeSEM in the BiG-FL form) and the best method.
 
     ``runs[repr(sorted(point.items()))][method]``: the per-seed final test MSE (``None``: failed).
+    ``missing``: ``(point key, method, seed index)`` of cells a cache-only report did not find; such
+    a seed is left out of the pair (so the verdict is ``not testable``), not counted as a failure.
     """
+    gone = missing or set()
+
+    def paired(k: str, a: str, b: str) -> tuple[list[float | None], list[float | None]]:
+        keep = [i for i in range(len(runs[k][a])) if (k, a, i) not in gone and (k, b, i) not in gone]
+        return [runs[k][a][i] for i in keep], [runs[k][b][i] for i in keep]
+
     out = []
     for p in doc["config"]["points"]:
         k = repr(sorted(p.items()))
         entry: dict[str, Any] = {"point": p}
         for ref in REFERENCES:
             if "FeSEM" in form.methods and ref in form.methods:
-                entry[f"FeSEM vs {ref}"] = verdict(runs[k]["FeSEM"], runs[k][ref], form.seeds)
+                entry[f"FeSEM vs {ref}"] = verdict(*paired(k, "FeSEM", ref), form.seeds)
         if bigfl is not None:
             for ref in BIGFL_REFERENCES:
                 if ref in form.methods:
-                    entry[f"{BIGFL} vs {ref}"] = verdict(runs[k][BIGFL], runs[k][ref], form.seeds, name=BIGFL)
+                    entry[f"{BIGFL} vs {ref}"] = verdict(*paired(k, BIGFL, ref), form.seeds, name=BIGFL)
         means = {m: result(doc, m, **p)["metrics"]["mse"].get("mean") for m in methods_of(form, bigfl)}
         finite = {m: v for m, v in means.items() if v is not None}
         entry["best"] = min(finite, key=lambda m: finite[m]) if finite else None
@@ -731,7 +741,10 @@ def _report(bench: Bench, outcome: Any, form: Form, seed: int, quick: bool, out:
         extra["missing_points"] = missing_points
         extra["missing_cells"] = [c.label() for c in outcome.missing]
     doc = build_doc(bench, outcome, quick, config, extra=extra)
-    doc["verdicts"] = verdicts(doc, form, per_seed, bigfl)
+    seeds = list(bench.seeds)
+    missing = {(repr(sorted(dict(c.point).items())), c.method, seeds.index(c.seed)) for c in outcome.missing
+               if c.split == "test" and c.seed in seeds}
+    doc["verdicts"] = verdicts(doc, form, per_seed, bigfl, missing)
     if out is not None:
         _write(Path(out), doc, form, bigfl)
     for line in summary(doc):

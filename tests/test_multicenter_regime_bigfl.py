@@ -3,6 +3,7 @@ inadmissible BiG-FL tuning run, the degenerate-φ flag, and the default form lef
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -149,3 +150,17 @@ def test_no_admissible_setting_runs_no_test_cell(tmp_path, monkeypatch) -> None:
     stat = mr.result(doc, mr.BIGFL, **POINT)
     assert stat["metrics"]["mse"].get("mean") is None
     assert mr.NO_ADMISSIBLE in str(stat)
+
+
+def test_a_missing_cell_makes_the_verdict_not_testable_not_a_loss() -> None:
+    key = repr(sorted(POINT.items()))
+    runs = {key: {m: [0.5, 0.4, 0.45] for m in ("FedAvg", "Local", "FeSEM", "Const-own", "Const-pooled")}}
+    runs[key][mr.BIGFL] = [0.1, None, None]
+    doc = {"config": {"points": [POINT]},
+           "results": [{"method": m, "point": POINT, "metrics": {"mse": {"mean": 0.4}}} for m in runs[key]]}
+    spec, form = mr.BigflSpec(), dataclasses.replace(TINY, seeds=3)
+    failed = mr.verdicts(doc, form, runs, spec)[0]
+    assert failed["BiG-FL vs FedAvg"]["verdict"] == "BiG-FL loses"  # a failed run is a loss
+    gone = mr.verdicts(doc, form, runs, spec, missing={(key, mr.BIGFL, 1), (key, mr.BIGFL, 2)})[0]
+    assert gone["BiG-FL vs FedAvg"]["verdict"] == "not testable"  # a cell not computed is not
+    assert gone["FeSEM vs FedAvg"]["verdict"] == mr.verdicts(doc, form, runs)[0]["FeSEM vs FedAvg"]["verdict"]
