@@ -831,7 +831,8 @@ def _write(out: Path, doc: dict[str, Any], form: Form, bigfl: BigflSpec | None =
                                 xlabel="training rows per client (log)", ylabel="mean client test MSE",
                                 logx=True, title=f"{n} clients, cluster std {s:g}, {r} rounds")
     write_report(out, doc, intro=intro, sections=sections, panels=panels,
-                 plot_title="Where FeSEM helps: samples per client × cluster spread")
+                 plot_title=("Where FeSEM helps" if bigfl is None else "Where BiG-FL helps")
+                 + ": samples per client × cluster spread")
 
 
 def _bigfl_sections(doc: dict[str, Any], pts: list[dict[str, Any]]) -> list[str]:
