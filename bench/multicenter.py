@@ -22,7 +22,9 @@ Fair set-up:
   ``bigfl_kappas`` (at λ = 0.1, α = 2e-2; κ bounds how far a round moves, so each κ gets its
   own step) and the best (κ, step) pair, then the form's λ × α grid at that pair on validation
   (α is the length of the normalised UL step); a λ that wins at an edge of its grid is extended
-  beyond it, ÷ or × 10 at the best α (:func:`extend_lambda_edge`). A run whose lower level was not strongly convex in
+  beyond it, ÷ or × 10 at the best α (:func:`extend_lambda_edge`); then the step is searched
+  again at the chosen κ, λ, α (:func:`retune_bigfl_step`: the step the lower level tolerates
+  depends on λ). A run whose lower level was not strongly convex in
   some round (``ll_min_curvature <= 0``, C2 c; :func:`bigfl_inadmissible`) is excluded whatever
   its validation score, and the result names it with the round and the curvature. Such a tuning
   run stops after that round (:func:`tuning_stop_rule`, the round loop's early stop): its record
@@ -204,7 +206,8 @@ def unspecified(form: Form) -> list[str]:
         f"{list(form.bigfl_kappas)} at lambda = 0.1, alpha = 2e-2 (the best step/kappa pair), then the lambda x "
         f"alpha grid {list(form.bigfl_lambdas)} x {list(form.bigfl_alphas)} at that step and kappa (lambda = 0 is "
         f"BiG-FL disabled, not in the grid); a winning lambda edge is extended /10 or x10 at the best alpha, at most "
-        f"{form.bigfl_lambda_extensions} extra lambdas; a run whose LL was not strongly convex in some round (ll_min_curvature "
+        f"{form.bigfl_lambda_extensions} extra lambdas; then the step is searched again at the chosen kappa, lambda "
+        "and alpha (second pass); a run whose LL was not strongly convex in some round (ll_min_curvature "
         "<= 0, ALGORITHMS.md §0.1 C2 c) is excluded from the choice",
         "BiG-FL (ALGORITHMS.md §0.1 C2): UL embedding on centred parameters A(Theta - mean)phi, normalised UL "
         "step of length alpha, one lambda for both levels, proximal LL ridge (kappa/2)||theta_i - theta_i^t||^2 "
@@ -837,6 +840,36 @@ def bigfl_phi_report(runs: list[dict[str, Any]], seeds: list[int], where: str) -
             "final_phi_minus_identity_sd": sd, "threshold": PHI_MOVED, "degenerate": degenerate}
 
 
+def retune_bigfl_step(task: str, rounds: int, seed: int, form: Form, chosen: Mapping[str, Any]) -> dict[str, Any]:
+    """BiG-FL's step searched again at the chosen κ, λ and α (a second coordinate pass).
+
+    The first pass searches the step at the default λ and α; the lower level tolerates a step
+    that depends on λ (a larger λ adds curvature and coupling), so the step chosen there can be
+    far from the best at the chosen λ. The same search as every method's step
+    (:func:`tune_lr`, grid ``form.lr_grid`` extended past a winning edge), inadmissible runs
+    excluded. ``chosen`` holds ``lr`` (the first pass's step), ``bigfl.lam``, ``bigfl.alpha`` and
+    ``bigfl.kappa``. When λ and α are the defaults the first pass already searched there and
+    its step is kept; when every step fails the first pass's step is kept (logged).
+
+    Returns the step grid's validation MSEs (``grid``), the step (``lr``), the excluded steps and
+    whether the search ran.
+    """
+    base = {k: chosen[k] for k in ("bigfl.lam", "bigfl.alpha", "bigfl.kappa")}
+    if (base["bigfl.lam"], base["bigfl.alpha"]) == (BIGFL_DEFAULT["bigfl.lam"], BIGFL_DEFAULT["bigfl.alpha"]):
+        return {"ran": False, "lr": chosen["lr"], "grid": {}, "excluded": {}}
+    why: dict[str, str] = {}
+    try:
+        t = tune_lr("bigfl", task, NODES, rounds, seed, form.lr_grid, TRAIN, base, inadmissible=bigfl_inadmissible,
+                    excluded=why)
+    except RuntimeError as exc:
+        logger.warning("B2 tuning bigfl: no admissible step at %s (%s); the first pass's step %g is kept",
+                       base, exc, chosen["lr"])
+        return {"ran": True, "lr": chosen["lr"], "grid": {}, "excluded": why, "all_failed": str(exc)}
+    logger.info("B2 tuning bigfl: step at %s: %g (first pass %g)", base, t["lr"], chosen["lr"])
+    return {"ran": True, "lr": t["lr"], "first_pass_lr": chosen["lr"], "grid": t["grid"], "excluded": why,
+            "at_grid_edge": t["at_grid_edge"]}
+
+
 def tune_bigfl_kappas(task: str, rounds: int, seed: int, form: Form, base: dict[str, Any]
                       ) -> tuple[dict[float, dict[str, Any]], dict[str, dict[str, str]]]:
     """BiG-FL's step for each κ of ``form.bigfl_kappas`` on validation, admissible runs only.
@@ -908,6 +941,8 @@ def tune_generator(gen: str, form: Form, seed: int, methods: tuple[str, ...] = M
                 out[m]["implicit_unconverged_rounds"] = implicit_unconverged_rounds(t["run"])
                 settings[m] = {"lr": t["lr"], "bigfl.lam": grid["lam"], "bigfl.alpha": grid["alpha"],
                                "bigfl.kappa": base["bigfl.kappa"]}
+                out[m]["step_second_pass"] = retune_bigfl_step(task, rounds, seed, form, settings[m])
+                settings[m]["lr"] = out[m]["step_second_pass"]["lr"]
             if m == "fesem":
                 sweep: dict[str, dict[str, float | None]] = {}
                 best_w = (val_score(t["run"], False), int(TRAIN["train.local-steps"]))
@@ -1039,7 +1074,7 @@ def estimate(form: Form) -> dict[str, Any]:
         "dfl": tune * steps + len(form.generators) * form.seeds + len(form.testgraph) * form.seeds,
         "bigfl": (0 if form.bigfl_settings is not None else
                   tune * (len(form.bigfl_kappas) * steps + len(form.bigfl_lambdas) * len(form.bigfl_alphas) - 1
-                          + form.bigfl_lambda_extensions))
+                          + form.bigfl_lambda_extensions + steps))
         + len(form.generators) * form.seeds,
         "bigfl-frozen": 2 * len(form.testgraph) * form.seeds,
     }
@@ -1828,6 +1863,7 @@ def render_markdown(doc: dict[str, Any]) -> str:
                 ("–" if v is None else f"{v:.4f}") + ("" if pv is None else f" (‖φ − I‖ {pv:.3f})")
                 for v, pv in zip(row.values(), prow.values())) + " |")
         lines += _lambda_extension_lines(b.get("lam_extension"))
+        lines += _second_pass_lines(b.get("step_second_pass"))
         lines += _fesem_sweep_lines(t["fesem"])
     rd = doc["real_data"]
     if rd["methods"]:
@@ -1857,6 +1893,16 @@ def _lambda_extension_lines(ext: Mapping[str, Any] | None) -> list[str]:
     return ["", f"BiG-FL λ past its grid's winning edge at α = {ext['alpha']:g} (×/÷ {ext['factor']:g}, at most "
                 f"{ext['max_extensions']}; val MSE): {cells}; chosen λ = {ext['lam']:g}"
                 + (" — still at the edge of what was tried" if ext["at_edge"] else "")]
+
+
+def _second_pass_lines(sp: Mapping[str, Any] | None) -> list[str]:
+    """BiG-FL's step searched again at the chosen κ, λ, α (:func:`retune_bigfl_step`), if it ran."""
+    if not sp or not sp.get("ran"):
+        return []
+    cells = ", ".join(f"{s}: " + ("–" if v is None else f"{v:.4f}") for s, v in sp["grid"].items())
+    excluded = "; ".join(f"{k}: {w}" for k, w in sp["excluded"].items())
+    return ["", f"BiG-FL step searched again at the chosen κ, λ, α (second pass; val MSE): {cells or 'every step failed'}"
+                f"; chosen step {sp['lr']:g}" + (f" (excluded: {excluded})" if excluded else "")]
 
 
 def _fesem_sweep_lines(f: dict[str, Any]) -> list[str]:

@@ -163,3 +163,37 @@ def test_b2_lambda_extension_skips_an_inadmissible_lambda_and_keeps_ties(monkeyp
     monkeypatch.setattr(mc, "run_any", lambda *a, **k: _run(0.25, [0.2, 0.2]))
     grid = mc.tune_bigfl_grid("t+val", 2, 0, 0.3, form, _run(0.5, [0.2, 0.2]), kappa=0.3)
     assert grid["lam"] == 0.01 and grid["lam_extension"]["extended"] == [0.001, 0.0001]
+
+
+def test_b2_bigfl_step_is_searched_again_at_the_chosen_lambda(monkeypatch):
+    """At the default λ 0.1 every step above 0.3 loses strong convexity; at the chosen λ 0.01 step 1
+    is admissible and better: the second pass finds it and the settings use it."""
+    calls: list = []
+
+    def fake_run_any(method, task, nodes, rounds, seed, settings, train, params=None, hook=None, hook_key=""):
+        calls.append(dict(settings))
+        lam, lr = settings["bigfl.lam"], settings["lr"]
+        if lam == 1.0 or (lam == 0.1 and lr > 0.3) or lr >= 3.0:
+            return _run(0.05, [0.2, -0.01])
+        return _run(0.1 + lam - 0.02 * lr, [0.2, 0.2])
+
+    monkeypatch.setattr(mc, "run_any", fake_run_any)
+    form = mc.Form(**{**mc.QUICK.__dict__, "bigfl_kappas": (0.3,), "bigfl_lambdas": (0.01, 0.1, 1.0),
+                      "bigfl_alphas": (0.02,), "bigfl_lambda_extensions": 0})
+    out = mc.tune_generator("smooth", form, 0, methods=("bigfl",))
+    b = out["bigfl"]
+    assert b["lr"] == 0.3 and b["lam"] == 0.01  # the first pass, at λ 0.1
+    sp = b["step_second_pass"]
+    assert sp["ran"] and sp["first_pass_lr"] == 0.3 and sp["lr"] == 1.0
+    assert out["settings"]["bigfl"] == {"lr": 1.0, "bigfl.lam": 0.01, "bigfl.alpha": 0.02, "bigfl.kappa": 0.3}
+    assert "lr=3" in sp["excluded"]
+    second = [c for c in calls if c["bigfl.lam"] == 0.01 and c["lr"] != 0.3]
+    assert second and all(c["bigfl.kappa"] == 0.3 and c["bigfl.alpha"] == 0.02 for c in second)
+    assert "searched again" in "\n".join(mc._second_pass_lines(sp))
+
+
+def test_b2_bigfl_second_pass_skipped_at_the_default_lambda_and_alpha():
+    chosen = {"lr": 0.3, **mc.BIGFL_DEFAULT, "bigfl.kappa": 0.3}
+    sp = mc.retune_bigfl_step("t+val", 2, 0, mc.QUICK, chosen)  # no run: the first pass searched here
+    assert sp == {"ran": False, "lr": 0.3, "grid": {}, "excluded": {}}
+    assert mc._second_pass_lines(sp) == []
