@@ -700,9 +700,13 @@ def tune_bigfl_grid(task: str, rounds: int, seed: int, lr: float, form: Form,
                 best = (s, lam, alpha)
         grid[f"lam={lam:g}"] = row
         phi_grid[f"lam={lam:g}"] = prow
-    extension = extend_lambda_edge(task, rounds, seed, lr, form, best[2], kappa, grid, excluded)
-    if extension["lam"] is not None and extension["lam"] != best[1]:
-        best = (extension["val_mse"][f"{extension['lam']:g}"], extension["lam"], best[2])
+    # searched beyond the grid only when its winner is a grid cell (not the default run outside it)
+    extension = (extend_lambda_edge(task, rounds, seed, lr, form, best[2], kappa, grid, excluded)
+                 if best[1] in form.bigfl_lambdas and best[2] in form.bigfl_alphas else None)
+    if extension is not None and extension["lam"] is not None and extension["lam"] != best[1]:
+        beyond = extension["val_mse"][f"{extension['lam']:g}"]
+        if beyond is not None and beyond < best[0]:
+            best = (beyond, extension["lam"], best[2])
     return {"lam_alpha_grid_val_mse": grid, "lam_alpha_grid_phi_minus_identity": phi_grid,
             "grid": {"lam": list(form.bigfl_lambdas), "alpha": list(form.bigfl_alphas)},
             "lam_extension": extension,
@@ -1063,7 +1067,9 @@ the shared 2-core machine under load; :func:`estimate` multiplies them by the fo
 
 
 def estimate(form: Form) -> dict[str, Any]:
-    """Cells and serial wall time of ``form`` (:data:`SECONDS_PER_ROUND`; grid extensions not counted)."""
+    """Cells and serial wall time of ``form`` (:data:`SECONDS_PER_ROUND`; step-grid extensions not
+    counted; BiG-FL's λ extensions and second step pass counted at their most).
+    """
     tune = len(form.tune_generators)
     steps = len(form.lr_grid)
     cells: dict[str, int] = {
@@ -1829,7 +1835,7 @@ def render_markdown(doc: dict[str, Any]) -> str:
                 continue
             g = t[m]["lr_grid_val_mse"]
             lines.append(f"| {m} | " + ", ".join(f"{k}: {'–' if v is None else f'{v:.4f}'}" for k, v in g.items())
-                         + f" | {t[m]['lr']:g}{_edge_note(t[m])} |")
+                         + f" | {t[m]['lr']:g}{_edge_note(t[m])}{_second_pass_note(t[m])} |")
         b = t["bigfl"]
         if b.get("from_earlier") is not None:
             lines += ["", f"BiG-FL: settings chosen on validation by an earlier result ({b['from_earlier']}), "
@@ -1893,6 +1899,12 @@ def _lambda_extension_lines(ext: Mapping[str, Any] | None) -> list[str]:
     return ["", f"BiG-FL λ past its grid's winning edge at α = {ext['alpha']:g} (×/÷ {ext['factor']:g}, at most "
                 f"{ext['max_extensions']}; val MSE): {cells}; chosen λ = {ext['lam']:g}"
                 + (" — still at the edge of what was tried" if ext["at_edge"] else "")]
+
+
+def _second_pass_note(entry: Mapping[str, Any]) -> str:
+    """`` (second pass: <step>)`` when BiG-FL's step was searched again and changed."""
+    sp = entry.get("step_second_pass") or {}
+    return f" (second pass: {sp['lr']:g})" if sp.get("ran") and sp.get("lr") != entry.get("lr") else ""
 
 
 def _second_pass_lines(sp: Mapping[str, Any] | None) -> list[str]:

@@ -85,6 +85,7 @@ from graphfl.tasks.holdout import VALIDATION_FRACTION, validation_task
 from .harness import Bench, Cell, Metric, Tuning, run_bench, run_inprocess
 from .report import build_doc, metric_panels, pair, result, write_report
 from .stats import first_better_on_every_seed, fmt_pm, mean_sd, paired_difference
+from .tuning import search_grid
 
 logger = logging.getLogger(__name__)
 
@@ -161,6 +162,8 @@ class BigflSpec:
     at λ = :attr:`base_lam`; the best admissible (κ, step) pair is kept for the λ search."""
     alpha: float = 0.005
     """Normalised UL step length α, fixed (bench multicenter's validation choice)."""
+    lambda_extensions: int = 2
+    """λ tried beyond a winning edge of :attr:`lambdas` (÷ or × 10, :func:`~graphfl.bench.tuning.search_grid`)."""
     seconds_per_round: float = 1.0
     """Measured seconds per BiG-FL round at 20 clients on one core (the time estimate)."""
 
@@ -427,9 +430,10 @@ def refine_bigfl(form: Form, bigfl: BigflSpec, params: dict[str, Any],
 
     Each κ of :attr:`BigflSpec.other_kappas` gets its best step of ``form.lr_grid`` (at
     :attr:`BigflSpec.base_lam`); the (κ, step) pair with the lowest validation MSE is kept, then λ
-    from :attr:`BigflSpec.lambdas` at that pair. Excluded (inadmissible) and failed runs score
-    ``None`` and are never chosen; with no admissible setting ``lam`` is ``None`` (the test cells
-    are then not run).
+    from :attr:`BigflSpec.lambdas` at that pair, searched beyond a winning edge (÷ or × 10, at most
+    :attr:`BigflSpec.lambda_extensions` more; ``lambda_at_edge`` when still unbracketed).
+    Excluded (inadmissible) and failed runs score ``None`` and are never chosen; with no
+    admissible setting ``lam`` is ``None`` (the test cells are then not run).
     """
     base = {"lr": params["lr"], "kappa": bigfl.kappa}
     pairs: dict[tuple[float, float], float | None] = {(bigfl.kappa, float(params["lr"])): evaluate(base)}
@@ -447,13 +451,24 @@ def refine_bigfl(form: Form, bigfl: BigflSpec, params: dict[str, Any],
     if not okp:
         record.update(kappa=None, lam=None, validation_mse={})
         return {**base, "lam": None}, record
+    from .multicenter import LAMBDA_FACTOR
+
     kappa, lr = min(okp, key=lambda kp: okp[kp])
     at = {"lr": lr, "kappa": kappa}
-    lscores = {lam: evaluate({**at, "lam": lam}) for lam in bigfl.lambdas}
-    ok_l = _finite(lscores)
-    lam = min(ok_l, key=lambda v: ok_l[v]) if ok_l else None
-    record.update(kappa=kappa, lr=lr, lam=lam, validation_mse={str(v): s for v, s in lscores.items()})
-    return {**at, "lam": lam}, record
+    try:  # a λ winning at an edge of the grid is searched beyond it (÷ or × 10), as in bench multicenter
+        found = search_grid(lambda v: evaluate({**at, "lam": v}), bigfl.lambdas, factor=LAMBDA_FACTOR,
+                            max_extensions=bigfl.lambda_extensions)
+    except RuntimeError:  # every λ failed or was excluded
+        record.update(kappa=kappa, lr=lr, lam=None, validation_mse={str(v): None for v in bigfl.lambdas},
+                      lambda_extended=[], lambda_at_edge=False)
+        return {**at, "lam": None}, record
+    record.update(kappa=kappa, lr=lr, lam=found.chosen,
+                  validation_mse={str(v): found.scores[v] for v in sorted(found.scores)},
+                  lambda_extended=list(found.extended), lambda_at_edge=found.at_edge)
+    if found.at_edge:
+        logger.warning("%s BiG-FL: lambda %g still wins at the edge of what was tried %s", NAME, found.chosen,
+                       sorted(found.scores))
+    return {**at, "lam": found.chosen}, record
 
 
 def declare(form: Form, seed: int, bigfl: BigflSpec | None = None,
@@ -651,12 +666,13 @@ def bigfl_settings(form: Form, bigfl: BigflSpec) -> list[str]:
         f"per point on validation (first seed): at kappa = {bigfl.kappa:g} (bench multicenter's choice) the step from "
         f"{list(form.lr_grid)} (a winning edge extended once by x3 or /3, as for the other methods; steps BiG-FL "
         f"may run: {list(bigfl.steps)}) at lambda = {bigfl.base_lam:g}, then lambda from {list(bigfl.lambdas)} (one "
-        "lambda for both levels; lambda = 0 is BiG-FL disabled and never in the grid) at the best (kappa, step) "
+        f"lambda for both levels; lambda = 0 is BiG-FL disabled and never in the grid; a winning edge searched "
+        f"beyond, /10 or x10, at most {bigfl.lambda_extensions} more) at the best (kappa, step) "
         f"pair, where kappa {list(bigfl.other_kappas)} each get their best step of {list(form.lr_grid)} (not "
         "extended) at the same lambda",
         "BiG-FL: a validation run whose lower level is not strongly convex in some round (ll_min_curvature <= 0, "
         "C2 c) is stopped at that round and excluded from the choice; with no admissible setting BiG-FL's test "
-        "cells are not run (reported failed, never replaced by another method)",
+        "cells are not run (reported not testable, never replaced by another method)",
         "BiG-FL's graph: the task's client graph, the 4-NN graph (symmetrised by union) of the clients' mixture "
         "samples, i.e. of their true task vectors (an oracle graph: at small std its edges stay inside the planted "
         "clusters); phi acts on every parameter of the model (bigfl.layers default)",
@@ -865,7 +881,9 @@ def _bigfl_sections(doc: dict[str, Any], pts: list[dict[str, Any]]) -> list[str]
         trows.append({"point": _where(t["point"]), "val MSE per step (κ first)": steps or "–",
                       "val MSE per step, other κ": kap or "–",
                       "chosen κ, step": f"{ref.get('kappa')}, {ref.get('lr', t.get('chosen'))}",
-                      "val MSE per lambda": lams or "–", "chosen lambda": str(ref.get("lam")),
+                      "val MSE per lambda": lams or "–",
+                      "chosen lambda": str(ref.get("lam")) + (" (at the edge of what was tried)"
+                                                              if ref.get("lambda_at_edge") else ""),
                       "excluded / skipped": "; ".join(f"{k}: {v}" for k, v in (t.get("failed") or {}).items()) or "–"})
     if trows:
         out += ["## BiG-FL's tuning (validation, first seed)", "", markdown_table(trows, list(trows[0])), ""]
@@ -874,7 +892,7 @@ def _bigfl_sections(doc: dict[str, Any], pts: list[dict[str, Any]]) -> list[str]
     out += ["## Missing", "",
             ("Points not run (their tuning is not complete in the run cache): "
              + "; ".join(_where(p) for p in missing)) if missing else "Every point of the form is reported.",
-            "", ("Test cells not in the cache (reported failed): " + "; ".join(cells)) if cells
+            "", ("Test cells not in the cache (verdicts that need them: not testable): " + "; ".join(cells)) if cells
             else "No test cell of a reported point is missing.", ""]
     return out
 

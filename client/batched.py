@@ -393,9 +393,7 @@ def _stack_arrays(items: Sequence[Arrays], keys: Sequence[str], device: Any) -> 
     for k in keys:
         first = items[0][k]
         if all(a[k] is first for a in items):
-            with warnings.catch_warnings():  # torch's warning about sharing a read-only array (read, then cloned)
-                warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning)
-                one = torch.as_tensor(np.asarray(first, dtype=np.float32)).to(device)
+            one = torch.tensor(np.asarray(first, dtype=np.float32)).to(device)  # a copy: the array may be read-only
             out[k] = one.unsqueeze(0).expand(len(items), *one.shape).clone()
         else:
             out[k] = torch.as_tensor(np.stack([np.asarray(a[k], dtype=np.float32) for a in items])).to(device)

@@ -197,3 +197,13 @@ def test_b2_bigfl_second_pass_skipped_at_the_default_lambda_and_alpha():
     sp = mc.retune_bigfl_step("t+val", 2, 0, mc.QUICK, chosen)  # no run: the first pass searched here
     assert sp == {"ran": False, "lr": 0.3, "grid": {}, "excluded": {}}
     assert mc._second_pass_lines(sp) == []
+
+
+def test_b2_lambda_extension_skipped_when_the_default_run_outside_the_grid_wins(monkeypatch):
+    calls: list = []
+    monkeypatch.setattr(mc, "run_any", _lambda_fake(calls))  # 0.1 + λ + 0.01 α: every grid cell ≥ 0.1105
+    form = mc.Form(**{**mc.QUICK.__dict__, "bigfl_lambdas": (0.01, 1.0), "bigfl_alphas": (0.05,)})
+    grid = mc.tune_bigfl_grid("t+val", 2, 0, 0.3, form, _run(0.1, [0.2, 0.2]), kappa=0.3)
+    assert (grid["lam"], grid["alpha"]) == (0.1, 0.02) and grid["lam_extension"] is None
+    assert all(c["bigfl.lam"] in (0.01, 1.0) for c in calls)  # nothing run beyond the grid
+    assert mc._second_pass_note({"lr": 0.3, "step_second_pass": {"ran": True, "lr": 1.0}}) == " (second pass: 1)"

@@ -164,3 +164,22 @@ def test_a_missing_cell_makes_the_verdict_not_testable_not_a_loss() -> None:
     gone = mr.verdicts(doc, form, runs, spec, missing={(key, mr.BIGFL, 1), (key, mr.BIGFL, 2)})[0]
     assert gone["BiG-FL vs FedAvg"]["verdict"] == "not testable"  # a cell not computed is not
     assert gone["FeSEM vs FedAvg"]["verdict"] == mr.verdicts(doc, form, runs)[0]["FeSEM vs FedAvg"]["verdict"]
+
+
+def test_lambda_winning_its_lower_edge_is_searched_beyond_it() -> None:
+    form = mr.BIGFL_FORM
+    spec = mr.BigflSpec(other_kappas=())
+    seen: list[float] = []
+
+    def evaluate(params: dict) -> float | None:  # validation MSE falls with λ down to 1e-3, then rises
+        lam = params.get("lam", spec.base_lam)
+        seen.append(lam)
+        return abs(np.log10(lam) + 3.0) + 0.1
+
+    settings, record = mr.refine_bigfl(form, spec, {"lr": 1.0}, evaluate)
+    assert settings["lam"] == 0.001 and record["lam"] == 0.001
+    assert record["lambda_extended"] == [0.001, 0.0001] and not record["lambda_at_edge"]
+    assert set(record["validation_mse"]) == {"0.0001", "0.001", "0.01", "0.1", "1.0", "10.0"}
+    spec_once = mr.BigflSpec(other_kappas=(), lambda_extensions=1)
+    _, rec = mr.refine_bigfl(form, spec_once, {"lr": 1.0}, lambda p: p.get("lam", 0.1))  # smaller is better
+    assert rec["lam"] == 0.001 and rec["lambda_at_edge"]
