@@ -665,6 +665,28 @@ def implicit_unconverged_rounds(run: dict[str, Any]) -> list[int]:
             if _server_metric(row, "implicit_converged") == 0]
 
 
+def _bigfl_grid_cell(task: str, rounds: int, seed: int, lr: float, lam: float, alpha: float,
+                     kappa: float | None, excluded: dict[str, str],
+                     run: dict[str, Any] | None = None) -> tuple[float | None, float | None]:
+    """One BiG-FL validation run of the λ × α stage at step ``lr`` (``run``: already computed, else
+    run through the cache): its validation MSE (``None`` when it failed, is not finite or is
+    inadmissible — the reason logged and stored in ``excluded`` under ``"lam=…, alpha=…"``) and
+    its final ``‖φ − I‖_F``.
+    """
+    if run is None:
+        extra = {} if kappa is None else {"bigfl.kappa": kappa}
+        run = _try(f"tuning bigfl lam={lam} alpha={alpha}", "bigfl", task, NODES, rounds,
+                   seed, {"lr": lr, "bigfl.lam": lam, "bigfl.alpha": alpha, **extra}, TRAIN)
+    if run is None:
+        return None, None
+    why = bigfl_inadmissible(run)
+    if why is not None:
+        logger.warning("B2 tuning bigfl lam=%g alpha=%g on %s: %s", lam, alpha, task, why)
+        excluded[f"lam={lam:g}, alpha={alpha:g}"] = why
+    score = float("inf") if why is not None else val_score(run, False)
+    return (score if np.isfinite(score) else None), _server_metric(run["curve"][-1], "phi_minus_identity")
+
+
 def tune_bigfl_grid(task: str, rounds: int, seed: int, lr: float, form: Form,
                     default_run: dict[str, Any], kappa: float | None = None) -> dict[str, Any]:
     """BiG-FL's λ × α grid on validation at step ``lr`` and ``κ = kappa`` (``None``: the strategy's
@@ -682,22 +704,12 @@ def tune_bigfl_grid(task: str, rounds: int, seed: int, lr: float, form: Form,
         row: dict[str, float | None] = {}
         prow: dict[str, float | None] = {}
         for alpha in form.bigfl_alphas:
-            if lam == lam0 and alpha == alpha0:
-                r: dict[str, Any] | None = default_run
-            else:
-                extra = {} if kappa is None else {"bigfl.kappa": kappa}
-                r = _try(f"tuning bigfl lam={lam} alpha={alpha}", "bigfl", task, NODES, rounds,
-                         seed, {"lr": lr, "bigfl.lam": lam, "bigfl.alpha": alpha, **extra}, TRAIN)
-            s = float("inf") if r is None else val_score(r, False)
-            why = None if r is None else bigfl_inadmissible(r)
-            if why is not None:
-                logger.warning("B2 tuning bigfl lam=%g alpha=%g on %s: %s", lam, alpha, task, why)
-                excluded[f"lam={lam:g}, alpha={alpha:g}"] = why
-                s = float("inf")
-            row[f"alpha={alpha:g}"] = s if np.isfinite(s) else None
-            prow[f"alpha={alpha:g}"] = None if r is None else _server_metric(r["curve"][-1], "phi_minus_identity")
-            if s < best[0]:
-                best = (s, lam, alpha)
+            run = default_run if lam == lam0 and alpha == alpha0 else None
+            score, phi = _bigfl_grid_cell(task, rounds, seed, lr, lam, alpha, kappa, excluded, run)
+            row[f"alpha={alpha:g}"] = score
+            prow[f"alpha={alpha:g}"] = phi
+            if score is not None and score < best[0]:
+                best = (score, lam, alpha)
         grid[f"lam={lam:g}"] = row
         phi_grid[f"lam={lam:g}"] = prow
     # searched beyond the grid only when its winner is a grid cell (not the default run outside it)
@@ -745,17 +757,9 @@ def extend_lambda_edge(task: str, rounds: int, seed: int, lr: float, form: Form,
     def score(lam: float) -> float | None:
         if lam in column:
             return column[lam]
-        extra = {} if kappa is None else {"bigfl.kappa": kappa}
-        r = _try(f"tuning bigfl lam={lam} alpha={alpha}", "bigfl", task, NODES, rounds,
-                 seed, {"lr": lr, "bigfl.lam": lam, "bigfl.alpha": alpha, **extra}, TRAIN)
-        why = None if r is None else bigfl_inadmissible(r)
-        if why is not None:
-            logger.warning("B2 tuning bigfl lam=%g alpha=%g on %s: %s", lam, alpha, task, why)
-            excluded[f"lam={lam:g}, alpha={alpha:g}"] = why
-        phi[f"{lam:g}"] = None if r is None else _server_metric(r["curve"][-1], "phi_minus_identity")
-        s = float("inf") if r is None or why is not None else val_score(r, False)
-        logger.info("B2 tuning bigfl: lambda %g beyond the grid at alpha %g: val MSE %s", lam, alpha, s)
-        return s if np.isfinite(s) else None
+        score_, phi[f"{lam:g}"] = _bigfl_grid_cell(task, rounds, seed, lr, lam, alpha, kappa, excluded)
+        logger.info("B2 tuning bigfl: lambda %g beyond the grid at alpha %g: val MSE %s", lam, alpha, score_)
+        return score_
 
     found = search_grid(score, form.bigfl_lambdas, factor=LAMBDA_FACTOR, max_extensions=form.bigfl_lambda_extensions)
     in_grid = {lam: v for lam, v in column.items() if v is not None}

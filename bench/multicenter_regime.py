@@ -229,9 +229,8 @@ def run_values(method: str, task: str, form: Form, seed: int, point: dict[str, A
     if method == BIGFL:
         spec = bigfl or BigflSpec()
         values.update({"strategy": "bigfl", "rounds": int(point.get("rounds", form.rounds)), "engine": form.engine,
-                       "train.lr": float(params["lr"]), **TRAIN, "bigfl.kappa": float(spec.kappa),
+                       "train.lr": float(params["lr"]), **TRAIN, "bigfl.kappa": float(params.get("kappa", spec.kappa)),
                        "bigfl.lam": float(params.get("lam", spec.base_lam)), "bigfl.alpha": float(spec.alpha)})
-        values["bigfl.kappa"] = float(params.get("kappa", spec.kappa))
         return values
     strategy = TRAINED[method]
     values.update({"strategy": strategy, "rounds": int(point.get("rounds", form.rounds)), "engine": form.engine,
