@@ -383,8 +383,8 @@ def refine_for(form: Form, bigfl: BigflSpec | None = None
                ) -> Callable[[str, dict[str, Any], Callable[[dict[str, Any]], float | None]],
                              tuple[dict[str, Any], dict[str, Any]]]:
     """The second tuning stage (validation only): FeSEM's warm-up length at its tuned step; BiG-FL's
-    λ from :attr:`BigflSpec.lambdas` at its tuned step (an excluded or failed λ is not eligible;
-    with none eligible ``lam`` is ``None`` and the test cells are not run).
+    κ, step and λ by :func:`refine_bigfl` (an excluded or failed setting is not eligible; with
+    none eligible ``lam`` is ``None`` and the test cells are not run).
     """
 
     def refine(method: str, params: dict[str, Any], evaluate: Callable[[dict[str, Any]], float | None]
