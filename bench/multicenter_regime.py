@@ -543,7 +543,8 @@ def verdicts(doc: dict[str, Any], form: Form, runs: dict[str, dict[str, list[flo
              bigfl: BigflSpec | None = None, missing: set[tuple[str, str, int]] | None = None
              ) -> list[dict[str, Any]]:
     """One entry per grid point: FeSEM − FedAvg and FeSEM − Local verdicts (and BiG-FL − FedAvg / Local /
-    FeSEM in the BiG-FL form) and the best method.
+    FeSEM in the BiG-FL form) and the best method: the lowest mean test MSE among the methods with a
+    finite result on every seed (a mean over fewer seeds is not compared; ``None`` when no method has one).
 
     ``runs[repr(sorted(point.items()))][method]``: the per-seed final test MSE (``None``: failed).
     ``missing``: ``(point key, method, seed index)`` of cells a cache-only report did not find; such
@@ -566,11 +567,20 @@ def verdicts(doc: dict[str, Any], form: Form, runs: dict[str, dict[str, list[flo
             for ref in BIGFL_REFERENCES:
                 if ref in form.methods:
                     entry[f"{BIGFL} vs {ref}"] = verdict(*paired(k, BIGFL, ref), form.seeds, name=BIGFL)
-        means = {m: result(doc, m, **p)["metrics"]["mse"].get("mean") for m in methods_of(form, bigfl)}
-        finite = {m: v for m, v in means.items() if v is not None}
+        complete = {m: result(doc, m, **p)["metrics"]["mse"].get("mean") for m in methods_of(form, bigfl)
+                    if _complete(runs[k].get(m), k, m, gone, form.seeds)}
+        finite = {m: v for m, v in complete.items() if v is not None}
         entry["best"] = min(finite, key=lambda m: finite[m]) if finite else None
         out.append(entry)
     return out
+
+
+def _complete(per_seed: list[float | None] | None, key: str, method: str, gone: set[tuple[str, str, int]],
+              seeds: int) -> bool:
+    """Whether ``method`` has a finite test MSE on each of the ``seeds`` seeds at point ``key``."""
+    if per_seed is None or len(per_seed) != seeds:
+        return False
+    return all(v is not None and bool(np.isfinite(v)) and (key, method, i) not in gone for i, v in enumerate(per_seed))
 
 
 def _diagnostics(bench: Bench, runs: dict[Any, list[dict[str, Any] | None]]) -> list[dict[str, Any]]:

@@ -183,3 +183,20 @@ def test_lambda_winning_its_lower_edge_is_searched_beyond_it() -> None:
     spec_once = mr.BigflSpec(other_kappas=(), lambda_extensions=1)
     _, rec = mr.refine_bigfl(form, spec_once, {"lr": 1.0}, lambda p: p.get("lam", 0.1))  # smaller is better
     assert rec["lam"] == 0.001 and rec["lambda_at_edge"]
+
+
+def test_best_method_needs_a_result_on_every_seed() -> None:
+    key = repr(sorted(POINT.items()))
+    runs = {key: {m: [0.5, 0.4, 0.45] for m in ("FedAvg", "Local", "FeSEM", "Const-own", "Const-pooled")}}
+    runs[key]["Local"] = [0.3, 0.32, 0.31]
+    runs[key][mr.BIGFL] = [0.1, 0.12, 0.11]
+    means = {m: float(np.mean(v)) for m, v in runs[key].items()}
+    doc = {"config": {"points": [POINT]},
+           "results": [{"method": m, "point": POINT, "metrics": {"mse": {"mean": means[m]}}} for m in runs[key]]}
+    spec, form = mr.BigflSpec(), dataclasses.replace(TINY, seeds=3)
+    assert mr.verdicts(doc, form, runs, spec)[0]["best"] == mr.BIGFL
+    # the same mean over two seeds (one missing from a cache-only render, or one failed) is not compared
+    missing = mr.verdicts(doc, form, runs, spec, missing={(key, mr.BIGFL, 2)})[0]
+    assert missing["best"] == "Local"
+    runs[key][mr.BIGFL][2] = None
+    assert mr.verdicts(doc, form, runs, spec)[0]["best"] == "Local"
