@@ -95,7 +95,7 @@ def _open_sides(scores: dict[float, float | None], best: float, factor: float) -
     """
     above = [s for s in scores if s > best]
     below = [s for s in scores if s < best]
-    tol = 1 + 1e-9
+    tol = 1 + 1e-4  # a step beyond an edge is rounded to six significant digits (0.1 / 3 -> 0.0333333)
     up = not above or (scores[min(above)] is None and min(above) > best * factor * tol)
     down = not below or (scores[max(below)] is None and max(below) < best / factor / tol)
     return up, down

@@ -69,3 +69,11 @@ def test_every_step_failing_and_bad_grids_are_errors() -> None:
         search_grid(lambda s: 0.0, [0.0, 1.0])
     with pytest.raises(ValueError, match="factor"):
         search_grid(lambda s: 0.0, [1.0], factor=1.0)
+
+
+def test_a_failed_step_one_rounded_factor_below_brackets() -> None:
+    # 0.1 / 3 is tried as 0.0333333 (six significant digits); its failure brackets 0.1 from below
+    score, calls = recorder(lambda s: None if s < 0.05 else s)
+    out = search_grid(score, [0.1, 0.3], factor=3.0, max_extensions=3)
+    assert out.extended == [0.0333333] and calls == [0.1, 0.3, 0.0333333]
+    assert out.chosen == 0.1 and not out.at_edge
