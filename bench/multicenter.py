@@ -160,6 +160,7 @@ class Form:
     bigfl_lambdas: tuple[float, ...] = (0.01, 0.1, 1.0)  # all > 0 (check_bigfl_grid)
     bigfl_alphas: tuple[float, ...] = (5e-3, 2e-2, 5e-2)  # normalised UL step lengths
     bigfl_lambda_extensions: int = 2  # λ tried past a winning edge of bigfl_lambdas (extend_lambda_edge)
+    bigfl_kappa_extensions: int = 1  # κ tried past a winning edge of bigfl_kappas in its second pass
     bigfl_kappas: tuple[float, ...] = (0.3, 1.0, 0.1)  # LL ridge weights (proximal ridge), each with its own step;
     # above the data Hessian's curvature deficit (C2 c), which grows as the models train;
     # the order is only the order of computation
@@ -207,7 +208,9 @@ def unspecified(form: Form) -> list[str]:
         f"alpha grid {list(form.bigfl_lambdas)} x {list(form.bigfl_alphas)} at that step and kappa (lambda = 0 is "
         f"BiG-FL disabled, not in the grid); a winning lambda edge is extended /10 or x10 at the best alpha, at most "
         f"{form.bigfl_lambda_extensions} extra lambdas; then the step is searched again at the chosen kappa, lambda "
-        "and alpha (second pass); a run whose LL was not strongly convex in some round (ll_min_curvature "
+        "and alpha (second pass), then kappa at the chosen step, lambda and alpha (the grid's kappas, a winning "
+        f"edge extended /{KAPPA_FACTOR:g} or x{KAPPA_FACTOR:g}, at most {form.bigfl_kappa_extensions}; the step is "
+        "not searched again at a new kappa); a run whose LL was not strongly convex in some round (ll_min_curvature "
         "<= 0, ALGORITHMS.md §0.1 C2 c) is excluded from the choice",
         "BiG-FL (ALGORITHMS.md §0.1 C2): UL embedding on centred parameters A(Theta - mean)phi, normalised UL "
         "step of length alpha, one lambda for both levels, proximal LL ridge (kappa/2)||theta_i - theta_i^t||^2 "
@@ -878,6 +881,70 @@ def retune_bigfl_step(task: str, rounds: int, seed: int, form: Form, chosen: Map
             "at_grid_edge": t["at_grid_edge"]}
 
 
+KAPPA_FACTOR = 3.0
+"""Ratio between a winning edge of BiG-FL's κ grid and the κ tried beyond it (the grid is about ×3 apart)."""
+
+
+def retune_bigfl_kappa(task: str, rounds: int, seed: int, form: Form, chosen: Mapping[str, Any],
+                       step_pass: Mapping[str, Any]) -> dict[str, Any]:
+    """BiG-FL's κ searched again at the chosen step, λ and α (the coordinate pass after the step's).
+
+    The first pass compares κ at the default λ and α, each κ with its own step; once λ and the
+    step have moved, another κ may be better (κ weighs the proximal ridge against the data and the
+    coupling in the lower level). Each κ of ``form.bigfl_kappas`` is run on validation at the
+    chosen ``lr``, ``bigfl.lam`` and ``bigfl.alpha`` (the chosen κ's run is the step pass's, read
+    from the cache); a winning edge is searched beyond by ``form.bigfl_kappa_extensions`` more κ
+    (÷ or × :data:`KAPPA_FACTOR`, :func:`~graphfl.bench.tuning.search_grid`). A run whose lower
+    level lost strong convexity (:func:`bigfl_inadmissible`) or failed scores ``None``. Another κ
+    replaces the chosen one only when strictly better. When the step pass did not run (λ and α
+    are the defaults the first pass compared κ at), nothing runs. The step is not searched again
+    at a new κ (the result says so).
+
+    Returns the validation MSE per κ (keys ``:g``), the κ run beyond the grid, the excluded κ with
+    their reason, the chosen ``kappa`` and whether the pass ran.
+    """
+    from .tuning import search_grid
+
+    kappa0 = float(chosen["bigfl.kappa"])
+    if not step_pass.get("ran"):
+        return {"ran": False, "kappa": kappa0, "val_mse": {}, "extended": [], "excluded": {}}
+    settings = {k: chosen[k] for k in ("lr", "bigfl.lam", "bigfl.alpha")}
+    excluded: dict[str, str] = {}
+    phi: dict[str, float | None] = {}
+
+    def score(kappa: float) -> float | None:
+        run = _try(f"tuning bigfl kappa={kappa:g}", "bigfl", task, NODES, rounds, seed,
+                   {**settings, "bigfl.kappa": kappa}, TRAIN)
+        if run is None:
+            return None
+        why = bigfl_inadmissible(run)
+        phi[f"{kappa:g}"] = _server_metric(run["curve"][-1], "phi_minus_identity")
+        if why is not None:
+            logger.warning("B2 tuning bigfl kappa=%g at %s on %s: %s", kappa, settings, task, why)
+            excluded[f"kappa={kappa:g}"] = why
+            return None
+        value = val_score(run, False)
+        logger.info("B2 tuning bigfl: kappa %g at %s: val MSE %.4g", kappa, settings, value)
+        return value if np.isfinite(value) else None
+
+    try:
+        found = search_grid(score, (*form.bigfl_kappas, kappa0), factor=KAPPA_FACTOR,
+                            max_extensions=form.bigfl_kappa_extensions)
+    except RuntimeError as exc:
+        logger.warning("B2 tuning bigfl: no admissible kappa at %s (%s); kappa %g is kept", settings, exc, kappa0)
+        return {"ran": True, "kappa": kappa0, "val_mse": {}, "extended": [], "excluded": excluded,
+                "all_failed": str(exc)}
+    at_chosen = found.scores.get(kappa0)
+    best = found.chosen
+    kappa = best if at_chosen is None or (found.scores[best] is not None and found.scores[best] < at_chosen) else kappa0
+    logger.info("B2 tuning bigfl: kappa at %s: %g (before %g)", settings, kappa, kappa0)
+    return {"ran": True, "kappa": kappa, "first_pass_kappa": kappa0, "val_mse": found.grid_scores(),
+            "extended": list(found.extended), "phi_minus_identity": phi, "excluded": excluded,
+            "at_edge": found.at_edge and kappa == found.chosen, "factor": KAPPA_FACTOR,
+            "max_extensions": form.bigfl_kappa_extensions,
+            "note": "kappa compared at the chosen step, lambda and alpha; the step is not searched again at a new kappa"}
+
+
 def tune_bigfl_kappas(task: str, rounds: int, seed: int, form: Form, base: dict[str, Any]
                       ) -> tuple[dict[float, dict[str, Any]], dict[str, dict[str, str]]]:
     """BiG-FL's step for each κ of ``form.bigfl_kappas`` on validation, admissible runs only.
@@ -951,6 +1018,9 @@ def tune_generator(gen: str, form: Form, seed: int, methods: tuple[str, ...] = M
                                "bigfl.kappa": base["bigfl.kappa"]}
                 out[m]["step_second_pass"] = retune_bigfl_step(task, rounds, seed, form, settings[m])
                 settings[m]["lr"] = out[m]["step_second_pass"]["lr"]
+                out[m]["kappa_second_pass"] = retune_bigfl_kappa(task, rounds, seed, form, settings[m],
+                                                                 out[m]["step_second_pass"])
+                settings[m]["bigfl.kappa"] = out[m]["kappa_second_pass"]["kappa"]
             if m == "fesem":
                 sweep: dict[str, dict[str, float | None]] = {}
                 best_w = (val_score(t["run"], False), int(TRAIN["train.local-steps"]))
@@ -1072,7 +1142,7 @@ the shared 2-core machine under load; :func:`estimate` multiplies them by the fo
 
 def estimate(form: Form) -> dict[str, Any]:
     """Cells and serial wall time of ``form`` (:data:`SECONDS_PER_ROUND`; step-grid extensions not
-    counted; BiG-FL's λ extensions and second step pass counted at their most).
+    counted; BiG-FL's λ extensions and second step and κ passes counted at their most).
     """
     tune = len(form.tune_generators)
     steps = len(form.lr_grid)
@@ -1084,7 +1154,8 @@ def estimate(form: Form) -> dict[str, Any]:
         "dfl": tune * steps + len(form.generators) * form.seeds + len(form.testgraph) * form.seeds,
         "bigfl": (0 if form.bigfl_settings is not None else
                   tune * (len(form.bigfl_kappas) * steps + len(form.bigfl_lambdas) * len(form.bigfl_alphas) - 1
-                          + form.bigfl_lambda_extensions + steps))
+                          + form.bigfl_lambda_extensions + steps
+                          + len(form.bigfl_kappas) - 1 + form.bigfl_kappa_extensions))
         + len(form.generators) * form.seeds,
         "bigfl-frozen": 2 * len(form.testgraph) * form.seeds,
     }
@@ -1874,6 +1945,7 @@ def render_markdown(doc: dict[str, Any]) -> str:
                 for v, pv in zip(row.values(), prow.values())) + " |")
         lines += _lambda_extension_lines(b.get("lam_extension"))
         lines += _second_pass_lines(b.get("step_second_pass"))
+        lines += _kappa_pass_lines(b.get("kappa_second_pass"))
         lines += _fesem_sweep_lines(t["fesem"])
     rd = doc["real_data"]
     if rd["methods"]:
@@ -1919,6 +1991,22 @@ def _second_pass_lines(sp: Mapping[str, Any] | None) -> list[str]:
     excluded = "; ".join(f"{k}: {w}" for k, w in sp["excluded"].items())
     return ["", f"BiG-FL step searched again at the chosen κ, λ, α (second pass; val MSE): {cells or 'every step failed'}"
                 f"; chosen step {sp['lr']:g}" + (f" (excluded: {excluded})" if excluded else "")]
+
+
+def _kappa_pass_lines(kp: Mapping[str, Any] | None) -> list[str]:
+    """BiG-FL's κ searched again at the chosen step, λ, α (:func:`retune_bigfl_kappa`), if it ran."""
+    if not kp or not kp.get("ran"):
+        return []
+    phi = kp.get("phi_minus_identity") or {}
+    cells = ", ".join(f"κ {k}: " + ("excluded or failed" if v is None else f"{v:.4f}")
+                      + ("" if phi.get(k) is None else f" (‖φ − I‖ {phi[k]:.3f})")
+                      for k, v in kp["val_mse"].items())
+    excluded = "; ".join(f"{k}: {w}" for k, w in kp["excluded"].items())
+    return ["", f"BiG-FL κ searched again at the chosen step, λ, α (val MSE): {cells or 'every κ failed'}; chosen κ "
+                f"{kp['kappa']:g}" + (" — still at the edge of what was tried" if kp.get("at_edge") else "")
+                + (f" (excluded: {excluded})" if excluded else "")
+                + ("" if kp["kappa"] == kp.get("first_pass_kappa", kp["kappa"]) else
+                   "; the step was not searched again at this κ")]
 
 
 def _fesem_sweep_lines(f: dict[str, Any]) -> list[str]:

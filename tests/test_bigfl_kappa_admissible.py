@@ -179,7 +179,7 @@ def test_b2_bigfl_step_is_searched_again_at_the_chosen_lambda(monkeypatch):
 
     monkeypatch.setattr(mc, "run_any", fake_run_any)
     form = mc.Form(**{**mc.QUICK.__dict__, "bigfl_kappas": (0.3,), "bigfl_lambdas": (0.01, 0.1, 1.0),
-                      "bigfl_alphas": (0.02,), "bigfl_lambda_extensions": 0})
+                      "bigfl_alphas": (0.02,), "bigfl_lambda_extensions": 0, "bigfl_kappa_extensions": 0})
     out = mc.tune_generator("smooth", form, 0, methods=("bigfl",))
     b = out["bigfl"]
     assert b["lr"] == 0.3 and b["lam"] == 0.01  # the first pass, at λ 0.1
@@ -207,3 +207,44 @@ def test_b2_lambda_extension_skipped_when_the_default_run_outside_the_grid_wins(
     assert (grid["lam"], grid["alpha"]) == (0.1, 0.02) and grid["lam_extension"] is None
     assert all(c["bigfl.lam"] in (0.01, 1.0) for c in calls)  # nothing run beyond the grid
     assert mc._second_pass_note({"lr": 0.3, "step_second_pass": {"ran": True, "lr": 1.0}}) == " (second pass: 1)"
+
+
+def test_b2_bigfl_kappa_is_searched_again_at_the_chosen_step_and_lambda(monkeypatch):
+    """At the default λ κ 0.3 wins; at the chosen λ 0.01 and step 1, κ 0.1 is better and
+    admissible, and κ 0.033 beyond the grid's edge loses strong convexity: the κ pass picks 0.1,
+    the settings use it, the excluded κ is named."""
+    calls: list = []
+
+    def fake_run_any(method, task, nodes, rounds, seed, settings, train, params=None, hook=None, hook_key=""):
+        calls.append(dict(settings))
+        lam, lr, kappa = settings["bigfl.lam"], settings["lr"], settings.get("bigfl.kappa", 0.3)
+        if lam == 1.0 or (lam == 0.1 and lr > 0.3) or lr >= 3.0 or kappa < 0.05:
+            return _run(0.01, [0.2, -0.01])
+        if lam == 0.01 and lr == 1.0:
+            return _run({0.1: 0.05, 0.3: 0.08, 1.0: 0.09}[kappa], [0.2, 0.2])
+        return _run(0.1 + lam - 0.02 * lr + (0 if kappa == 0.3 else 0.01), [0.2, 0.2])
+
+    monkeypatch.setattr(mc, "run_any", fake_run_any)
+    form = mc.Form(**{**mc.QUICK.__dict__, "bigfl_kappas": (0.3, 1.0, 0.1), "bigfl_lambdas": (0.01, 0.1, 1.0),
+                      "bigfl_alphas": (0.02,), "bigfl_lambda_extensions": 0})
+    out = mc.tune_generator("smooth", form, 0, methods=("bigfl",))
+    b = out["bigfl"]
+    assert b["kappa"] == 0.3 and b["step_second_pass"]["lr"] == 1.0  # first pass and step pass as before
+    kp = b["kappa_second_pass"]
+    assert kp["ran"] and kp["first_pass_kappa"] == 0.3 and kp["kappa"] == 0.1
+    assert kp["extended"] == [0.0333333] and "kappa=0.0333333" in kp["excluded"]
+    assert kp["val_mse"]["0.0333333"] is None and not kp["at_edge"]
+    assert out["settings"]["bigfl"] == {"lr": 1.0, "bigfl.lam": 0.01, "bigfl.alpha": 0.02, "bigfl.kappa": 0.1}
+    at_chosen = [c for c in calls if c["bigfl.lam"] == 0.01 and c["lr"] == 1.0]
+    assert {c["bigfl.kappa"] for c in at_chosen} == {0.1, 0.3, 1.0, 0.0333333}
+    text = "\n".join(mc._kappa_pass_lines(kp))
+    assert "chosen κ 0.1" in text and "not searched again" in text
+
+
+def test_b2_bigfl_kappa_pass_keeps_kappa_on_a_tie_and_skips_without_a_step_pass(monkeypatch):
+    monkeypatch.setattr(mc, "run_any", lambda *a, **k: _run(0.1, [0.2, 0.2]))
+    chosen = {"lr": 1.0, "bigfl.lam": 0.01, "bigfl.alpha": 0.02, "bigfl.kappa": 0.3}
+    kp = mc.retune_bigfl_kappa("t+val", 2, 0, mc.QUICK, chosen, {"ran": True})
+    assert kp["kappa"] == 0.3 and kp["ran"]  # every κ ties: the chosen one stays
+    assert mc.retune_bigfl_kappa("t+val", 2, 0, mc.QUICK, chosen, {"ran": False}) == {
+        "ran": False, "kappa": 0.3, "val_mse": {}, "extended": [], "excluded": {}}
