@@ -934,9 +934,9 @@ def retune_bigfl_kappa(task: str, rounds: int, seed: int, form: Form, chosen: Ma
         logger.warning("B2 tuning bigfl: no admissible kappa at %s (%s); kappa %g is kept", settings, exc, kappa0)
         return {"ran": True, "kappa": kappa0, "val_mse": {}, "extended": [], "excluded": excluded,
                 "all_failed": str(exc)}
-    at_chosen = found.scores.get(kappa0)
-    best = found.chosen
-    kappa = best if at_chosen is None or (found.scores[best] is not None and found.scores[best] < at_chosen) else kappa0
+    at_chosen, best_score = found.scores.get(kappa0), found.scores[found.chosen]
+    better = best_score is not None and (at_chosen is None or best_score < at_chosen)
+    kappa = found.chosen if better else kappa0
     logger.info("B2 tuning bigfl: kappa at %s: %g (before %g)", settings, kappa, kappa0)
     return {"ran": True, "kappa": kappa, "first_pass_kappa": kappa0, "val_mse": found.grid_scores(),
             "extended": list(found.extended), "phi_minus_identity": phi, "excluded": excluded,
