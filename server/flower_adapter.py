@@ -8,8 +8,9 @@ SuperNode restarts, partition ids do not), gives each client its own ``ArrayReco
 core's per-client state across rounds.
 
 ``start()`` runs the graphfl round loop (:func:`graphfl.server.rounds.run_federated`)
-with its own push/pull polling (``poll_interval``, default 0.05 s) instead of
-``Grid.send_and_receive``'s 3 s sleeps (FLOWER_NOTES.md §4a).
+with its own push/pull polling (:class:`~graphfl.server.reply_polls.ReplyPolls`: 50 ms, growing
+with the time already waited for a reply up to 0.5 s) instead of ``Grid.send_and_receive``'s 3 s
+sleeps (FLOWER_NOTES.md §4a).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from graphfl.common.types import Arrays, Payload
 from graphfl.flowerx import array_copies, bounded_pull, object_io
 from graphfl.server.exchange import Reply, Request
 from graphfl.server.recorder import RunRecorder
+from graphfl.server.reply_polls import ReplyPollClock, ReplyPolls
 from graphfl.server.rounds import RunError, ServerInputs, run_federated
 
 logger = logging.getLogger(__name__)
@@ -90,10 +92,10 @@ def reply_from_message(msg: Message, partition_id: int | None = None) -> Reply:
 class GridExchange:
     """Moves one round's payloads over a Flower ``Grid`` (deployment or simulation)."""
 
-    def __init__(self, grid: Grid, cfg: RunConfig, poll_interval: float = 0.05) -> None:
+    def __init__(self, grid: Grid, cfg: RunConfig, polls: ReplyPolls | None = None) -> None:
         self.grid = grid
         self.cfg = cfg
-        self.poll_interval = poll_interval
+        self.polls = polls or ReplyPolls()
         self.node_of: dict[int, int] = {}   # partition id -> node id
         self.retired: set[int] = set()
         self.rejoin_failures: dict[int, int] = {}
@@ -147,12 +149,16 @@ class GridExchange:
         out: dict[int, Message] = {}
         pulled_at: dict[int, float] = {}
         polls = 0
-        deadline = time.monotonic() + timeout
+        clock = ReplyPollClock(self.polls, time.monotonic())
+        deadline = clock.since + timeout
         while pending and time.monotonic() < deadline:
+            before = len(pending)
             self._pull(pending, out, pulled_at, deadline - time.monotonic())
             polls += 1
+            now = time.monotonic()
+            clock.pulled(now, got_reply=len(pending) < before)
             if pending:
-                time.sleep(self.poll_interval)
+                time.sleep(min(clock.next_wait(now), max(0.0, deadline - now)))
         if pending:  # replies that arrived while a half-pushed one used up the deadline: one last, short pull
             self._pull(pending, out, pulled_at, FINAL_PULL_S)
         self._trace(messages, t_start, t_pushed, pulled_at, polls)
@@ -300,12 +306,12 @@ class CoreStrategy(Strategy):
     """
 
     def __init__(self, cfg: RunConfig, spec: AlgorithmSpec[Any], recorder: RunRecorder, inputs: ServerInputs,
-                 poll_interval: float = 0.05) -> None:
+                 polls: ReplyPolls | None = None) -> None:
         self.cfg = cfg
         self.spec = spec
         self.recorder = recorder
         self.inputs = inputs
-        self.poll_interval = poll_interval
+        self.polls = polls
         self.core: ServerCore[Any] | None = None
         self.exchange: GridExchange | None = None
 
@@ -333,7 +339,7 @@ class CoreStrategy(Strategy):
             logger.warning("CoreStrategy.start ignores train_config, evaluate_config and evaluate_fn")
         self.summary()
         inputs = dataclasses.replace(self.inputs, initial_arrays=record_to_arrays(initial_arrays))
-        self.exchange = GridExchange(grid, self.cfg, self.poll_interval)
+        self.exchange = GridExchange(grid, self.cfg, self.polls)
         self.core = run_federated(self.cfg, self.spec, self.exchange, inputs, self.recorder)
         result = Result()
         final = self.core.final_arrays()
