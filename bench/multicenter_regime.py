@@ -164,6 +164,9 @@ class BigflSpec:
     """Normalised UL step length α, fixed (bench multicenter's validation choice)."""
     lambda_extensions: int = 2
     """λ tried beyond a winning edge of :attr:`lambdas` (÷ or × 10, :func:`~graphfl.bench.tuning.search_grid`)."""
+    kappa_extensions: int = 1
+    """κ tried beyond a winning edge of the κ grid (:attr:`kappa` and :attr:`other_kappas`; ÷ or × 3),
+    each with its best step of the form's ``lr_grid``."""
     seconds_per_round: float = 1.0
     """Measured seconds per BiG-FL round at 20 clients on one core (the time estimate)."""
 
@@ -177,7 +180,7 @@ class BigflSpec:
 
 BIGFL_FORM = Form(rounds=50, seeds=3, samples=(5, 10, 20, 100), stds=(0.05, 0.15, 0.5), nodes=(20,),
                   cut=("the smooth generator (synthetic-multicenter-smooth)", "FeSEM's K (fixed at the planted 3)",
-                       "DFL (module docstring)", "BiG-FL's kappa and alpha (fixed, not tuned per point)",
+                       "DFL (module docstring)", "BiG-FL's alpha (fixed, not tuned per point)",
                        "50 clients and 200 rounds (BiG-FL's cost)"))
 """The BiG-FL form's points: 20 clients, 50 rounds, m ∈ {5, 10, 20, 100} × std ∈ {0.05, 0.15, 0.5} (run
 in the order of :func:`bigfl_points`); the other methods' grids are :data:`FULL`'s, so their cells are
@@ -428,30 +431,51 @@ def refine_bigfl(form: Form, bigfl: BigflSpec, params: dict[str, Any],
     """BiG-FL's κ and λ on validation after its step search at κ = :attr:`BigflSpec.kappa`.
 
     Each κ of :attr:`BigflSpec.other_kappas` gets its best step of ``form.lr_grid`` (at
-    :attr:`BigflSpec.base_lam`); the (κ, step) pair with the lowest validation MSE is kept, then λ
+    :attr:`BigflSpec.base_lam`); a κ that wins at an edge of the κ tried is searched beyond it
+    (÷ or × 3, at most :attr:`BigflSpec.kappa_extensions` more, each with its best step;
+    ``kappa_at_edge`` when still unbracketed); the (κ, step) pair with the lowest validation MSE is kept, then λ
     from :attr:`BigflSpec.lambdas` at that pair, searched beyond a winning edge (÷ or × 10, at most
     :attr:`BigflSpec.lambda_extensions` more; ``lambda_at_edge`` when still unbracketed).
     Excluded (inadmissible) and failed runs score ``None`` and are never chosen; with no
     admissible setting ``lam`` is ``None`` (the test cells are then not run).
     """
+    from .multicenter import KAPPA_FACTOR, LAMBDA_FACTOR
+
     base = {"lr": params["lr"], "kappa": bigfl.kappa}
     pairs: dict[tuple[float, float], float | None] = {(bigfl.kappa, float(params["lr"])): evaluate(base)}
     per_kappa: dict[str, Any] = {f"{bigfl.kappa:g}": {"lr": params["lr"], "from": "step search"}}
-    for k in bigfl.other_kappas:
+
+    def with_best_step(k: float) -> None:
         steps = {float(s): evaluate({"lr": float(s), "kappa": k}) for s in form.lr_grid}
         ok = _finite(steps)
         best = min(ok, key=lambda s: ok[s]) if ok else None
         per_kappa[f"{k:g}"] = {"lr": best, "validation_mse": {f"{s:g}": v for s, v in steps.items()}}
         if best is not None:
             pairs[(k, best)] = ok[best]
+
+    for k in bigfl.other_kappas:
+        with_best_step(k)
+    kappa_extended: list[float] = []
+    tried = [bigfl.kappa, *bigfl.other_kappas]
+    kappa_at_edge = False
+    while _finite(pairs):  # a κ winning at an edge of what was tried is searched beyond it (÷ or × 3)
+        okp = _finite(pairs)
+        best_kappa = min(okp, key=lambda kp: okp[kp])[0]
+        low, high = best_kappa == min(tried), best_kappa == max(tried)
+        kappa_at_edge = low or high
+        if not kappa_at_edge or len(kappa_extended) >= bigfl.kappa_extensions:
+            break
+        nxt = float(f"{(best_kappa / KAPPA_FACTOR if low else best_kappa * KAPPA_FACTOR):.6g}")
+        kappa_extended.append(nxt)
+        tried.append(nxt)
+        with_best_step(nxt)
     okp = _finite(pairs)
     record: dict[str, Any] = {"per_kappa": per_kappa, "alpha": bigfl.alpha, "step_search_lam": bigfl.base_lam,
-                              "kappa_grid": [bigfl.kappa, *bigfl.other_kappas], "lambda_grid": list(bigfl.lambdas)}
+                              "kappa_grid": [bigfl.kappa, *bigfl.other_kappas], "kappa_extended": kappa_extended,
+                              "kappa_at_edge": kappa_at_edge, "lambda_grid": list(bigfl.lambdas)}
     if not okp:
         record.update(kappa=None, lam=None, validation_mse={})
         return {**base, "lam": None}, record
-    from .multicenter import LAMBDA_FACTOR
-
     kappa, lr = min(okp, key=lambda kp: okp[kp])
     at = {"lr": lr, "kappa": kappa}
     try:  # a λ winning at an edge of the grid is searched beyond it (÷ or × 10), as in bench multicenter
@@ -678,7 +702,8 @@ def bigfl_settings(form: Form, bigfl: BigflSpec) -> list[str]:
         f"lambda for both levels; lambda = 0 is BiG-FL disabled and never in the grid; a winning edge searched "
         f"beyond, /10 or x10, at most {bigfl.lambda_extensions} more) at the best (kappa, step) "
         f"pair, where kappa {list(bigfl.other_kappas)} each get their best step of {list(form.lr_grid)} (not "
-        "extended) at the same lambda",
+        f"extended) at the same lambda, and a kappa winning at an edge of those tried is searched beyond it (/3 or "
+        f"x3, at most {bigfl.kappa_extensions} more, each with its best step)",
         "BiG-FL: a validation run whose lower level is not strongly convex in some round (ll_min_curvature <= 0, "
         "C2 c) is stopped at that round and excluded from the choice; with no admissible setting BiG-FL's test "
         "cells are not run (reported not testable, never replaced by another method)",
@@ -889,7 +914,8 @@ def _bigfl_sections(doc: dict[str, Any], pts: list[dict[str, Any]]) -> list[str]
                         for k, e in (ref.get("per_kappa") or {}).items() if e.get("validation_mse"))
         trows.append({"point": _where(t["point"]), "val MSE per step (κ first)": steps or "–",
                       "val MSE per step, other κ": kap or "–",
-                      "chosen κ, step": f"{ref.get('kappa')}, {ref.get('lr', t.get('chosen'))}",
+                      "chosen κ, step": f"{ref.get('kappa')}, {ref.get('lr', t.get('chosen'))}"
+                      + (" (κ at the edge of what was tried)" if ref.get("kappa_at_edge") else ""),
                       "val MSE per lambda": lams or "–",
                       "chosen lambda": str(ref.get("lam")) + (" (at the edge of what was tried)"
                                                               if ref.get("lambda_at_edge") else ""),

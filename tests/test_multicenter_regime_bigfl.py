@@ -200,3 +200,28 @@ def test_best_method_needs_a_result_on_every_seed() -> None:
     assert missing["best"] == "Local"
     runs[key][mr.BIGFL][2] = None
     assert mr.verdicts(doc, form, runs, spec)[0]["best"] == "Local"
+
+
+def test_kappa_winning_its_lower_edge_is_searched_beyond_it() -> None:
+    form = mr.BIGFL_FORM
+    spec = mr.BigflSpec()  # κ 0.3 (step search), 0.1; one κ beyond a winning edge
+
+    def evaluate(params: dict) -> float | None:  # smaller κ is better down to 0.0333, step 1 best
+        kappa, lr = params["kappa"], params["lr"]
+        return kappa + 0.01 * abs(lr - 1.0) + 0.001 * params.get("lam", 0.1)
+
+    settings, record = mr.refine_bigfl(form, spec, {"lr": 1.0}, evaluate)
+    assert record["kappa_extended"] == [0.0333333] and record["kappa_at_edge"]
+    assert settings["kappa"] == 0.0333333 and settings["lr"] == 1.0 and record["kappa"] == 0.0333333
+    assert set(record["per_kappa"]["0.0333333"]["validation_mse"]) == {f"{s:g}" for s in form.lr_grid}
+
+    def inadmissible_below(params: dict) -> float | None:  # κ 0.0333 loses strong convexity at every step
+        return None if params["kappa"] < 0.05 else evaluate(params)
+
+    settings, record = mr.refine_bigfl(form, spec, {"lr": 1.0}, inadmissible_below)
+    assert settings["kappa"] == 0.1 and record["kappa_extended"] == [0.0333333] and not record["kappa_at_edge"]
+    assert record["per_kappa"]["0.0333333"]["lr"] is None
+    # an interior κ needs no extension
+    _, record = mr.refine_bigfl(form, mr.BigflSpec(other_kappas=(0.1, 1.0)), {"lr": 1.0},
+                                lambda p: abs(p["kappa"] - 0.3) + 0.01 * abs(p["lr"] - 1.0))
+    assert record["kappa"] == 0.3 and record["kappa_extended"] == [] and not record["kappa_at_edge"]

@@ -17,7 +17,8 @@ from graphfl.bench import multicenter_regime as mr
 from graphfl.tasks.holdout import validation_task
 
 FORM = mr.Form(rounds=2, seeds=2, samples=(5, 20), stds=(0.1,), nodes=(6,), lr_grid=(1.0,), fesem_warmups=(10,))
-SPEC = mr.BigflSpec(steps=(1.0,), lambdas=(0.1,), base_lam=0.1, other_kappas=(), lambda_extensions=0)
+SPEC = mr.BigflSpec(steps=(1.0,), lambdas=(0.1,), base_lam=0.1, other_kappas=(), lambda_extensions=0,
+                     kappa_extensions=0)
 A = {"nodes": 6, "samples": 5, "std": 0.1, "rounds": 2}
 B = {"nodes": 6, "samples": 20, "std": 0.1, "rounds": 2}
 VOLATILE = ("estimate", "seconds", "env")
