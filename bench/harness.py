@@ -707,8 +707,12 @@ def run_bench(bench: Bench, out: Path | None, cache_only: bool = False, cache_fo
         failures.setdefault(k, []).extend(why)
         if rec is not None:
             tuning[(_items(rec["point"]), method)] = rec
+    gone = {(c.point, c.method, c.seed) for c in run.missing if c.split == "test"}
     results = [_aggregate(bench, point, method, runs[(point, method)], used[(point, method)],
-                          failures[(point, method)], tuning) for point, method in runs]
+                          failures[(point, method)], tuning,
+                          missing=sum(r is None and (point, method, s) in gone
+                                      for s, r in zip(bench.seeds, runs[(point, method)])))
+               for point, method in runs]
     paired = _pairs(bench, runs)
     tuning_records = _tuning_records(tuning)
     joint = {(_items(p), s): run(Cell(_items(p), JOINT, s)) for p in bench.points for s in bench.seeds} \
@@ -747,7 +751,11 @@ def _compute_in_pool(bench: Bench, pending: list[Cell], run: CellRunner, progres
 
 
 def _aggregate(bench: Bench, point: tuple[tuple[str, Any], ...], method: str, runs: list[dict[str, Any] | None],
-               used: list[dict[str, Any]], failures: list[str], tuning: dict[Any, dict[str, Any]]) -> dict[str, Any]:
+               used: list[dict[str, Any]], failures: list[str], tuning: dict[Any, dict[str, Any]],
+               missing: int = 0) -> dict[str, Any]:
+    """One method at one point over the seeds: metrics, curve, params; ``failed`` counts the seeds
+    without a result, ``missing`` those of them that a cache-only report did not find (not run).
+    """
     ok = [r for r in runs if r is not None]
     finals = [bench.finals(r) if r is not None else {} for r in runs]
     metrics = {m.name: mean_sd([f.get(m.name) for f in finals if f]) for m in bench.metrics}
@@ -762,7 +770,7 @@ def _aggregate(bench: Bench, point: tuple[tuple[str, Any], ...], method: str, ru
         if bench.curve_keys else []
     return {"point": dict(point), "method": method, "params": params,
             "params_per_seed": [dict(u) if u else None for u in used],
-            "seeds": list(bench.seeds), "failed": sum(r is None for r in runs),
+            "seeds": list(bench.seeds), "failed": sum(r is None for r in runs), "missing": missing,
             "failures": failures, "skipped": skipped,
             "metrics": metrics, "curve": curve}
 

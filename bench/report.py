@@ -139,7 +139,8 @@ def render_markdown(doc: Mapping[str, Any], intro: Sequence[str] = (), sections:
         else:
             row += [_stat(r["metrics"].get(m["name"]), formats.get(m["name"], m.get("format", "auto")),
                           m.get("scale", 1.0)) for m in metrics]
-            row.append(r["failed"])
+            gone = int(r.get("missing") or 0)
+            row.append(f"{r['failed'] - gone} (+{gone} not in the cache)" if gone else r["failed"])
         rows.append(row)
     cols = axes + ["method"] + (["tuned"] if tuned else []) + [m["label"] for m in metrics] + ["failed seeds"]
     over = f"repeats {cfg['seeds']}" if cfg.get("cache") == "none" else f"seeds {cfg['seeds']}"

@@ -150,6 +150,8 @@ def test_a_test_cell_missing_from_the_cache_is_listed_and_makes_its_verdicts_not
         if m != method:
             _same(ra[m], da[m], f"results at A, {m}")
     assert da[method]["metrics"]["mse"]["n"] == 1  # the other seed only, and the report says which is missing
+    assert da[method]["failed"] == 1 and da[method]["missing"] == 1  # not run, not a failed run
+    assert "0 (+1 not in the cache)" in md and all(r["missing"] == 0 for r in ran["results"])
     assert md.count("): not testable") == len(needs)  # the verdict table says so, for these only
     if method == mr.BIGFL:  # a missing run is no evidence that φ did not move
         (diag,) = [d for d in doc["bigfl_diagnostics"] if d["point"] == A]
