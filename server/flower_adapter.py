@@ -37,7 +37,7 @@ from graphfl.common.types import Arrays, Payload
 from graphfl.flowerx import array_copies, bounded_pull, object_io
 from graphfl.server.exchange import Reply, Request
 from graphfl.server.recorder import RunRecorder
-from graphfl.server.reply_polls import ReplyPollClock, ReplyPolls
+from graphfl.server.reply_polls import ReplyPolls, poll_replies
 from graphfl.server.rounds import RunError, ServerInputs, run_federated
 
 logger = logging.getLogger(__name__)
@@ -148,17 +148,13 @@ class GridExchange:
                 logger.warning("message to %s could not be pushed to the SuperLink", k)
         out: dict[int, Message] = {}
         pulled_at: dict[int, float] = {}
-        polls = 0
-        clock = ReplyPollClock(self.polls, time.monotonic())
-        deadline = clock.since + timeout
-        while pending and time.monotonic() < deadline:
+
+        def pull(budget: float) -> int:
             before = len(pending)
-            self._pull(pending, out, pulled_at, deadline - time.monotonic())
-            polls += 1
-            now = time.monotonic()
-            clock.pulled(now, got_reply=len(pending) < before)
-            if pending:
-                time.sleep(min(clock.next_wait(now), max(0.0, deadline - now)))
+            self._pull(pending, out, pulled_at, budget)
+            return before - len(pending)
+
+        polls = poll_replies(pull, lambda: bool(pending), self.polls, timeout)
         if pending:  # replies that arrived while a half-pushed one used up the deadline: one last, short pull
             self._pull(pending, out, pulled_at, FINAL_PULL_S)
         self._trace(messages, t_start, t_pushed, pulled_at, polls)

@@ -13,8 +13,8 @@ fraction of the time already spent waiting:
 
 where :math:`t_{\text{last}}` is the start of the exchange or the last pull that brought a reply.
 A reply that arrives during a wait is therefore seen at most :math:`\max(w_{\min}, f\,\Delta)`
-(capped at :math:`w_{\max}`) late, :math:`\Delta` being how long the ServerApp had already waited
-for it: rounds shorter than :math:`w_{\min}/f` poll exactly as with a constant :math:`w_{\min}`,
+(capped at :math:`w_{\max}`) plus the duration of one pull late, :math:`\Delta` being how long
+the ServerApp had already waited for it: rounds shorter than :math:`w_{\min}/f` poll exactly as with a constant :math:`w_{\min}`,
 and a long round makes :math:`O(\log(\Delta f / w_{\min})/f + \Delta / w_{\max})` requests
 instead of :math:`\Delta / w_{\min}`. Replies of one round tend to arrive together, so the
 wait drops back to :math:`w_{\min}` after every pull that brought one.
@@ -23,6 +23,8 @@ wait drops back to :math:`w_{\min}` after every pull that brought one.
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -76,3 +78,24 @@ class ReplyPollClock:
     def next_wait(self, now: float) -> float:
         """Seconds to sleep before the next pull."""
         return self.polls.wait(now - self.since)
+
+
+def poll_replies(pull: Callable[[float], int], outstanding: Callable[[], bool], polls: ReplyPolls, timeout: float,
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> int:
+    """Pull until nothing is ``outstanding()`` or ``timeout`` s have passed, waiting as ``polls`` says.
+
+    ``pull(budget)`` makes one pull with ``budget`` s left before the deadline and returns how many
+    replies it brought (a pull that brought one restarts the wait). No wait runs past the deadline.
+    Returns the number of pulls made.
+    """
+    state = ReplyPollClock(polls, clock())
+    deadline = state.since + timeout
+    made = 0
+    while outstanding() and clock() < deadline:
+        got = pull(deadline - clock())
+        made += 1
+        now = clock()
+        state.pulled(now, got_reply=got > 0)
+        if outstanding():
+            sleep(min(state.next_wait(now), max(0.0, deadline - now)))
+    return made
