@@ -883,6 +883,9 @@ def retune_bigfl_step(task: str, rounds: int, seed: int, form: Form, chosen: Map
 
 KAPPA_FACTOR = 3.0
 """Ratio between a winning edge of BiG-FL's κ grid and the κ tried beyond it (the grid is about ×3 apart)."""
+KAPPA_RTOL = 1e-6
+"""Relative margin by which another κ's validation MSE must beat the chosen κ's to replace it (a tie,
+up to float noise, keeps the κ the earlier passes were tuned at)."""
 
 
 def retune_bigfl_kappa(task: str, rounds: int, seed: int, form: Form, chosen: Mapping[str, Any],
@@ -896,9 +899,9 @@ def retune_bigfl_kappa(task: str, rounds: int, seed: int, form: Form, chosen: Ma
     from the cache); a winning edge is searched beyond by ``form.bigfl_kappa_extensions`` more κ
     (÷ or × :data:`KAPPA_FACTOR`, :func:`~graphfl.bench.tuning.search_grid`). A run whose lower
     level lost strong convexity (:func:`bigfl_inadmissible`) or failed scores ``None``. Another κ
-    replaces the chosen one only when strictly better. When the step pass did not run (λ and α
-    are the defaults the first pass compared κ at), nothing runs. The step is not searched again
-    at a new κ (the result says so).
+    replaces the chosen one only when better by more than :data:`KAPPA_RTOL` (relative). When
+    the step pass did not run (λ and α are the defaults the first pass compared κ at), nothing
+    runs. The step is not searched again at a new κ (the result says so).
 
     Returns the validation MSE per κ (keys ``:g``), the κ run beyond the grid, the excluded κ with
     their reason, the chosen ``kappa`` and whether the pass ran.
@@ -935,7 +938,7 @@ def retune_bigfl_kappa(task: str, rounds: int, seed: int, form: Form, chosen: Ma
         return {"ran": True, "kappa": kappa0, "val_mse": {}, "extended": [], "excluded": excluded,
                 "all_failed": str(exc)}
     at_chosen, best_score = found.scores.get(kappa0), found.scores[found.chosen]
-    better = best_score is not None and (at_chosen is None or best_score < at_chosen)
+    better = best_score is not None and (at_chosen is None or best_score < at_chosen * (1 - KAPPA_RTOL))
     kappa = found.chosen if better else kappa0
     logger.info("B2 tuning bigfl: kappa at %s: %g (before %g)", settings, kappa, kappa0)
     return {"ran": True, "kappa": kappa, "first_pass_kappa": kappa0, "val_mse": found.grid_scores(),
@@ -1923,7 +1926,8 @@ def render_markdown(doc: dict[str, Any]) -> str:
             continue
         alphas = b["grid"]["alpha"]
         if "kappa_step_grid_val_mse" in b:
-            lines += ["", f"BiG-FL κ (proximal ridge) with its own step (val MSE per step; chosen κ = {b['kappa']:g}): "
+            lines += ["", f"BiG-FL κ (proximal ridge) with its own step (val MSE per step; first-pass κ = {b['kappa']:g}"
+                      f"{_kappa_pass_note(b)}): "
                       + "; ".join(f"{k}: " + ", ".join(f"{s}: {'–' if v is None else f'{v:.4f}'}"
                                                         for s, v in row["lr_grid_val_mse"].items())
                                   + f" (step {row['lr']:g})" for k, row in b["kappa_step_grid_val_mse"].items())]
@@ -1981,6 +1985,12 @@ def _second_pass_note(entry: Mapping[str, Any]) -> str:
     """`` (second pass: <step>)`` when BiG-FL's step was searched again and changed."""
     sp = entry.get("step_second_pass") or {}
     return f" (second pass: {sp['lr']:g})" if sp.get("ran") and sp.get("lr") != entry.get("lr") else ""
+
+
+def _kappa_pass_note(entry: Mapping[str, Any]) -> str:
+    """``, final κ = <κ> (κ pass)`` when BiG-FL's κ was searched again and changed."""
+    kp = entry.get("kappa_second_pass") or {}
+    return f", final κ = {kp['kappa']:g} (κ pass)" if kp.get("ran") and kp.get("kappa") != entry.get("kappa") else ""
 
 
 def _second_pass_lines(sp: Mapping[str, Any] | None) -> list[str]:

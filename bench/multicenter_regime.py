@@ -58,7 +58,8 @@ graph is the task's client graph: the 4-NN graph (symmetrised by union) of the c
 samples, i.e. of their true task vectors (an oracle graph). Its settings (:class:`BigflSpec`):
 α fixed (not tuned per point); at λ = :attr:`BigflSpec.base_lam` the step by the form's search at
 κ = :attr:`BigflSpec.kappa` (a step outside :attr:`BigflSpec.steps` is not run: "skipped"), each
-further κ with its best step of the form's grid (:func:`refine_bigfl`), then λ from
+further κ with its best step of the form's grid, a κ winning at an edge of those tried searched
+beyond it (:func:`refine_bigfl`), then λ from
 :attr:`BigflSpec.lambdas` (all > 0, :func:`~graphfl.bench.multicenter.check_bigfl_grid`) at the
 best (κ, step) pair, on the same validation view, seed and budget as the other methods. A validation
 run whose lower level is not strongly convex in some round is stopped there and excluded
@@ -735,10 +736,13 @@ def _complete_points(form: Form, seed: int, bigfl: BigflSpec | None, out: Path |
 
 
 def _estimate(bench: Bench, form: Form, bigfl: BigflSpec) -> float:
-    """Upper bound of the BiG-FL form's seconds when nothing is cached: every point's BiG-FL step and λ
-    searches and its test runs, each for every round.
+    """Upper bound of the BiG-FL form's seconds when nothing is cached: every point's BiG-FL step
+    search (one extension), κ with its best step (the extensions beyond the κ grid included), λ
+    search (its extensions included) and test runs, each for every round.
     """
-    per_point = len(form.lr_grid) + 1 + len(bigfl.other_kappas) * len(form.lr_grid) + len(bigfl.lambdas) - 1 + form.seeds
+    kappas = len(bigfl.other_kappas) + bigfl.kappa_extensions
+    per_point = (len(form.lr_grid) + 1 + kappas * len(form.lr_grid) + len(bigfl.lambdas) - 1
+                 + bigfl.lambda_extensions + form.seeds)
     return float(len(bench.points) * per_point * form.rounds * bigfl.seconds_per_round)
 
 
@@ -842,7 +846,8 @@ def _write(out: Path, doc: dict[str, Any], form: Form, bigfl: BigflSpec | None =
     sections += ["## Verdicts (computed from the paired per-seed differences)", "",
                  f"FeSEM − reference: mean difference of test MSE (seeds where FeSEM is better / expected seeds): "
                  f"verdict. `wins` = better on every seed and |mean| > {TIE_BAND:.0%} of the reference's mean; "
-                 "`loses` = the reverse; otherwise `tie`.", "", markdown_table(vrows, list(vrows[0])), ""]
+                 "`loses` = the reverse; otherwise `tie`. `best`: the lowest mean test MSE among the methods "
+                 "with a finite result on every seed.", "", markdown_table(vrows, list(vrows[0])), ""]
     for ref in REFERENCES:
         if ref not in form.methods:
             continue

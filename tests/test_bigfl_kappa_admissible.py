@@ -246,5 +246,10 @@ def test_b2_bigfl_kappa_pass_keeps_kappa_on_a_tie_and_skips_without_a_step_pass(
     chosen = {"lr": 1.0, "bigfl.lam": 0.01, "bigfl.alpha": 0.02, "bigfl.kappa": 0.3}
     kp = mc.retune_bigfl_kappa("t+val", 2, 0, mc.QUICK, chosen, {"ran": True})
     assert kp["kappa"] == 0.3 and kp["ran"]  # every κ ties: the chosen one stays
+    monkeypatch.setattr(mc, "run_any", lambda *a, **k: _run(0.1 - (1e-12 if a[5]["bigfl.kappa"] == 1.0 else 0),
+                                                            [0.2, 0.2]))
+    assert mc.retune_bigfl_kappa("t+val", 2, 0, mc.QUICK, chosen, {"ran": True})["kappa"] == 0.3  # float noise
+    assert mc._kappa_pass_note({"kappa": 0.3, "kappa_second_pass": {"ran": True, "kappa": 0.1}}) == \
+        ", final κ = 0.1 (κ pass)"
     assert mc.retune_bigfl_kappa("t+val", 2, 0, mc.QUICK, chosen, {"ran": False}) == {
         "ran": False, "kappa": 0.3, "val_mse": {}, "extended": [], "excluded": {}}

@@ -225,3 +225,13 @@ def test_kappa_winning_its_lower_edge_is_searched_beyond_it() -> None:
     _, record = mr.refine_bigfl(form, mr.BigflSpec(other_kappas=(0.1, 1.0)), {"lr": 1.0},
                                 lambda p: abs(p["kappa"] - 0.3) + 0.01 * abs(p["lr"] - 1.0))
     assert record["kappa"] == 0.3 and record["kappa_extended"] == [] and not record["kappa_at_edge"]
+
+
+def test_estimate_counts_every_validation_and_test_run_of_a_point() -> None:
+    form, spec = mr.BIGFL_FORM, mr.BigflSpec()
+    bench = mr.declare(form, 0, spec, only=mr.bigfl_points(form)[:1])
+    runs = (len(form.lr_grid) + 1  # step search, one extension
+            + (len(spec.other_kappas) + spec.kappa_extensions) * len(form.lr_grid)  # κ, each with its steps
+            + len(spec.lambdas) - 1 + spec.lambda_extensions  # λ (the base λ's run is the step search's)
+            + form.seeds)  # test runs
+    assert mr._estimate(bench, form, spec) == runs * form.rounds * spec.seconds_per_round
