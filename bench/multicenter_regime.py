@@ -58,10 +58,10 @@ graph is the task's client graph: the 4-NN graph (symmetrised by union) of the c
 samples, i.e. of their true task vectors (an oracle graph). Its settings (:class:`BigflSpec`):
 α fixed (not tuned per point); at λ = :attr:`BigflSpec.base_lam` the step by the form's search at
 κ = :attr:`BigflSpec.kappa` (a step outside :attr:`BigflSpec.steps` is not run: "skipped"), each
-further κ with its best step of the form's grid, a κ winning at an edge of those tried searched
-beyond it (:func:`refine_bigfl`), then λ from
+further κ with its best step of the form's grid (:func:`refine_bigfl`), then λ from
 :attr:`BigflSpec.lambdas` (all > 0, :func:`~graphfl.bench.multicenter.check_bigfl_grid`) at the
-best (κ, step) pair, on the same validation view, seed and budget as the other methods. A validation
+best (κ, step) pair, then κ beyond a winning edge of the κ grid at that λ (kept only when it
+lowers the validation MSE), on the same validation view, seed and budget as the other methods. A validation
 run whose lower level is not strongly convex in some round is stopped there and excluded
 (:func:`~graphfl.bench.multicenter.tuning_stop_rule`, :func:`~graphfl.bench.multicenter.bigfl_inadmissible`);
 with no admissible setting the test cells are not run. Per test run the final ``‖φ − I‖_F``
@@ -166,8 +166,9 @@ class BigflSpec:
     lambda_extensions: int = 2
     """λ tried beyond a winning edge of :attr:`lambdas` (÷ or × 10, :func:`~graphfl.bench.tuning.search_grid`)."""
     kappa_extensions: int = 1
-    """κ tried beyond a winning edge of the κ grid (:attr:`kappa` and :attr:`other_kappas`; ÷ or × 3),
-    each with its best step of the form's ``lr_grid``."""
+    """κ tried beyond the chosen κ when it is an edge of the κ grid (:attr:`kappa` and
+    :attr:`other_kappas`; ÷ or × 3), after λ's search and at the chosen λ, each with its best step of
+    the form's ``lr_grid`` (:func:`refine_bigfl`)."""
     seconds_per_round: float = 1.0
     """Measured seconds per BiG-FL round at 20 clients on one core (the time estimate)."""
 
@@ -432,48 +433,43 @@ def refine_bigfl(form: Form, bigfl: BigflSpec, params: dict[str, Any],
     """BiG-FL's κ and λ on validation after its step search at κ = :attr:`BigflSpec.kappa`.
 
     Each κ of :attr:`BigflSpec.other_kappas` gets its best step of ``form.lr_grid`` (at
-    :attr:`BigflSpec.base_lam`); a κ that wins at an edge of the κ tried is searched beyond it
-    (÷ or × 3, at most :attr:`BigflSpec.kappa_extensions` more, each with its best step;
-    ``kappa_at_edge`` when still unbracketed); the (κ, step) pair with the lowest validation MSE is kept, then λ
+    :attr:`BigflSpec.base_lam`); the (κ, step) pair with the lowest validation MSE is kept, then λ
     from :attr:`BigflSpec.lambdas` at that pair, searched beyond a winning edge (÷ or × 10, at most
-    :attr:`BigflSpec.lambda_extensions` more; ``lambda_at_edge`` when still unbracketed).
-    Excluded (inadmissible) and failed runs score ``None`` and are never chosen; with no
+    :attr:`BigflSpec.lambda_extensions` more; ``lambda_at_edge`` when still unbracketed). Then, when
+    the chosen κ is at an edge of the κ tried, κ is searched beyond it at the chosen λ (÷ or × 3, at
+    most :attr:`BigflSpec.kappa_extensions` more, each with its best step of ``form.lr_grid``); a
+    κ beyond replaces the chosen (κ, step) only when its validation MSE at that λ is lower by more
+    than :data:`~graphfl.bench.multicenter.KAPPA_RTOL` (relative), so each pass can only lower the
+    validation MSE of the final setting (``kappa_at_edge``: the chosen κ is still the smallest or
+    the largest tried). Excluded (inadmissible) and failed runs score ``None`` and are never chosen; with no
     admissible setting ``lam`` is ``None`` (the test cells are then not run).
     """
-    from .multicenter import KAPPA_FACTOR, LAMBDA_FACTOR
+    from .multicenter import KAPPA_FACTOR, KAPPA_RTOL, LAMBDA_FACTOR
 
     base = {"lr": params["lr"], "kappa": bigfl.kappa}
     pairs: dict[tuple[float, float], float | None] = {(bigfl.kappa, float(params["lr"])): evaluate(base)}
     per_kappa: dict[str, Any] = {f"{bigfl.kappa:g}": {"lr": params["lr"], "from": "step search"}}
 
-    def with_best_step(k: float) -> None:
-        steps = {float(s): evaluate({"lr": float(s), "kappa": k}) for s in form.lr_grid}
+    def best_step(k: float, lam: float | None = None) -> tuple[tuple[float, float] | None, dict[str, float | None]]:
+        """κ = ``k``'s best (step, validation MSE) of ``form.lr_grid`` (``None``: none admissible), and
+        every step's score.
+        """
+        at_lam = {} if lam is None else {"lam": lam}
+        steps = {float(s): evaluate({"lr": float(s), "kappa": k, **at_lam}) for s in form.lr_grid}
         ok = _finite(steps)
         best = min(ok, key=lambda s: ok[s]) if ok else None
-        per_kappa[f"{k:g}"] = {"lr": best, "validation_mse": {f"{s:g}": v for s, v in steps.items()}}
-        if best is not None:
-            pairs[(k, best)] = ok[best]
+        return (None if best is None else (best, ok[best])), {f"{s:g}": v for s, v in steps.items()}
 
     for k in bigfl.other_kappas:
-        with_best_step(k)
-    kappa_extended: list[float] = []
-    tried = [bigfl.kappa, *bigfl.other_kappas]
-    kappa_at_edge = False
-    while _finite(pairs):  # a κ winning at an edge of what was tried is searched beyond it (÷ or × 3)
-        okp = _finite(pairs)
-        best_kappa = min(okp, key=lambda kp: okp[kp])[0]
-        low, high = best_kappa == min(tried), best_kappa == max(tried)
-        kappa_at_edge = low or high
-        if not kappa_at_edge or len(kappa_extended) >= bigfl.kappa_extensions:
-            break
-        nxt = float(f"{(best_kappa / KAPPA_FACTOR if low else best_kappa * KAPPA_FACTOR):.6g}")
-        kappa_extended.append(nxt)
-        tried.append(nxt)
-        with_best_step(nxt)
+        best, scores = best_step(k)
+        per_kappa[f"{k:g}"] = {"lr": None if best is None else best[0], "validation_mse": scores}
+        if best is not None:
+            pairs[(k, best[0])] = best[1]
     okp = _finite(pairs)
+    tried = [bigfl.kappa, *bigfl.other_kappas]
     record: dict[str, Any] = {"per_kappa": per_kappa, "alpha": bigfl.alpha, "step_search_lam": bigfl.base_lam,
-                              "kappa_grid": [bigfl.kappa, *bigfl.other_kappas], "kappa_extended": kappa_extended,
-                              "kappa_at_edge": kappa_at_edge, "lambda_grid": list(bigfl.lambdas)}
+                              "kappa_grid": list(tried), "kappa_extended": [], "kappa_at_edge": False,
+                              "lambda_grid": list(bigfl.lambdas)}
     if not okp:
         record.update(kappa=None, lam=None, validation_mse={})
         return {**base, "lam": None}, record
@@ -486,13 +482,29 @@ def refine_bigfl(form: Form, bigfl: BigflSpec, params: dict[str, Any],
         record.update(kappa=kappa, lr=lr, lam=None, validation_mse={str(v): None for v in bigfl.lambdas},
                       lambda_extended=[], lambda_at_edge=False)
         return {**at, "lam": None}, record
-    record.update(kappa=kappa, lr=lr, lam=found.chosen,
-                  validation_mse={str(v): found.scores[v] for v in sorted(found.scores)},
+    lam = found.chosen
+    record.update(lam=lam, validation_mse={str(v): found.scores[v] for v in sorted(found.scores)},
                   lambda_extended=list(found.extended), lambda_at_edge=found.at_edge)
     if found.at_edge:
-        logger.warning("%s BiG-FL: lambda %g still wins at the edge of what was tried %s", NAME, found.chosen,
+        logger.warning("%s BiG-FL: lambda %g still wins at the edge of what was tried %s", NAME, lam,
                        sorted(found.scores))
-    return {**at, "lam": found.chosen}, record
+    score = found.scores[lam]
+    assert score is not None  # search_grid chooses a finite score
+    while len(record["kappa_extended"]) < bigfl.kappa_extensions and kappa in (min(tried), max(tried)):
+        nxt = float(f"{(kappa / KAPPA_FACTOR if kappa == min(tried) else kappa * KAPPA_FACTOR):.6g}")
+        tried.append(nxt)
+        record["kappa_extended"].append(nxt)
+        best, scores = best_step(nxt, lam)
+        per_kappa[f"{nxt:g}"] = {"lr": None if best is None else best[0], "validation_mse": scores,
+                                 "at_lambda": lam}
+        if best is None or not best[1] < score * (1 - KAPPA_RTOL):
+            break
+        kappa, (lr, score) = nxt, best
+        logger.info("%s BiG-FL: kappa %g (step %g) beyond the kappa tried is better at lambda %g: %.4g",
+                    NAME, kappa, lr, lam, score)
+    record["kappa_at_edge"] = kappa in (min(tried), max(tried))  # unbracketed on at least one side
+    record.update(kappa=kappa, lr=lr, validation_mse_final=score)
+    return {"lr": lr, "kappa": kappa, "lam": lam}, record
 
 
 def declare(form: Form, seed: int, bigfl: BigflSpec | None = None,
@@ -703,8 +715,9 @@ def bigfl_settings(form: Form, bigfl: BigflSpec) -> list[str]:
         f"lambda for both levels; lambda = 0 is BiG-FL disabled and never in the grid; a winning edge searched "
         f"beyond, /10 or x10, at most {bigfl.lambda_extensions} more) at the best (kappa, step) "
         f"pair, where kappa {list(bigfl.other_kappas)} each get their best step of {list(form.lr_grid)} (not "
-        f"extended) at the same lambda, and a kappa winning at an edge of those tried is searched beyond it (/3 or "
-        f"x3, at most {bigfl.kappa_extensions} more, each with its best step)",
+        f"extended) at the same lambda; then, at the chosen lambda, a kappa at an edge of those tried is searched "
+        f"beyond it (/3 or x3, at most {bigfl.kappa_extensions} more, each with its best step) and replaces it only "
+        "when its validation MSE is lower",
         "BiG-FL: a validation run whose lower level is not strongly convex in some round (ll_min_curvature <= 0, "
         "C2 c) is stopped at that round and excluded from the choice; with no admissible setting BiG-FL's test "
         "cells are not run (reported not testable, never replaced by another method)",

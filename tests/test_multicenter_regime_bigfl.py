@@ -202,29 +202,53 @@ def test_best_method_needs_a_result_on_every_seed() -> None:
     assert mr.verdicts(doc, form, runs, spec)[0]["best"] == "Local"
 
 
-def test_kappa_winning_its_lower_edge_is_searched_beyond_it() -> None:
+def test_kappa_at_its_grid_edge_is_searched_beyond_it_at_the_chosen_lambda() -> None:
     form = mr.BIGFL_FORM
     spec = mr.BigflSpec()  # κ 0.3 (step search), 0.1; one κ beyond a winning edge
+    seen: list[dict] = []
 
-    def evaluate(params: dict) -> float | None:  # smaller κ is better down to 0.0333, step 1 best
-        kappa, lr = params["kappa"], params["lr"]
-        return kappa + 0.01 * abs(lr - 1.0) + 0.001 * params.get("lam", 0.1)
+    def evaluate(params: dict) -> float | None:  # smaller κ is better down to 0.0333, step 1 best, λ 0.01 best
+        seen.append(dict(params))
+        kappa, lr, lam = params["kappa"], params["lr"], params.get("lam", 0.1)
+        return kappa + 0.01 * abs(lr - 1.0) + 0.01 * abs(np.log10(lam) + 2.0)
 
     settings, record = mr.refine_bigfl(form, spec, {"lr": 1.0}, evaluate)
     assert record["kappa_extended"] == [0.0333333] and record["kappa_at_edge"]
-    assert settings["kappa"] == 0.0333333 and settings["lr"] == 1.0 and record["kappa"] == 0.0333333
-    assert set(record["per_kappa"]["0.0333333"]["validation_mse"]) == {f"{s:g}" for s in form.lr_grid}
+    assert settings == {"lr": 1.0, "kappa": 0.0333333, "lam": 0.01} and record["kappa"] == 0.0333333
+    beyond = record["per_kappa"]["0.0333333"]
+    assert beyond["at_lambda"] == 0.01 and set(beyond["validation_mse"]) == {f"{s:g}" for s in form.lr_grid}
+    assert all(p.get("lam") == 0.01 for p in seen if p["kappa"] == 0.0333333)  # run at the chosen λ
+    assert record["validation_mse_final"] == pytest.approx(evaluate({"kappa": 0.0333333, "lr": 1.0, "lam": 0.01}))
 
     def inadmissible_below(params: dict) -> float | None:  # κ 0.0333 loses strong convexity at every step
         return None if params["kappa"] < 0.05 else evaluate(params)
 
     settings, record = mr.refine_bigfl(form, spec, {"lr": 1.0}, inadmissible_below)
-    assert settings["kappa"] == 0.1 and record["kappa_extended"] == [0.0333333] and not record["kappa_at_edge"]
+    assert settings == {"lr": 1.0, "kappa": 0.1, "lam": 0.01}
+    assert record["kappa_extended"] == [0.0333333] and not record["kappa_at_edge"]
     assert record["per_kappa"]["0.0333333"]["lr"] is None
     # an interior κ needs no extension
     _, record = mr.refine_bigfl(form, mr.BigflSpec(other_kappas=(0.1, 1.0)), {"lr": 1.0},
                                 lambda p: abs(p["kappa"] - 0.3) + 0.01 * abs(p["lr"] - 1.0))
     assert record["kappa"] == 0.3 and record["kappa_extended"] == [] and not record["kappa_at_edge"]
+
+
+def test_kappa_beyond_the_grid_never_raises_the_final_validation_mse() -> None:
+    """κ 0.0333 wins at the base λ 0.1 but not at the λ chosen for κ 0.1: the κ pass runs at the
+    chosen λ, so it keeps κ 0.1 (a κ chosen at the base λ and its own λ search would end at 0.127
+    while κ 0.1 with λ 0.01 reaches 0.090, as seen at m = 100, std 0.05)."""
+    table = {(0.1, 0.1): 0.144, (0.1, 0.01): 0.090, (0.1, 0.001): 0.098, (0.1, 1.0): 2.0, (0.1, 10.0): None,
+             (0.3, 0.1): 0.227, (0.0333333, 0.1): 0.127, (0.0333333, 0.01): 0.197}
+
+    def evaluate(params: dict) -> float | None:
+        if params["lr"] != 1.0:
+            return None
+        return table.get((params["kappa"], params.get("lam", 0.1)))
+
+    settings, record = mr.refine_bigfl(mr.BIGFL_FORM, mr.BigflSpec(), {"lr": 1.0}, evaluate)
+    assert settings == {"lr": 1.0, "kappa": 0.1, "lam": 0.01}
+    assert record["validation_mse_final"] == 0.090 and record["kappa_extended"] == [0.0333333]
+    assert not record["kappa_at_edge"]
 
 
 def test_estimate_counts_every_validation_and_test_run_of_a_point() -> None:
