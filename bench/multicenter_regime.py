@@ -927,8 +927,9 @@ def _bigfl_sections(doc: dict[str, Any], pts: list[dict[str, Any]]) -> list[str]
         ref = t.get("refined") or {}
         steps = ", ".join(f"{k}: {'–' if v is None else f'{v:.4g}'}" for k, v in (t.get("scores") or {}).items())
         lams = ", ".join(f"{k}: {'–' if v is None else f'{v:.4g}'}" for k, v in (ref.get("validation_mse") or {}).items())
-        kap = "; ".join(f"κ {k}: " + ", ".join(f"{s}: {'–' if v is None else f'{v:.4g}'}"
-                                               for s, v in (e.get("validation_mse") or {}).items())
+        kap = "; ".join(f"κ {k}" + ("" if e.get("at_lambda") is None else f" (at λ {e['at_lambda']:g})") + ": "
+                        + ", ".join(f"{s}: {'–' if v is None else f'{v:.4g}'}"
+                                    for s, v in (e.get("validation_mse") or {}).items())
                         for k, e in (ref.get("per_kappa") or {}).items() if e.get("validation_mse"))
         trows.append({"point": _where(t["point"]), "val MSE per step (κ first)": steps or "–",
                       "val MSE per step, other κ": kap or "–",
