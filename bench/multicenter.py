@@ -915,20 +915,13 @@ def retune_bigfl_kappa(task: str, rounds: int, seed: int, form: Form, chosen: Ma
     excluded: dict[str, str] = {}
     phi: dict[str, float | None] = {}
 
-    def score(kappa: float) -> float | None:
-        run = _try(f"tuning bigfl kappa={kappa:g}", "bigfl", task, NODES, rounds, seed,
-                   {**settings, "bigfl.kappa": kappa}, TRAIN)
-        if run is None:
-            return None
-        why = bigfl_inadmissible(run)
-        phi[f"{kappa:g}"] = _server_metric(run["curve"][-1], "phi_minus_identity")
-        if why is not None:
-            logger.warning("B2 tuning bigfl kappa=%g at %s on %s: %s", kappa, settings, task, why)
-            excluded[f"kappa={kappa:g}"] = why
-            return None
-        value = val_score(run, False)
-        logger.info("B2 tuning bigfl: kappa %g at %s: val MSE %.4g", kappa, settings, value)
-        return value if np.isfinite(value) else None
+    def score(kappa: float) -> float | None:  # the λ × α stage's validation cell, at this κ
+        why: dict[str, str] = {}
+        value, phi[f"{kappa:g}"] = _bigfl_grid_cell(task, rounds, seed, settings["lr"], settings["bigfl.lam"],
+                                                    settings["bigfl.alpha"], kappa, why)
+        excluded.update({f"kappa={kappa:g}": reason for reason in why.values()})
+        logger.info("B2 tuning bigfl: kappa %g at %s: val MSE %s", kappa, settings, value)
+        return value
 
     try:
         found = search_grid(score, (*form.bigfl_kappas, kappa0), factor=KAPPA_FACTOR,
