@@ -70,6 +70,39 @@ def test_bbbp_form_is_declared_as_written():
     assert any("both classes" in line for line in bh.unspecified(form))
 
 
+def test_bbbp_r20_form_is_the_bbbp_form_at_20_rounds_and_the_papers_skew():
+    form = bh.FORMS["personal-bbbp-r20"]
+    assert form is bh.PERSONAL_BBBP_R20
+    changed = {f.name for f in dataclasses.fields(form) if getattr(form, f.name) != getattr(bh.PERSONAL_BBBP, f.name)}
+    assert changed == {"rounds", "dirichlet"}
+    assert (form.rounds, form.dirichlet) == (20, (0.5,))
+    bench, short = bh.declare(form, seed=0), bh.declare(bh.PERSONAL_BBBP, seed=0)
+    assert bench.points == [{"task": "bbbp", "dirichlet": 0.5}]
+    v = bh.run_values("APFLGate", "bbbp", form, 0, 0.5, {"lr": 0.1, "alpha": 0.25, "tau": 10.0})
+    assert (v["rounds"], v["train.local-steps"], v["nodes"]) == (20, 4, 16)
+    assert any(line.startswith("20 rounds, 4 local SGD steps") for line in bh.unspecified(form))
+    # a 5-round cell of the quick-scale form is never read back as a 20-round one (a constant
+    # predictor trains nothing: its cells are shared)
+    point = tuple(sorted(bench.points[0].items()))
+    trained = [m for m in form.methods if m not in bh.CONSTANTS]
+    assert trained and len(trained) == len(form.methods) - 1
+    for method in trained:
+        for split in ("val", "test"):
+            cell = Cell(point, method, 0, (("lr", 0.1),), split)
+            assert bench.key(cell) != short.key(cell)
+
+
+def test_bbbp_r20x16_form_only_adds_local_steps():
+    form = bh.FORMS["personal-bbbp-r20x16"]
+    changed = {f.name for f in dataclasses.fields(form) if getattr(form, f.name) != getattr(bh.PERSONAL_BBBP_R20, f.name)}
+    assert changed == {"local_steps"} and form.local_steps == 16
+    assert bh.tau_grid_problem(form) is None
+    v = bh.run_values("FedGATE", "bbbp", form, 0, 0.5, {"lr": 0.1, "tau": 10.0})
+    assert (v["rounds"], v["train.local-steps"]) == (20, 16)
+    assert any(line.startswith("20 rounds, 16 local SGD steps") for line in bh.unspecified(form))
+    assert any("multiple of R = 16 local steps" in line for line in bh.unspecified(form))
+
+
 def test_unknown_task_or_metric_is_refused_by_name():
     with pytest.raises(ValueError, match="unknown tasks"):
         bh.declare(dataclasses.replace(bh.PERSONAL_BBBP, tasks=("ciao",)), seed=0)
