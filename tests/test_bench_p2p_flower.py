@@ -28,6 +28,28 @@ def test_synthetic_vector_model_is_all_payload() -> None:
     torch.testing.assert_close(model.theta.detach(), torch.as_tensor(data.y_train).mean(0))
 
 
+@pytest.mark.parametrize("shape", [(3, 7), (1, 5), (2, 1)])
+def test_half_squared_error_is_the_explicit_formula(shape: tuple[int, int]) -> None:
+    """The fused loss equals ½ mean over rows of ‖output − target‖², value and gradient."""
+    import torch
+
+    from graphfl.tasks.models import HalfSquaredError
+
+    gen = torch.Generator().manual_seed(sum(shape))
+    output = torch.randn(shape, generator=gen, dtype=torch.float64, requires_grad=True)
+    target = torch.randn(shape, generator=gen, dtype=torch.float64)
+    fused = HalfSquaredError()(output, target)
+    (grad,) = torch.autograd.grad(fused, output)
+    explicit = 0.5 * ((output - target) ** 2).sum(dim=1).mean()
+    (grad_explicit,) = torch.autograd.grad(explicit, output)
+    torch.testing.assert_close(fused, explicit)
+    torch.testing.assert_close(grad, grad_explicit)
+    # on VectorModel's broadcast rows the gradient in θ is θ − mean(target)
+    theta = torch.randn(shape[1], generator=gen, dtype=torch.float64, requires_grad=True)
+    (g_theta,) = torch.autograd.grad(HalfSquaredError()(theta.expand(shape[0], -1), target), theta)
+    torch.testing.assert_close(g_theta, theta.detach() - target.mean(0))
+
+
 @pytest.mark.e2e
 def test_flower_round_moves_the_same_bytes_as_the_ring(tmp_path: Path) -> None:
     d, n = 1000, 2
