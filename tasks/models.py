@@ -134,13 +134,13 @@ class HalfSquaredError(nn.Module):
     """``½ ‖output − target‖²`` per row (summed over coordinates), averaged over rows.
 
     Its gradient in ``θ`` for :class:`VectorModel` is ``θ − mean(target)``, independent of ``d``.
-    Computed as ``½ · mse_loss(output, target, reduction="sum") / rows``, torch's fused squared
-    error (one elementwise kernel each way), which on a model-sized ``d`` takes about half the
-    time of the explicit ``((output − target) ** 2).sum(1).mean()`` (a subtraction and a power
-    forward, three elementwise products backward) and holds fewer ``rows × d`` temporaries alive
-    at once.
+    Computed as ``½ · mse_loss(output, target, reduction="sum") / rows`` (torch's fused squared
+    error, which reads :class:`VectorModel`'s broadcast rows in place). ``output`` and ``target``
+    must be ``(rows, d)`` of the same shape; no rows gives NaN.
     """
 
     def forward(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        rows = output.shape[0] if output.dim() > 1 else 1
-        return 0.5 * nn.functional.mse_loss(output, target, reduction="sum") / rows
+        if output.dim() != 2 or output.shape != target.shape:
+            raise ValueError(f"HalfSquaredError: output {tuple(output.shape)} and target {tuple(target.shape)} "
+                             "must both be (rows, d) of the same shape")
+        return 0.5 * nn.functional.mse_loss(output, target, reduction="sum") / output.shape[0]

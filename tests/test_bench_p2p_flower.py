@@ -50,6 +50,19 @@ def test_half_squared_error_is_the_explicit_formula(shape: tuple[int, int]) -> N
     torch.testing.assert_close(g_theta, theta.detach() - target.mean(0))
 
 
+def test_half_squared_error_refuses_other_shapes_and_gives_nan_on_no_rows() -> None:
+    import torch
+
+    from graphfl.tasks.models import HalfSquaredError
+
+    loss = HalfSquaredError()
+    assert torch.isnan(loss(torch.zeros(0, 3), torch.zeros(0, 3)))
+    for out, tgt in ((torch.zeros(3), torch.zeros(3)), (torch.zeros(2, 3, 4), torch.zeros(2, 3, 4)),
+                     (torch.zeros(1, 3), torch.zeros(2, 3))):
+        with pytest.raises(ValueError, match=r"must both be \(rows, d\) of the same shape"):
+            loss(out, tgt)
+
+
 @pytest.mark.e2e
 def test_flower_round_moves_the_same_bytes_as_the_ring(tmp_path: Path) -> None:
     d, n = 1000, 2
