@@ -85,6 +85,8 @@ def test_bbbp_r20_form_is_the_bbbp_form_at_20_rounds():
     point = tuple(sorted(bench.points[0].items()))
     trained = [m for m in form.methods if m not in bh.CONSTANTS]
     assert trained and len(trained) == len(form.methods) - 1
+    const = Cell(point, "Const-pooled", 0, (), "test")
+    assert bench.key(const) == short.key(const)
     for method in trained:
         for split in ("val", "test"):
             cell = Cell(point, method, 0, (("lr", 0.1),), split)
