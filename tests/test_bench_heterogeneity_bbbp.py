@@ -70,13 +70,13 @@ def test_bbbp_form_is_declared_as_written():
     assert any("both classes" in line for line in bh.unspecified(form))
 
 
-def test_bbbp_r20_form_is_the_bbbp_form_at_20_rounds():
+def test_bbbp_r20_form_is_the_bbbp_form_at_20_rounds_and_the_papers_skew():
     form = bh.FORMS["personal-bbbp-r20"]
     assert form is bh.PERSONAL_BBBP_R20
     changed = {f.name for f in dataclasses.fields(form) if getattr(form, f.name) != getattr(bh.PERSONAL_BBBP, f.name)}
-    assert changed == {"rounds"} and form.rounds == 20
+    assert changed == {"rounds", "dirichlet"} and (form.rounds, form.dirichlet) == (20, (0.5,))
     bench, short = bh.declare(form, seed=0), bh.declare(bh.PERSONAL_BBBP, seed=0)
-    assert bench.points == short.points
+    assert bench.points == [{"task": "bbbp", "dirichlet": 0.5}]
     v = bh.run_values("APFLGate", "bbbp", form, 0, 0.5, {"lr": 0.1, "alpha": 0.25, "tau": 10.0})
     assert (v["rounds"], v["train.local-steps"], v["nodes"]) == (20, 4, 16)
     assert any(line.startswith("20 rounds, 4 local SGD steps") for line in bh.unspecified(form))
