@@ -149,6 +149,10 @@ class Tuning:
     backoff_halvings
         When set, a test cell that fails at the chosen value is rerun with the next smaller value
         of the grid, then with up to this many halvings of the grid's smallest value.
+    below_if_all_fail
+        While every value tried failed, try smaller ones (``smallest / factor``, within
+        ``max_extensions``; :func:`~graphfl.bench.tuning.search_grid`) before ``if_all_fail``
+        or ``fail_if_all_fail`` apply: for a step size, failing everywhere is most often divergence.
     if_all_fail
         Value used when every grid value fails (``None``: raise :class:`RuntimeError`, unless
         ``fail_if_all_fail``).
@@ -171,6 +175,7 @@ class Tuning:
     seed: int | None = None
     at: Callable[[Point], Point] | None = None
     backoff_halvings: int | None = None
+    below_if_all_fail: bool = False
     if_all_fail: float | None = None
     fail_if_all_fail: bool = False
     refine: Callable[[str, dict[str, Any], Callable[[dict[str, Any]], float | None]],
@@ -492,15 +497,18 @@ def _tune(bench: Bench, point: Point, run: CellRunner) -> dict[tuple[str, ...], 
         record: dict[str, Any] = {"point": tpoint, "methods": group, "param": tn.param, "seed": seed,
                                   "initial_grid": list(grid)}
         try:
-            found = search_grid(score, grid, factor=tn.factor, max_extensions=tn.max_extensions)
+            found = search_grid(score, grid, factor=tn.factor, max_extensions=tn.max_extensions,
+                                below_if_all_fail=tn.below_if_all_fail)
         except RuntimeError:
+            beyond = sorted((float(k) for k in scores if float(k) not in {float(g) for g in grid}), reverse=True)
             if tn.fail_if_all_fail:
-                record.update(chosen=None, at_edge=False, extended=[], all_failed=True)
+                record.update(chosen=None, at_edge=False, extended=beyond, all_failed=True)
             elif tn.if_all_fail is None:
-                raise RuntimeError(f"{bench.name} {_label(tpoint)}: every {tn.param} in {list(grid)} failed for "
-                                   f"some method of {group}: {failed}") from None
+                raise RuntimeError(f"{bench.name} {_label(tpoint)}: every {tn.param} in "
+                                   f"{sorted({*map(float, grid), *beyond})} failed for some method of {group}: "
+                                   f"{failed}") from None
             else:
-                record.update(chosen=tn.if_all_fail, at_edge=False, extended=[], all_failed=True)
+                record.update(chosen=tn.if_all_fail, at_edge=False, extended=beyond, all_failed=True)
         else:
             record.update(chosen=found.chosen, at_edge=found.at_edge, extended=found.extended)
         record.update(scores={k: scores[k] for k in sorted(scores, key=float)}, per_method=per_method,

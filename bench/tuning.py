@@ -42,7 +42,7 @@ class GridSearch:
 
 
 def search_grid(score: Callable[[float], float | None], grid: Sequence[float], factor: float = 3.0,
-                max_extensions: int = 2) -> GridSearch:
+                max_extensions: int = 2, below_if_all_fail: bool = False) -> GridSearch:
     """Minimise ``score`` over ``grid``, extending the grid past an edge that wins.
 
     Parameters
@@ -56,6 +56,10 @@ def search_grid(score: Callable[[float], float | None], grid: Sequence[float], f
         Ratio between an edge and the step tried beyond it (> 1).
     max_extensions
         Most steps tried beyond ``grid`` in total (0 = a plain grid search).
+    below_if_all_fail
+        While every step tried so far failed, try ``smallest / factor`` next (within
+        ``max_extensions``): for a step size, failure at every step of a grid is most often
+        divergence, which a smaller step avoids. Off: every step failing raises at once.
 
     Raises
     ------
@@ -75,6 +79,11 @@ def search_grid(score: Callable[[float], float | None], grid: Sequence[float], f
     while True:
         finite = {s: v for s, v in out.scores.items() if v is not None}
         if not finite:
+            if below_if_all_fail and len(out.extended) < max_extensions:
+                nxt = float(f"{min(out.scores) / factor:.6g}")
+                out.extended.append(nxt)
+                out.scores[nxt] = score(nxt)
+                continue
             raise RuntimeError(f"every step in {sorted(out.scores)} failed")
         best = min(finite, key=lambda s: (finite[s], s))
         up, down = _open_sides(out.scores, best, factor)

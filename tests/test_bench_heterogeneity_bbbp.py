@@ -70,11 +70,21 @@ def test_bbbp_form_is_declared_as_written():
     assert any("both classes" in line for line in bh.unspecified(form))
 
 
+def short_tuning_below() -> bool:
+    tuning = bh.declare(bh.PERSONAL_BBBP, seed=0).tuning
+    assert tuning is not None
+    return tuning.below_if_all_fail
+
+
 def test_bbbp_r20_form_is_the_bbbp_form_at_20_rounds_and_the_papers_skew():
     form = bh.FORMS["personal-bbbp-r20"]
     assert form is bh.PERSONAL_BBBP_R20
     changed = {f.name for f in dataclasses.fields(form) if getattr(form, f.name) != getattr(bh.PERSONAL_BBBP, f.name)}
-    assert changed == {"rounds", "dirichlet"} and (form.rounds, form.dirichlet) == (20, (0.5,))
+    assert changed == {"rounds", "dirichlet", "step_below_if_all_fail"}
+    assert (form.rounds, form.dirichlet, form.step_below_if_all_fail) == (20, (0.5,), True)
+    assert bh.declare(form, seed=0).tuning.below_if_all_fail and not short_tuning_below()
+    assert any("or below the smallest step tried while every step failed" in line for line in bh.unspecified(form))
+    assert "step_below_if_all_fail" in bh.unused_fields(bh.PERSONAL_BBBP)
     bench, short = bh.declare(form, seed=0), bh.declare(bh.PERSONAL_BBBP, seed=0)
     assert bench.points == [{"task": "bbbp", "dirichlet": 0.5}]
     v = bh.run_values("APFLGate", "bbbp", form, 0, 0.5, {"lr": 0.1, "alpha": 0.25, "tau": 10.0})

@@ -77,3 +77,19 @@ def test_a_failed_step_one_rounded_factor_below_brackets() -> None:
     out = search_grid(score, [0.1, 0.3], factor=3.0, max_extensions=3)
     assert out.extended == [0.0333333] and calls == [0.1, 0.3, 0.0333333]
     assert out.chosen == 0.1 and not out.at_edge
+
+
+def test_every_step_failing_tries_below_the_grid_when_asked() -> None:
+    # steps above 0.05 diverge: the search goes below the grid, then brackets the first finite step
+    score, calls = recorder(lambda s: None if s > 0.05 else abs(s - 0.02))
+    out = search_grid(score, [0.1, 0.3, 1.0], factor=3.0, max_extensions=3, below_if_all_fail=True)
+    assert calls == [0.1, 0.3, 1.0, 0.0333333, 0.0111111, 0.0037037]
+    assert out.extended == [0.0333333, 0.0111111, 0.0037037] and out.chosen == 0.0111111 and not out.at_edge
+    # within the extension budget only; then every step failing is an error as before
+    with pytest.raises(RuntimeError, match="every step"):
+        search_grid(lambda s: None, [0.1, 1.0], max_extensions=2, below_if_all_fail=True)
+    # off (the default): no step below the grid is tried
+    score, calls = recorder(lambda s: None if s > 0.05 else 1.0)
+    with pytest.raises(RuntimeError, match="every step"):
+        search_grid(score, [0.1, 0.3], max_extensions=2)
+    assert calls == [0.1, 0.3]

@@ -190,3 +190,33 @@ def test_fail_if_all_fail_wins_over_a_fallback_value() -> None:
     d = next(r for r in out.results if r["method"] == "d")
     assert d["params"]["lr"] is None and d["failed"] == 2
     assert not [c for c in calls if c.method == "d" and c.split == "test"]
+
+
+def test_below_if_all_fail_tunes_a_method_that_fails_on_the_whole_grid() -> None:
+    """``Tuning.below_if_all_fail``: a method that fails at every grid step is tried below the grid
+    (÷ factor, within ``max_extensions``) and tuned there; the record lists the steps tried."""
+    import dataclasses
+
+    def run_cell(cell: Cell) -> dict[str, Any]:
+        lr = cell.settings["lr"]
+        if lr > 0.05:
+            return {"diverged": "step too large"}
+        return {"final": {"loss": abs(lr - 0.03) + cell.seed}}
+
+    bench = Bench(name="below", title="Below", methods=("e",), points=[{"size": 1}], seeds=(0, 1),
+                  metrics=(Metric("loss"),), run_cell=run_cell,
+                  tuning=Tuning(param="lr", grid=(0.1, 0.3), metric="loss", max_extensions=2, if_all_fail=0.1,
+                                below_if_all_fail=True))
+    out = run_bench(bench, None)
+    (rec,) = out.tuning
+    assert rec["extended"] == [0.0333333, 0.0111111] and rec["chosen"] == 0.0333333 and not rec.get("all_failed")
+    (res,) = out.results
+    assert res["params"]["lr"] == 0.0333333 and res["failed"] == 0
+    # off: the same method falls back to if_all_fail, unvalidated, and its test cells fail there
+    off = run_bench(dataclasses.replace(bench, tuning=dataclasses.replace(bench.tuning, below_if_all_fail=False)), None)
+    (rec_off,) = off.tuning
+    assert rec_off["all_failed"] and rec_off["chosen"] == 0.1 and rec_off["extended"] == []
+    # on, but every step below fails too: the fallback applies and the record names the steps tried below
+    worse = dataclasses.replace(bench, run_cell=lambda cell: {"diverged": "always"})
+    (rec_worse,) = run_bench(worse, None).tuning
+    assert rec_worse["all_failed"] and rec_worse["extended"] == [0.0333333, 0.0111111]
