@@ -93,3 +93,11 @@ def test_every_step_failing_tries_below_the_grid_when_asked() -> None:
     with pytest.raises(RuntimeError, match="every step"):
         search_grid(score, [0.1, 0.3], max_extensions=2)
     assert calls == [0.1, 0.3]
+
+
+def test_steps_below_a_failed_grid_use_the_same_extension_budget() -> None:
+    # one extension in all: spent going below the failed grid, so the winner stays at its open edge
+    score, calls = recorder(lambda s: None if s > 0.05 else abs(s - 0.001))
+    out = search_grid(score, [0.1, 0.3], factor=3.0, max_extensions=1, below_if_all_fail=True)
+    assert calls == [0.1, 0.3, 0.0333333] and out.extended == [0.0333333]
+    assert out.chosen == 0.0333333 and out.at_edge
