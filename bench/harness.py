@@ -58,7 +58,7 @@ from typing import Any
 from . import claims
 from .runcache import RunCache
 from .stats import mean_curve, mean_sd, paired_difference
-from .tuning import search_grid
+from .tuning import EveryStepFailed, search_grid
 
 logger = logging.getLogger(__name__)
 
@@ -499,8 +499,8 @@ def _tune(bench: Bench, point: Point, run: CellRunner) -> dict[tuple[str, ...], 
         try:
             found = search_grid(score, grid, factor=tn.factor, max_extensions=tn.max_extensions,
                                 below_if_all_fail=tn.below_if_all_fail)
-        except RuntimeError:
-            beyond = sorted((float(k) for k in scores if float(k) not in {float(g) for g in grid}), reverse=True)
+        except RuntimeError as exc:
+            beyond = exc.extended if isinstance(exc, EveryStepFailed) else []
             if tn.fail_if_all_fail:
                 record.update(chosen=None, at_edge=False, extended=beyond, all_failed=True)
             elif tn.if_all_fail is None:

@@ -41,6 +41,14 @@ class GridSearch:
         return {f"{s:g}": self.scores[s] for s in sorted(self.scores)}
 
 
+class EveryStepFailed(RuntimeError):
+    """No step of a search gave a finite score; ``extended`` lists the steps tried beyond its grid."""
+
+    def __init__(self, message: str, extended: Sequence[float]) -> None:
+        super().__init__(message)
+        self.extended = list(extended)
+
+
 def search_grid(score: Callable[[float], float | None], grid: Sequence[float], factor: float = 3.0,
                 max_extensions: int = 2, below_if_all_fail: bool = False) -> GridSearch:
     """Minimise ``score`` over ``grid``, extending the grid past an edge that wins.
@@ -65,8 +73,8 @@ def search_grid(score: Callable[[float], float | None], grid: Sequence[float], f
     ------
     ValueError
         ``grid`` is empty or has a non-positive step, or ``factor <= 1``.
-    RuntimeError
-        No step of the (extended) grid gave a finite score.
+    EveryStepFailed
+        No step of the (extended) grid gave a finite score (a :class:`RuntimeError`).
     """
     steps = sorted(set(float(s) for s in grid))
     if not steps or steps[0] <= 0:
@@ -84,7 +92,7 @@ def search_grid(score: Callable[[float], float | None], grid: Sequence[float], f
                 out.extended.append(nxt)
                 out.scores[nxt] = score(nxt)
                 continue
-            raise RuntimeError(f"every step in {sorted(out.scores)} failed")
+            raise EveryStepFailed(f"every step in {sorted(out.scores)} failed", out.extended)
         best = min(finite, key=lambda s: (finite[s], s))
         up, down = _open_sides(out.scores, best, factor)
         out.chosen, out.at_edge = best, up or down
