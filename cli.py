@@ -483,7 +483,8 @@ def bench(
     form: str | None = typer.Option(None, "--form",
                                     help="Form between --quick and the full one, for benchmarks that have one "
                                          "(admm: paper; jgesr: regime, on digits-permuted unless --task; "
-                                         "heterogeneity: personal, personal-bbbp, personal-bbbp-r20, personal-bbbp-r20x16; "
+                                         "heterogeneity: personal, personal-bbbp, personal-bbbp-r20, "
+                                         "personal-bbbp-r20-skews, personal-bbbp-r20x16; "
                                          "p2p-throughput: 4-nodes; "
                                          "multicenter-regime: bigfl)."),
 ) -> None:

@@ -103,6 +103,20 @@ def test_bbbp_r20_form_is_the_bbbp_form_at_20_rounds_and_the_papers_skew():
             assert bench.key(cell) != short.key(cell)
 
 
+def test_bbbp_r20_skews_form_only_widens_the_skews_and_shares_the_r20_cells():
+    form = bh.FORMS["personal-bbbp-r20-skews"]
+    changed = {f.name for f in dataclasses.fields(form) if getattr(form, f.name) != getattr(bh.PERSONAL_BBBP_R20, f.name)}
+    assert changed == {"dirichlet"} and form.dirichlet == (0.2, 0.5, 1.0)
+    bench, r20 = bh.declare(form, seed=0), bh.declare(bh.PERSONAL_BBBP_R20, seed=0)
+    assert [p["dirichlet"] for p in bench.points] == [0.2, 0.5, 1.0]
+    assert bench.tuning.below_if_all_fail
+    # the α = 0.5 cells are the ones personal-bbbp-r20 computed (one cache serves both forms)
+    point = tuple(sorted(r20.points[0].items()))
+    for method in form.methods:
+        cell = Cell(point, method, 0, (("lr", 0.1),), "val")
+        assert bench.key(cell) == r20.key(cell)
+
+
 def test_bbbp_r20x16_form_only_adds_local_steps():
     form = bh.FORMS["personal-bbbp-r20x16"]
     changed = {f.name for f in dataclasses.fields(form) if getattr(form, f.name) != getattr(bh.PERSONAL_BBBP_R20, f.name)}
