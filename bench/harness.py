@@ -627,13 +627,16 @@ def plan(bench: Bench, out: Path | None, cache_folder: Path | None = None) -> tu
     A dry pass through the same tuning and back-off code, reading only the cache. Where a tuning
     still needs a validation cell, the rest of that point is counted as its initial grid's
     validation cells not yet cached plus its test cells (back-offs and grid extensions are not
-    counted).
+    counted). A tuning done per method (not ``shared``, no ``groups``) is walked one method at a
+    time, so a method whose cells are all cached is counted as cached even where another method's
+    tuning still needs a cell.
     """
     cache = RunCache(cache_folder or bench.cache_folder(out), create=False)
     pending: list[Cell] = []
     counted: set[str] = set()
     cached = 0
     tn = bench.tuning
+    per_method = tn is not None and not tn.shared and not tn.groups and not bench.joint
 
     def add(cell: Cell) -> None:
         k = repr(bench.cell_key(cell))
@@ -641,23 +644,25 @@ def plan(bench: Bench, out: Path | None, cache_folder: Path | None = None) -> tu
             counted.add(k)
             pending.append(cell)
 
-    for point in bench.points:
-        single = Bench(**{**bench.__dict__, "points": [point]})
+    def walk(point: Point, only: str | None) -> None:
+        nonlocal cached
+        single = Bench(**{**bench.__dict__, "points": [point],
+                          **({"methods_at": lambda _p: [only]} if only is not None else {})})
         run = CellRunner(single, cache, dry=True)
         try:
             for _ in _walk(single, run):
                 pass
         except NotCached:
-            tpoint = dict(tn.at(point) if tn and tn.at else point)
             assert tn is not None
+            tpoint = dict(tn.at(point) if tn.at else point)
             seed = tn.seed if tn.seed is not None else bench.seeds[0]
-            for m in bench.methods_for(tpoint):
+            for m in single.methods_for(tpoint):
                 for v in tn.values(tpoint):
                     c = Cell(_items(tpoint), m, seed, ((tn.param, v),), "val")
                     if not cache.has(bench.cell_key(c)):
                         add(c)
             stand_in = ((tn.param, tn.values(tpoint)[0]),)
-            for m in bench.methods_for(point):
+            for m in single.methods_for(point):
                 for s in bench.seeds:
                     add(Cell(_items(point), m, s, stand_in))
         missing = {repr(bench.cell_key(c)) for c in run.missing}
@@ -668,6 +673,10 @@ def plan(bench: Bench, out: Path | None, cache_folder: Path | None = None) -> tu
             elif k not in counted:
                 counted.add(k)
                 cached += 1
+
+    for point in bench.points:
+        for only in bench.methods_for(point) if per_method else [None]:
+            walk(point, only)
     return pending, cached
 
 

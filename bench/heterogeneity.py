@@ -87,6 +87,7 @@ TAU_MODE = "multiple-of-steps"
 TRAINED: dict[str, tuple[str, dict[str, Any]]] = {
     "FedAvg": ("fedavg", {}),
     "FedAvg-FT": ("fedavg", {"train.eval-local": True}),
+    "FedAvg-uniform": ("fedavg", {"fedavg.weighted": False}),
     "Local": ("local", {}),
     "FeSEM": ("fesem", {}),
     "JGESR": ("jgesr", {"jgesr.solver": "pdca", "jgesr.log-graph": True}),
@@ -107,6 +108,10 @@ FINE_TUNED = "FedAvg-FT"
 """FedAvg scored on each client's model after the last round's local training from the global
 model (``train.eval-local``: the run's ``local_test_acc``): "FedAvg + local fine-tuning", the
 baseline of the mixing methods, whose personal output is that locally trained copy (C6)."""
+UNIFORM = "FedAvg-uniform"
+"""FedAvg with uniform client weights (``fedavg.weighted = false``): ``w ← (1/|S|) Σ_i w_i``, the
+server average of the gate family (:mod:`graphfl.strategies.fedgate`), where FedAvg weights by
+training samples; against it the gate family's client side is compared with the same server rule."""
 MIXING = ("APFL", "APFLGate")
 """Methods whose metric is the personal mixture ``α_i h(v_i) + (1 − α_i) h(w_i)``."""
 GATE_TAU = ("APFLGate", "FedGATE")
@@ -181,9 +186,12 @@ ALGORITHMS.md §9.3 reconstructs B8's settings from), at the paper's Dirichlet 0
 the methods' own settings are tuned again at 20 rounds, a step searched below the grid while
 every step failed. (A point costs about an hour on one core; the other skews at 20 rounds:
 :data:`PERSONAL_BBBP_R20_SKEWS`.)"""
-PERSONAL_BBBP_R20_SKEWS = dataclasses.replace(PERSONAL_BBBP_R20, dirichlet=PERSONAL_BBBP.dirichlet)
-""":data:`PERSONAL_BBBP_R20` over the skews of :data:`PERSONAL_BBBP` (Dirichlet 0.2, 0.5 and 1):
-tuning is per point, so its 0.5 cells are those of ``personal-bbbp-r20`` (one cache serves both)."""
+PERSONAL_BBBP_R20_SKEWS = dataclasses.replace(
+    PERSONAL_BBBP_R20, dirichlet=PERSONAL_BBBP.dirichlet,
+    methods=("FedAvg", UNIFORM, *PERSONAL_BBBP.methods[1:]))
+""":data:`PERSONAL_BBBP_R20` over the skews of :data:`PERSONAL_BBBP` (Dirichlet 0.2, 0.5 and 1), with
+:data:`UNIFORM` beside FedAvg (the gate family averages its clients uniformly): tuning is per point
+and per method, so its other cells at 0.5 are those of ``personal-bbbp-r20`` (one cache serves both)."""
 PERSONAL_BBBP_R20_S16 = dataclasses.replace(PERSONAL_BBBP_R20, local_steps=16)
 """:data:`PERSONAL_BBBP_R20` with 16 local steps per round: about 4.5 epochs of a client's ~115
 training molecules at batch 32, near the 5 local epochs of the configuration B8's settings are
@@ -518,7 +526,8 @@ def run_failure(result: dict[str, Any], form: Form) -> str | None:
 def pair_list(form: Form) -> list[tuple[str, str]]:
     """The paired comparisons ``(method, reference)``: every method against FedAvg and Local;
     APFLGate against APFL (what gradient tracking adds to APFL's mixture); the mixing methods
-    and FedGATE against FedAvg-FT (what they add to local fine-tuning of the global model).
+    and FedGATE against FedAvg-FT (what they add to local fine-tuning of the global model) and
+    against :data:`UNIFORM` (what their client side adds to their server's uniform average).
     """
     refs = [r for r in REFERENCES if r in form.methods]
     pairs = [(m, r) for r in refs for m in form.methods if m != r]
@@ -526,6 +535,8 @@ def pair_list(form: Form) -> list[tuple[str, str]]:
         pairs.append(("APFLGate", "APFL"))
     if FINE_TUNED in form.methods:
         pairs += [(m, FINE_TUNED) for m in (*MIXING, "FedGATE") if m in form.methods]
+    if UNIFORM in form.methods:
+        pairs += [(m, UNIFORM) for m in (*MIXING, "FedGATE") if m in form.methods]
     return pairs
 
 
@@ -581,6 +592,9 @@ def unspecified(form: Form) -> list[str]:
                      "v_i from the initial global model, same minibatch and step as w_i; metric: APFL/APFLGate the "
                      "personal mixture alpha_i h(v_i) + (1 - alpha_i) h(w_i) per client, FedGATE the global model; "
                      "the mixture with the aggregated w and the global model kept as diagnostics")
+    if UNIFORM in form.methods:
+        lines.append("FedAvg-uniform: FedAvg with uniform client weights (fedavg.weighted = false), the gate family's "
+                     "server average; FedAvg weights clients by their training samples")
     if FINE_TUNED in form.methods:
         lines.append("FedAvg-FT: FedAvg runs with train.eval-local = true (training identical to FedAvg's), scored on each "
                      "client's model after the last round's local steps from the global model (the client's trained w_i "

@@ -12,6 +12,7 @@ import pytest
 
 from graphfl.bench import heterogeneity as bh
 from graphfl.bench.harness import Cell
+from graphfl.common.config import parse_run_config
 
 PARAMS = ((("lr", 0.3),), (("alpha", 0.25), ("lr", 0.1), ("tau", 10.0)), (("k", 4), ("lr", 1.0)))
 """Tuned settings the digest's keys are built with (a step; mixing + τ; FeSEM's K)."""
@@ -106,15 +107,29 @@ def test_bbbp_r20_form_is_the_bbbp_form_at_20_rounds_and_the_papers_skew():
 def test_bbbp_r20_skews_form_only_widens_the_skews_and_shares_the_r20_cells():
     form = bh.FORMS["personal-bbbp-r20-skews"]
     changed = {f.name for f in dataclasses.fields(form) if getattr(form, f.name) != getattr(bh.PERSONAL_BBBP_R20, f.name)}
-    assert changed == {"dirichlet"} and form.dirichlet == (0.2, 0.5, 1.0)
+    assert changed == {"dirichlet", "methods"} and form.dirichlet == (0.2, 0.5, 1.0)
+    assert set(form.methods) - set(bh.PERSONAL_BBBP_R20.methods) == {bh.UNIFORM}
     bench, r20 = bh.declare(form, seed=0), bh.declare(bh.PERSONAL_BBBP_R20, seed=0)
     assert [p["dirichlet"] for p in bench.points] == [0.2, 0.5, 1.0]
     assert bench.tuning.below_if_all_fail
-    # the α = 0.5 cells are the ones personal-bbbp-r20 computed (one cache serves both forms)
+    # the α = 0.5 cells of the methods both forms run are the ones personal-bbbp-r20 computed
     point = tuple(sorted(r20.points[0].items()))
-    for method in form.methods:
+    for method in bh.PERSONAL_BBBP_R20.methods:
         cell = Cell(point, method, 0, (("lr", 0.1),), "val")
         assert bench.key(cell) == r20.key(cell)
+
+
+def test_fedavg_uniform_is_fedavg_with_uniform_weights_compared_with_the_gate_family():
+    form = bh.PERSONAL_BBBP_R20_SKEWS
+    uniform = bh.run_values(bh.UNIFORM, "bbbp", form, 1, 0.2, {"lr": 0.1})
+    weighted = bh.run_values("FedAvg", "bbbp", form, 1, 0.2, {"lr": 0.1})
+    assert uniform.pop("fedavg.weighted") is False and uniform == weighted
+    assert parse_run_config(bh.run_values(bh.UNIFORM, "bbbp", form, 1, 0.2, {"lr": 0.1})).params.weighted is False
+    pairs = bh.pair_list(form)
+    assert {(m, bh.UNIFORM) for m in ("APFL", "APFLGate", "FedGATE")} <= set(pairs)
+    assert (bh.UNIFORM, "FedAvg") in pairs and (bh.UNIFORM, "Local") in pairs
+    assert not any(bh.UNIFORM in p for p in bh.pair_list(bh.PERSONAL_BBBP_R20))
+    assert any(line.startswith("FedAvg-uniform: FedAvg with uniform client weights") for line in bh.unspecified(form))
 
 
 def test_bbbp_r20x16_form_only_adds_local_steps():

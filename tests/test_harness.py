@@ -86,6 +86,26 @@ def test_a_killed_bench_resumes_from_the_cache_and_logs_its_plan(tmp_path: Path,
     assert third == [] and out.estimate["from"] == "cache"
 
 
+def test_the_plan_of_a_per_method_tuning_counts_only_the_methods_not_cached(tmp_path: Path) -> None:
+    # method a ran in full; b is new (as a method added to a form): only b's cells are to run
+    tn = Tuning(param="lr", grid=(0.1, 0.2, 0.4), metric="loss")
+    only_a = toy([], tuning=tn)
+    only_a.methods = ("a",)
+    run_bench(only_a, tmp_path)
+    pending, cached = plan(toy([], tuning=tn), tmp_path)
+    assert {c.method for c in pending} == {"b"}
+    assert cached == 2 * (3 + 3)                     # a: per point 3 validation and 3 test cells
+    assert len(pending) == 2 * (3 + 3)               # b: its initial grid on validation and its test seeds
+    calls: list[Cell] = []
+    run_bench(toy(calls, tuning=tn), tmp_path)
+    assert {c.method for c in calls} == {"b"} and len(calls) == len(pending)
+    # a tuning shared by the methods is walked as one: a point whose tuning is not cached counts
+    # every method's test cells
+    shared = Tuning(param="lr", grid=(0.1, 0.2, 0.4), metric="loss", shared=True)
+    pending, _ = plan(toy([], tuning=shared), tmp_path / "fresh")
+    assert {c.method for c in pending} == {"a", "b"}
+
+
 def test_declared_cost_gives_the_estimate_before_any_cell(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     bench = toy([])
     bench.seconds = lambda cell: 10.0 * cell.at["size"]
