@@ -627,16 +627,17 @@ def plan(bench: Bench, out: Path | None, cache_folder: Path | None = None) -> tu
     A dry pass through the same tuning and back-off code, reading only the cache. Where a tuning
     still needs a validation cell, the rest of that point is counted as its initial grid's
     validation cells not yet cached plus its test cells (back-offs and grid extensions are not
-    counted). A tuning done per method (not ``shared``, no ``groups``) is walked one method at a
-    time, so a method whose cells are all cached is counted as cached even where another method's
-    tuning still needs a cell.
+    counted). A tuning done per method (not ``shared``, no ``groups``, the same methods at the
+    point and at its tuning point) is walked one method at a time, so a method whose cells are all
+    cached is counted as cached even where another method's tuning still needs a cell; a point's
+    validation cells are listed before its test cells, as they run.
     """
     cache = RunCache(cache_folder or bench.cache_folder(out), create=False)
     pending: list[Cell] = []
     counted: set[str] = set()
     cached = 0
     tn = bench.tuning
-    per_method = tn is not None and not tn.shared and not tn.groups and not bench.joint
+    per_method_tuning = tn is not None and not tn.shared and not tn.groups and not bench.joint
 
     def add(cell: Cell) -> None:
         k = repr(bench.cell_key(cell))
@@ -646,8 +647,11 @@ def plan(bench: Bench, out: Path | None, cache_folder: Path | None = None) -> tu
 
     def walk(point: Point, only: str | None) -> None:
         nonlocal cached
-        single = Bench(**{**bench.__dict__, "points": [point],
-                          **({"methods_at": lambda _p: [only]} if only is not None else {})})
+
+        def methods_at(p: Point) -> list[str]:
+            return [m for m in bench.methods_for(p) if m == only]
+
+        single = Bench(**{**bench.__dict__, "points": [point], **({"methods_at": methods_at} if only else {})})
         run = CellRunner(single, cache, dry=True)
         try:
             for _ in _walk(single, run):
@@ -675,8 +679,14 @@ def plan(bench: Bench, out: Path | None, cache_folder: Path | None = None) -> tu
                 cached += 1
 
     for point in bench.points:
-        for only in bench.methods_for(point) if per_method else [None]:
+        methods = bench.methods_for(point)
+        tpoint = dict(tn.at(point) if tn is not None and tn.at else point)
+        per_method = per_method_tuning and bench.methods_for(tpoint) == methods
+        start = len(pending)
+        for only in methods if per_method else [None]:
             walk(point, only)
+        cells = pending[start:]
+        pending[start:] = [c for c in cells if c.split == "val"] + [c for c in cells if c.split != "val"]
     return pending, cached
 
 

@@ -188,10 +188,11 @@ every step failed. (A point costs about an hour on one core; the other skews at 
 :data:`PERSONAL_BBBP_R20_SKEWS`.)"""
 PERSONAL_BBBP_R20_SKEWS = dataclasses.replace(
     PERSONAL_BBBP_R20, dirichlet=PERSONAL_BBBP.dirichlet,
-    methods=("FedAvg", UNIFORM, *PERSONAL_BBBP.methods[1:]))
+    methods=tuple(x for m in PERSONAL_BBBP_R20.methods for x in ((m, UNIFORM) if m == "FedAvg" else (m,))))
 """:data:`PERSONAL_BBBP_R20` over the skews of :data:`PERSONAL_BBBP` (Dirichlet 0.2, 0.5 and 1), with
-:data:`UNIFORM` beside FedAvg (the gate family averages its clients uniformly): tuning is per point
-and per method, so its other cells at 0.5 are those of ``personal-bbbp-r20`` (one cache serves both)."""
+:data:`UNIFORM` beside FedAvg (the gate family averages its clients uniformly). Tuning is per point
+and per method and the cache keys do not name the form, so a run whose ``<out>/cache`` holds a copy
+of ``personal-bbbp-r20``'s cache computes only the cells that form did not."""
 PERSONAL_BBBP_R20_S16 = dataclasses.replace(PERSONAL_BBBP_R20, local_steps=16)
 """:data:`PERSONAL_BBBP_R20` with 16 local steps per round: about 4.5 epochs of a client's ~115
 training molecules at batch 32, near the 5 local epochs of the configuration B8's settings are

@@ -83,3 +83,36 @@ def test_quick_profile_of_a_real_deployment_sums_to_the_round(tmp_path: Path) ->
     assert mem["superlink"]["peak_mb"] > 20 and mem["worker"]["peak_mb"] > mem["supernode"]["peak_mb"] * 0.5
     (s,) = doc["summary"]
     assert s["flower_over_p2p"]["median"] > 0
+
+
+@pytest.mark.e2e
+def test_an_exported_chunk_size_reaches_the_workers_and_the_run_is_the_in_process_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/deployment.md "Chunk size": FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE exported before a deployment.
+
+    1.2M parameters (4.8 MB packed, above graphfl's 4 MiB inline limit, so the payload travels as a
+    Flower Array) at 256 KiB chunks: every reply is pushed as at least 19 chunk objects (Flower's
+    5 MiB default would make one), and the trained model is the in-process run's.
+    """
+    from math import ceil
+
+    from graphfl.bench.deploy_perhop import profile_flower
+    from graphfl.common.config import parse_run_config
+    from graphfl.common.records import INLINE_MAX_BYTES
+    from graphfl.server.inprocess import run_federated_inprocess
+
+    d, n, chunk = 1_200_000, 2, 256 * 1024
+    assert 4 * d > INLINE_MAX_BYTES
+    monkeypatch.setenv("FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE", str(chunk))
+    fl = profile_flower(tmp_path, d, n, rounds=1, timeout=300)
+    assert fl["ok"], fl.get("error")
+    (r,) = fl["rounds"]
+    assert r["rpc"]["worker"]["call PushObject"]["count"] >= n * ceil(4 * d / chunk)
+    got = json.loads((tmp_path / "run" / "run.json").read_text())["methods"]["fedavg"]["curve"]
+    ref, _ = run_federated_inprocess(parse_run_config({
+        "strategy": "fedavg", "task": "synthetic-vector", "data": {"dim": d}, "nodes": n, "rounds": 1, "seed": 0,
+        "engine": "inprocess", "train": {"local-steps": 1, "batch-size": 2}}))
+    want = ref["methods"]["fedavg"]["curve"]
+    assert [c["round"] for c in got] == [c["round"] for c in want]
+    for g, w in zip(got, want):
+        assert g["test_loss"] == pytest.approx(w["test_loss"], rel=1e-5)

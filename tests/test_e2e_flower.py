@@ -81,18 +81,6 @@ def test_local_deployment_with_tls_matches_inprocess(tmp_path):
 
 
 @pytest.mark.e2e
-def test_a_deployment_with_small_array_chunks_matches_inprocess(tmp_path, monkeypatch):
-    # docs/deployment.md "Chunk size": Flower's FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE, exported before
-    # `graphfl run`, reaches the processes that deflate arrays (ServerApp, warm workers); at 4 KiB the
-    # digits model's packed arrays (about 19 KB) travel as 5 chunks, and the run is the in-process one
-    monkeypatch.setenv("FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE", "4096")
-    values = {**TINY, "strategy": "fedavg", "engine": "local-deployment", "out-dir": str(tmp_path)}
-    out = run_experiment(parse_run_config(values))
-    assert_no_processes_left(out)
-    assert_matches_inprocess(out, values)
-
-
-@pytest.mark.e2e
 def test_simulation_engine_matches_inprocess(tmp_path):
     values = {**TINY, "strategy": "fedavg", "engine": "simulation", "out-dir": str(tmp_path)}
     out = run_experiment(parse_run_config(values))

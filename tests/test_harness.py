@@ -92,18 +92,31 @@ def test_the_plan_of_a_per_method_tuning_counts_only_the_methods_not_cached(tmp_
     only_a = toy([], tuning=tn)
     only_a.methods = ("a",)
     run_bench(only_a, tmp_path)
+    # a tuning shared by the methods is one walk: b's missing validation cells leave a's test
+    # cells undetermined, so they are counted too
+    shared = Tuning(param="lr", grid=(0.1, 0.2, 0.4), metric="loss", shared=True)
+    pending, _ = plan(toy([], tuning=shared), tmp_path)
+    assert {c.method for c in pending} == {"a", "b"}
     pending, cached = plan(toy([], tuning=tn), tmp_path)
     assert {c.method for c in pending} == {"b"}
     assert cached == 2 * (3 + 3)                     # a: per point 3 validation and 3 test cells
     assert len(pending) == 2 * (3 + 3)               # b: its initial grid on validation and its test seeds
+    assert [c.split for c in pending] == (["val"] * 3 + ["test"] * 3) * 2   # per point, as they run
     calls: list[Cell] = []
     run_bench(toy(calls, tuning=tn), tmp_path)
     assert {c.method for c in calls} == {"b"} and len(calls) == len(pending)
-    # a tuning shared by the methods is walked as one: a point whose tuning is not cached counts
-    # every method's test cells
-    shared = Tuning(param="lr", grid=(0.1, 0.2, 0.4), metric="loss", shared=True)
-    pending, _ = plan(toy([], tuning=shared), tmp_path / "fresh")
-    assert {c.method for c in pending} == {"a", "b"}
+
+
+def test_the_plan_walks_a_point_whole_where_its_tuning_point_has_other_methods(tmp_path: Path) -> None:
+    # tuned at size 3, where only a runs; b runs at sizes 1 and 2 untuned: after a full run nothing is left
+    tn = Tuning(param="lr", grid=(0.1, 0.2, 0.4), metric="loss", at=lambda p: {"size": 3})
+    bench = toy([], tuning=tn)
+    bench.methods_at = lambda p: ["a"] if p["size"] == 3 else ["a", "b"]
+    calls: list[Cell] = []
+    full = toy(calls, tuning=tn)
+    full.methods_at = bench.methods_at
+    run_bench(full, tmp_path)
+    assert calls and plan(bench, tmp_path)[0] == []
 
 
 def test_declared_cost_gives_the_estimate_before_any_cell(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
