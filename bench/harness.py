@@ -381,6 +381,8 @@ class CellRunner:
         self.cache_only = cache_only
         self.seen: list[Cell] = []
         self.missing: list[Cell] = []
+        self.read: set[str] = set()
+        """Keys of the cells a run (not a dry pass) answered from the cache."""
         self.memo: dict[str, dict[str, Any]] = {}
         """Results by key: those the worker pool computed, and every result when there is no cache folder."""
 
@@ -401,6 +403,7 @@ class CellRunner:
         if repr(key) in self.memo:
             return self.memo[repr(key)]
         if self.cache.has(key):
+            self.read.add(repr(key))
             return self.cache(key, lambda: {})
         if self.cache_only:
             self.missing.append(cell)
@@ -744,6 +747,7 @@ def run_bench(bench: Bench, out: Path | None, cache_only: bool = False, cache_fo
     tuning_records = _tuning_records(tuning)
     joint = {(_items(p), s): run(Cell(_items(p), JOINT, s)) for p in bench.points for s in bench.seeds} \
         if bench.joint else {}
+    progress.estimate.update({"cells_computed": progress.count, "cells_read": len(run.read)})
     return Outcome(results=results, paired=paired, tuning=tuning_records, estimate=progress.estimate,
                    runs=runs, seconds=time.perf_counter() - t_start, joint=joint, missing=list(run.missing))
 

@@ -81,9 +81,23 @@ def test_a_killed_bench_resumes_from_the_cache_and_logs_its_plan(tmp_path: Path,
     assert out.estimate["from"] == "timed first cell" and out.estimate["seconds"] >= 0
     assert any("5 cells cached, 7 to run" in r.message for r in caplog.records)
     assert any("estimate: about" in r.message for r in caplog.records)
+    assert (out.estimate["cells_computed"], out.estimate["cells_read"]) == (7, 5)
     third: list[Cell] = []
     out = run_bench(toy(third), tmp_path)
     assert third == [] and out.estimate["from"] == "cache"
+    assert (out.estimate["cells_computed"], out.estimate["cells_read"]) == (0, 12)
+
+
+def test_the_report_counts_the_cells_a_run_computed_not_the_plans_guess(tmp_path: Path) -> None:
+    # the plan cannot see a tuning's extensions: the footer says what the run did
+    calls: list[Cell] = []
+    tn = Tuning(param="lr", grid=(0.05, 0.1), metric="loss", factor=2.0, max_extensions=2)
+    out = run_bench(toy(calls, tuning=tn), tmp_path)
+    assert out.estimate["cells_computed"] == len(calls) > out.estimate["cells_to_run"]
+    doc = report.build_doc(toy([], tuning=tn), out, quick=True, config={})
+    md = report.render_markdown(doc)
+    assert (f"{len(calls)} cells computed in this run, 0 read from the cache "
+            f"(planned at the start: {out.estimate['cells_to_run']} to run, 0 cached)") in md
 
 
 def test_the_plan_of_a_per_method_tuning_counts_only_the_methods_not_cached(tmp_path: Path) -> None:
