@@ -382,7 +382,9 @@ class CellRunner:
         self.seen: list[Cell] = []
         self.missing: list[Cell] = []
         self.read: set[str] = set()
-        """Keys of the cells a run (not a dry pass) answered from the cache."""
+        """Keys of the cells a run (not a dry pass) answered from the cache that it had not computed."""
+        self.computed: set[str] = set()
+        """Keys of the cells a run computed (a later visit of one reads it back: not counted as read)."""
         self.memo: dict[str, dict[str, Any]] = {}
         """Results by key: those the worker pool computed, and every result when there is no cache folder."""
 
@@ -403,7 +405,8 @@ class CellRunner:
         if repr(key) in self.memo:
             return self.memo[repr(key)]
         if self.cache.has(key):
-            self.read.add(repr(key))
+            if repr(key) not in self.computed:
+                self.read.add(repr(key))
             return self.cache(key, lambda: {})
         if self.cache_only:
             self.missing.append(cell)
@@ -425,6 +428,7 @@ class CellRunner:
             return {"error": f"{type(exc).__name__}: {exc}"}
         if self.cache.folder is None:
             self.memo[repr(key)] = result
+        self.computed.add(repr(key))
         if self.progress is not None:
             self.progress.computed(cell, time.perf_counter() - t0)
         return result
@@ -747,7 +751,8 @@ def run_bench(bench: Bench, out: Path | None, cache_only: bool = False, cache_fo
     tuning_records = _tuning_records(tuning)
     joint = {(_items(p), s): run(Cell(_items(p), JOINT, s)) for p in bench.points for s in bench.seeds} \
         if bench.joint else {}
-    progress.estimate.update({"cells_computed": progress.count, "cells_read": len(run.read)})
+    progress.estimate.update({"cells_computed": progress.count, "cells_read": len(run.read),
+                              **({"cells_missing": len(run.missing)} if cache_only else {})})
     return Outcome(results=results, paired=paired, tuning=tuning_records, estimate=progress.estimate,
                    runs=runs, seconds=time.perf_counter() - t_start, joint=joint, missing=list(run.missing))
 

@@ -180,12 +180,14 @@ def render_markdown(doc: Mapping[str, Any], intro: Sequence[str] = (), sections:
     est_text = "no estimate" if est.get("seconds") is None else \
         f"estimated {est['seconds']:.0f} s ({est.get('from')})"
     if cfg.get("cache") == "none":
-        lines += ["", f"Wall time {doc['seconds']:.0f} s; {est.get('cells_to_run', 0)} cells measured in this run "
+        lines += ["", f"Wall time {doc['seconds']:.0f} s; {est.get('cells_computed', est.get('cells_to_run', 0))} "
+                  "cells measured in this run "
                   f"({cfg.get('measurement', MEASUREMENT)}); {est_text}.", ""]
     elif "cells_computed" in est:
+        missing = f", {est['cells_missing']} not in the cache (reported missing)" if "cells_missing" in est else ""
         lines += ["", f"Wall time {doc['seconds']:.0f} s; {est['cells_computed']} cells computed in this run, "
-                  f"{est.get('cells_read', 0)} read from the cache (planned at the start: {est.get('cells_to_run', 0)} "
-                  f"to run, {est.get('cells_cached', 0)} cached); {est_text}.", ""]
+                  f"{est.get('cells_read', 0)} read from the cache{missing} (planned at the start: "
+                  f"{est.get('cells_to_run', 0)} to run, {est.get('cells_cached', 0)} cached); {est_text}.", ""]
     else:
         lines += ["", f"Wall time {doc['seconds']:.0f} s; {est.get('cells_to_run', 0)} cells run, "
                   f"{est.get('cells_cached', 0)} from the cache; {est_text}.", ""]

@@ -99,6 +99,16 @@ def test_the_report_counts_the_cells_a_run_computed_not_the_plans_guess(tmp_path
     assert (f"{len(calls)} cells computed in this run, 0 read from the cache "
             f"(planned at the start: {out.estimate['cells_to_run']} to run, 0 cached)") in md
 
+    # a joint bench visits each joint cell again after the walk: computed once, never "read"
+    joint = Bench(name="joint", title="Joint", methods=("a", "b"), points=[{"size": 1}, {"size": 2}],
+                  seeds=(0, 1, 2), metrics=(Metric("loss"),), run_cell=joint_cell, joint=True, reference="a")
+    out = run_bench(joint, tmp_path / "joint")
+    assert (out.estimate["cells_computed"], out.estimate["cells_read"]) == (6, 0)
+    out = run_bench(joint, tmp_path / "joint", cache_only=True)
+    assert (out.estimate["cells_computed"], out.estimate["cells_read"], out.estimate["cells_missing"]) == (0, 6, 0)
+    md = report.render_markdown(report.build_doc(joint, out, quick=True, config={}))
+    assert "0 cells computed in this run, 6 read from the cache, 0 not in the cache (reported missing)" in md
+
 
 def test_the_plan_of_a_per_method_tuning_counts_only_the_methods_not_cached(tmp_path: Path) -> None:
     # method a ran in full; b is new (as a method added to a form): only b's cells are to run
