@@ -18,6 +18,9 @@ validation split). :func:`run_bench` then
    how many are to run (a dry pass through the same tuning code, reading only the cache); with a
    declared ``Bench.seconds`` it logs the estimate then, otherwise right after the first computed
    cell (its time × the remaining cells' ``Bench.cost`` weights), then once per computed cell;
+   :attr:`Outcome.estimate` keeps that plan and adds the cells the run computed
+   (``cells_computed``) and read from the cache (``cells_read``; ``cells_missing`` in a cache-only
+   report), which the report's footer states;
 4. **aggregates**: per (point, method) each metric's mean ± sd over seeds with the per-seed values
    (:mod:`graphfl.bench.stats`), the mean curve, and paired per-seed differences against
    ``Bench.reference`` (or the declared ``pairs``);
