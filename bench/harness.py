@@ -655,7 +655,7 @@ def plan(bench: Bench, out: Path | None, cache_folder: Path | None = None) -> tu
             counted.add(k)
             pending.append(cell)
 
-    def walk(point: Point, only: str | None) -> None:
+    def walk(point: Point, tpoint: Point, only: str | None) -> None:
         nonlocal cached
 
         def methods_at(p: Point) -> list[str]:
@@ -668,7 +668,6 @@ def plan(bench: Bench, out: Path | None, cache_folder: Path | None = None) -> tu
                 pass
         except NotCached:
             assert tn is not None
-            tpoint = dict(tn.at(point) if tn.at else point)
             seed = tn.seed if tn.seed is not None else bench.seeds[0]
             for m in single.methods_for(tpoint):
                 for v in tn.values(tpoint):
@@ -694,7 +693,7 @@ def plan(bench: Bench, out: Path | None, cache_folder: Path | None = None) -> tu
         per_method = per_method_tuning and bench.methods_for(tpoint) == methods
         start = len(pending)
         for only in methods if per_method else [None]:
-            walk(point, only)
+            walk(point, tpoint, only)
         cells = pending[start:]
         pending[start:] = [c for c in cells if c.split == "val"] + [c for c in cells if c.split != "val"]
     return pending, cached
